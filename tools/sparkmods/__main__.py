@@ -1,0 +1,3 @@
+from sparkmods.cli import main
+
+raise SystemExit(main())

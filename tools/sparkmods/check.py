@@ -1,0 +1,66 @@
+"""Check mods against vLLM sources: the host side of the shared `modcheck` decision.
+
+For each source we first collect every path the chosen variants will read and prefetch them
+together (one batch of parallel range requests per wheel), then run the same `check_mod`
+that run.sh runs in the container.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, List, Sequence, Set
+
+from sparkmods.modsdir import load
+from sparkmods.runtime.manifest import Manifest, Upstream, Variant
+from sparkmods.runtime.modcheck import ModResult, check_mod, variant_patches
+from sparkmods.runtime.pep440 import InvalidVersion
+
+
+@dataclass
+class CheckRow:
+    """One mod on one target."""
+
+    target: str  # the spec it came from, e.g. pypi:0.19.1
+    commit: "str | None"
+    sha256: "str | None"
+    result: ModResult
+
+    def to_dict(self) -> dict:
+        out = {"target": self.target, "commit": self.commit, "wheel_sha256": self.sha256}
+        out.update(self.result.to_dict())
+        return out
+
+
+def paths_needed(manifest: Manifest, mod_dir: Path, version: str) -> Set[str]:
+    """Every vLLM path the mod's decision for this version will read."""
+    try:
+        chosen = manifest.select(version)
+    except InvalidVersion:
+        return set()
+    if isinstance(chosen, Variant):
+        return {fp.path for fp in variant_patches(mod_dir, chosen)}
+    if isinstance(chosen, Upstream):
+        return {d.file for d in chosen.detect}
+    return set()
+
+
+def check_source(mods: Sequence["tuple[Path, Manifest]"], source) -> List[CheckRow]:
+    """All mods on one source (anything with version, read(), prefetch())."""
+    wanted: Set[str] = set()
+    for mod_dir, manifest in mods:
+        wanted |= paths_needed(manifest, mod_dir, source.version)
+    source.prefetch(sorted(wanted))
+    return [
+        CheckRow(source.label, source.commit, source.sha256, check_mod(manifest, mod_dir, source.version, source.read))
+        for mod_dir, manifest in mods
+    ]
+
+
+def check_mods(mod_dirs: Iterable[Path], sources: Sequence, jobs: int = 8) -> List[CheckRow]:
+    """Every mod on every source; sources are checked in parallel, results keep input order."""
+    mods = [(d, load(d)) for d in mod_dirs]
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources)))) as pool:
+        per_source = list(pool.map(lambda s: check_source(mods, s), sources))
+    return [row for rows in per_source for row in rows]

@@ -1,0 +1,1 @@
+"""Sub-commands of the `sparkmods` CLI; every module here registers itself (see cli.py)."""

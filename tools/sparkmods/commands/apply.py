@@ -1,0 +1,40 @@
+"""`sparkmods apply MOD --vllm dir:PATH [--dry-run] [--revert]`: run.sh's code, on the host."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from sparkmods.errors import SparkmodsError
+from sparkmods.modsdir import resolve_mods
+from sparkmods.runtime.applier import Printer, apply_mod, revert_mod
+from sparkmods.runtime.locate import LocateError, find_vllm
+
+
+def register(sub: "argparse._SubParsersAction") -> None:
+    p = sub.add_parser("apply", help="apply (or revert) a mod to a vLLM installed in a folder",
+                       description="Apply a mod to an installed vLLM with the same code run.sh uses.")
+    p.add_argument("mod", metavar="MOD")
+    p.add_argument("--vllm", required=True, metavar="dir:PATH",
+                   help="site-packages (or a prefix) holding vllm/, e.g. dir:.venv/lib/python3.12/site-packages")
+    p.add_argument("--mods-dir", help="folder holding the mods")
+    p.add_argument("--workspace", help="where installed files go (default: $WORKSPACE_DIR, then the cwd)")
+    p.add_argument("--dry-run", action="store_true", help="say what would change, write nothing")
+    p.add_argument("--revert", action="store_true", help="restore the pristine files")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.vllm.startswith("dir:"):
+        raise SparkmodsError(f"--vllm {args.vllm!r}: apply writes files, so it needs dir:PATH")
+    (mod_dir,) = resolve_mods([args.mod], args.mods_dir)
+    try:
+        site = find_vllm(args.vllm[4:]).site
+    except LocateError as exc:
+        raise SparkmodsError(str(exc)) from None
+    say = Printer(mod_dir.name)
+    if args.revert:
+        return revert_mod(mod_dir, site, args.dry_run, say)
+    workspace = Path(args.workspace or os.environ.get("WORKSPACE_DIR") or os.getcwd())
+    return apply_mod(mod_dir, site, workspace, args.dry_run, say)

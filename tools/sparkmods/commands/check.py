@@ -1,0 +1,76 @@
+"""`sparkmods check [MOD ...]` and `sparkmods check-patch FILE`: which patches apply where."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from sparkmods import report
+from sparkmods.check import CheckRow, check_mods
+from sparkmods.errors import SparkmodsError
+from sparkmods.modsdir import resolve_mods
+from sparkmods.runtime.engine import plan
+from sparkmods.runtime.modcheck import ModResult, aggregate
+from sparkmods.runtime.udiff import PatchParseError, parse_patch
+from sparkmods.targets import add_target_args, open_sources
+
+
+def register(sub: "argparse._SubParsersAction") -> None:
+    p = sub.add_parser("check", help="check mods against vLLM releases, wheels, trees, commits or images",
+                       description="For each mod and vLLM target: the variant chosen and its status.")
+    p.add_argument("mods", nargs="*", metavar="MOD", help="mod names or folders (default: all)")
+    p.add_argument("--mods-dir", help="folder holding the mods (default: ./mods or the repository's)")
+    p.add_argument("--json", action="store_true", help="one JSON document with per-hunk detail and fetch statistics")
+    add_target_args(p)
+    p.set_defaults(func=run_check)
+
+    q = sub.add_parser("check-patch", help="check a loose patch file (no manifest) against vLLM targets")
+    q.add_argument("patch", metavar="FILE")
+    q.add_argument("-p", dest="strip", type=int, default=1, help="leading path components to strip (default 1)")
+    q.add_argument("--json", action="store_true")
+    add_target_args(q, default=None)
+    q.set_defaults(func=run_check_patch)
+
+
+def _finish(args: argparse.Namespace, rows: list, started: float) -> int:
+    from sparkmods.sources import stats
+
+    fetch = stats.snapshot()
+    fetch["seconds"] = round(time.monotonic() - started, 3)
+    if args.json:
+        report.print_json(rows, fetch)
+    else:
+        report.print_table(rows)
+        print(report.summary_line(rows))
+    return report.exit_code(rows)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    mod_dirs = resolve_mods(args.mods, args.mods_dir)
+    sources = open_sources(args)
+    rows = check_mods(mod_dirs, sources)
+    rows.sort(key=lambda r: r.result.mod)  # stable: targets stay in version order per mod
+    return _finish(args, rows, started)
+
+
+def run_check_patch(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    if not args.vllm:
+        raise SparkmodsError("check-patch needs at least one --vllm SPEC")
+    path = Path(args.patch)
+    try:
+        patches = parse_patch(path.read_text(encoding="utf-8"), strip=args.strip)
+    except OSError as exc:
+        raise SparkmodsError(f"{path}: {exc.strerror}") from None
+    except PatchParseError as exc:
+        raise SparkmodsError(f"{path}: {exc}") from None
+    rows = []
+    for source in open_sources(args):
+        source.prefetch(sorted({fp.path for fp in patches}))
+        files = plan(patches, source.read)
+        status, reason = aggregate(files)
+        result = ModResult(path.name, source.version, status, None, reason, files)
+        rows.append(CheckRow(source.label, source.commit, source.sha256, result))
+    return _finish(args, rows, started)

@@ -1,0 +1,56 @@
+"""Human and machine output for check results: a compact table, or one JSON document."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import List, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from sparkmods.check import CheckRow
+from sparkmods.runtime.modcheck import GREEN
+
+STYLE = {"ok": "green", "ok-offset": "green", "applied": "cyan", "upstream": "blue",
+         "no-variant": "yellow", "conflict": "red", "missing-file": "red", "drift": "magenta"}
+
+
+def detail(row: CheckRow) -> str:
+    """One short line: why a cell is not green (the first conflicting hunk), or offsets."""
+    res = row.result
+    for f in res.files:
+        for h in f.hunks:
+            if h.outcome == "conflict":
+                where = f" near line {h.near.line}" if h.near else ""
+                return f"{f.path} hunk {h.index}: {h.reason}{where}"
+            if h.outcome == "offset" and res.status == "ok-offset":
+                return f"{f.path} hunk {h.index} at offset {h.offset:+d}"
+    return res.reason if res.status not in ("ok", "applied") else ""
+
+
+def print_table(rows: Sequence[CheckRow], title: str = "") -> None:
+    console = Console(stderr=False, highlight=False, soft_wrap=False)
+    table = Table(title=title or None, box=None, pad_edge=False, header_style="bold")
+    for col in ("mod", "vllm", "variant", "status", "detail"):
+        table.add_column(col, overflow="fold" if col == "detail" else "ellipsis", no_wrap=col != "detail")
+    for row in rows:
+        res = row.result
+        table.add_row(res.mod, res.version, res.variant or "-",
+                      f"[{STYLE.get(res.status, 'white')}]{res.status}[/]", detail(row))
+    console.print(table)
+
+
+def summary_line(rows: Sequence[CheckRow]) -> str:
+    bad = sum(1 for r in rows if r.result.status not in GREEN)
+    return f"{len(rows)} checked, {len(rows) - bad} green, {bad} not"
+
+
+def print_json(rows: Sequence[CheckRow], fetch: dict) -> None:
+    doc = {"results": [r.to_dict() for r in rows], "fetch": fetch}
+    json.dump(doc, sys.stdout, indent=2, sort_keys=False)
+    sys.stdout.write("\n")
+
+
+def exit_code(rows: List[CheckRow]) -> int:
+    return 0 if all(r.result.status in GREEN for r in rows) else 1
