@@ -1,0 +1,5 @@
+import sys
+from pathlib import Path
+
+# Test helpers (modfactory, ckptfactory, vllmenv, dockerimg) live beside the tests.
+sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -1,0 +1,66 @@
+"""Build small mods and vLLM site-packages trees for tests (the runtime's real code runs on them)."""
+
+from __future__ import annotations
+
+import difflib
+import textwrap
+from pathlib import Path
+from typing import Dict, Optional
+
+from sparkmods.sync import sync
+
+TARGET = "vllm/model_executor/layers/demo.py"
+ORIGINAL = textwrap.dedent('''\
+    import torch
+
+
+    class Demo:
+        def __init__(self, size: int) -> None:
+            self.size = size
+
+        def forward(self, x):
+            y = x * 2
+            return y
+    ''')
+PATCHED = ORIGINAL.replace("        y = x * 2\n", "        y = x * 2\n        y = y + 1  # demo mod\n")
+assert PATCHED != ORIGINAL
+
+
+def make_site(root: Path, version: str = "0.19.1", files: Optional[Dict[str, str]] = None) -> Path:
+    """A site-packages folder holding vllm/ and its dist-info, like a pip install."""
+    root.mkdir(parents=True, exist_ok=True)
+    tree = {"vllm/__init__.py": "", TARGET: ORIGINAL}
+    tree.update(files or {})
+    for rel, text in tree.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    dist = root / f"vllm-{version}.dist-info"
+    dist.mkdir(exist_ok=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n\nbody\n")
+    return root
+
+
+def unified(path: str, old: str, new: str) -> str:
+    return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{path}", f"b/{path}"))
+
+
+def make_mod(mods: Path, name: str = "demo", toml_extra: str = "", vllm: str = ">=0.19.0,<0.21",
+             verified: str = '["0.19.1"]', patch: Optional[str] = None) -> Path:
+    """A mod folder with one variant patching TARGET, synced like a real mod."""
+    mod = mods / name
+    (mod / "patches" / "v1").mkdir(parents=True, exist_ok=True)
+    (mod / "patches" / "v1" / "demo.patch").write_text(patch if patch is not None else unified(TARGET, ORIGINAL, PATCHED))
+    (mod / "mod.toml").write_text(textwrap.dedent(f'''\
+        schema = 1
+        name = "{name}"
+        summary = "a demo mod"
+
+        [[variant]]
+        label = "v1"
+        vllm = "{vllm}"
+        patches = ["patches/v1/demo.patch"]
+        verified = {verified}
+        ''') + toml_extra)
+    sync(mod)
+    return mod
