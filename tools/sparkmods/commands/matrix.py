@@ -1,0 +1,138 @@
+"""`sparkmods matrix`: build, check or compare the compatibility matrix in matrix/."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, Optional
+
+from sparkmods.errors import SparkmodsError
+from sparkmods.matrix.build import build, sort_sources
+from sparkmods.matrix.compare import compare, stale_mods, without_timestamp
+from sparkmods.matrix.render import to_markdown, to_svg
+from sparkmods.modsdir import resolve_mods
+from sparkmods.runtime.modcheck import GREEN
+from sparkmods.targets import add_target_args, open_sources
+
+JSON_NAME, MD_NAME, SVG_NAME = "matrix.json", "MATRIX.md", "matrix.svg"
+_REPO_MATRIX = Path(__file__).resolve().parents[3] / "matrix"
+
+
+def register(sub: "argparse._SubParsersAction") -> None:
+    p = sub.add_parser("matrix", help="build the compatibility matrix (matrix/matrix.json, MATRIX.md, matrix.svg)",
+                       description="Check every mod on every vLLM release and write the matrix.")
+    p.add_argument("--mods-dir", help="folder holding the mods")
+    p.add_argument("--out", help="matrix folder (default: ./matrix or the repository's)")
+    p.add_argument("--extra", action="append", default=[], metavar="SPEC",
+                   help="extra targets beside the releases (a nightly index:..., an image:...); repeatable")
+    p.add_argument("--check", action="store_true",
+                   help="change nothing; exit 1 if the committed matrix is stale for the current mods")
+    p.add_argument("--against", metavar="OLD.json", help="report regressions/fixes/new releases vs an older matrix")
+    p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+    add_target_args(p)
+    p.set_defaults(func=run)
+
+
+def _out_dir(arg: Optional[str]) -> Path:
+    if arg:
+        return Path(arg)
+    local = Path.cwd() / "matrix"
+    return local if local.is_dir() else _REPO_MATRIX
+
+
+def _read(path: Path) -> Optional[dict]:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise SparkmodsError(f"{path}: not valid JSON ({exc})") from None
+
+
+def rendered(doc: dict) -> Dict[str, str]:
+    return {JSON_NAME: json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False) + "\n",
+            MD_NAME: to_markdown(doc), SVG_NAME: to_svg(doc)}
+
+
+def _write_all(out: Path, files: Dict[str, str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, out / name)
+
+
+def _check(out: Path, mod_dirs) -> int:
+    doc = _read(out / JSON_NAME)
+    if doc is None:
+        print(f"{out / JSON_NAME} is missing: run `sparkmods matrix`")
+        return 1
+    problems = stale_mods(doc, mod_dirs)
+    for name, text in rendered(doc).items():
+        if name != JSON_NAME and (not (out / name).is_file() or (out / name).read_text(encoding="utf-8") != text):
+            problems.append(f"{out / name} does not match {JSON_NAME}")
+    for line in problems:
+        print(f"stale: {line} (run: sparkmods matrix)")
+    if not problems:
+        print(f"matrix up to date: {len(doc['mods'])} mods x {len(doc['releases'])} targets")
+    return 1 if problems else 0
+
+
+def _progress(total: int):
+    """A progress callback: a bar on a terminal, nothing in CI or pipes."""
+    if not sys.stderr.isatty() or os.environ.get("CI"):
+        return None, None
+    from rich.progress import Progress
+
+    bar = Progress(transient=True)
+    task = bar.add_task("checking", total=total)
+    return bar, (lambda label: bar.update(task, advance=1, description=label))
+
+
+def run(args: argparse.Namespace) -> int:
+    out = _out_dir(args.out)
+    mod_dirs = resolve_mods([], args.mods_dir)
+    if args.check:
+        return _check(out, mod_dirs)
+    previous = _read(out / JSON_NAME)
+    against = _read(Path(args.against)) if args.against else None
+    if args.against and against is None:
+        raise SparkmodsError(f"{args.against}: no such file")
+    sources = sort_sources(open_sources(args))
+    for spec in args.extra:
+        args_extra = argparse.Namespace(**{**vars(args), "vllm": [spec]})
+        sources.extend(open_sources(args_extra))
+    bar, tick = _progress(len(sources))
+    if bar:
+        bar.start()
+    try:
+        doc = build(mod_dirs, sources, previous, tick)
+    finally:
+        if bar:
+            bar.stop()
+    if previous is not None and without_timestamp(previous) == without_timestamp(doc):
+        doc = previous  # nothing changed: keep the old timestamp so git sees no diff
+    _write_all(out, rendered(doc))
+    diff = compare(against, doc) if against is not None else None
+    bad = [c for c in doc["cells"] if c["status"] not in GREEN]
+    if args.json:
+        summary = {"out": str(out), "mods": len(doc["mods"]), "targets": len(doc["releases"]),
+                   "cells": len(doc["cells"]), "not_green": len(bad)}
+        if diff is not None:
+            summary.update(diff.to_dict())
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"wrote {out}/{{{JSON_NAME},{MD_NAME},{SVG_NAME}}}: {len(doc['mods'])} mods x "
+              f"{len(doc['releases'])} targets, {len(bad)} cells not green")
+        if diff is not None:
+            for kind in ("regressions", "fixes", "changed"):
+                for line in getattr(diff, kind):
+                    print(f"{kind}: {line}")
+            for version in diff.new_releases:
+                print(f"new release: {version}")
+    return 1 if diff is not None and diff.regressions else 0

@@ -1,0 +1,1 @@
+"""The compatibility matrix: every mod on every vLLM release, as JSON, Markdown and SVG."""

@@ -1,0 +1,115 @@
+"""Compute the matrix document, re-checking only cells whose inputs changed.
+
+A cell's inputs are the mod's content hash (every file of the mod folder, the generated
+runtime included, so an engine change re-checks everything) and the wheel's sha256 from the
+index. When both equal what the previous matrix recorded, the old cell is reused without a
+byte of network traffic. Sources without a sha256 (dir:, git:, image:) are always re-checked.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from sparkmods import __version__
+from sparkmods.check import check_source
+from sparkmods.modsdir import load
+from sparkmods.runtime.manifest import Manifest
+from sparkmods.runtime.modcheck import ModResult
+from sparkmods.runtime.pep440 import Version
+
+SCHEMA = 1
+TIMESTAMP_KEY = "generated_at"
+
+
+def mod_hash(mod_dir: Path) -> str:
+    """sha256 over the sorted relative paths and bytes of every file in the mod."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in mod_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(path.relative_to(mod_dir).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def _mod_entry(manifest: Manifest, content_hash: str) -> dict:
+    entry = {
+        "name": manifest.name,
+        "summary": manifest.summary,
+        "content_hash": content_hash,
+        "variants": [{"label": v.label, "vllm": str(v.vllm), "verified": list(v.verified)} for v in manifest.variants],
+    }
+    if manifest.upstream is not None:
+        entry["upstream"] = {"since": str(manifest.upstream.since), "evidence": manifest.upstream.evidence}
+    return entry
+
+
+def cell_from_result(result: ModResult, target: str, content_hash: str, sha256: Optional[str]) -> dict:
+    """A matrix cell: status, variant and the detail needed to say what breaks where."""
+    files = []
+    for f in result.files:
+        unusual = [h.to_dict() for h in f.hunks if h.outcome not in ("exact",)]
+        if f.status not in ("ok",) or unusual:
+            entry = {"path": f.path, "status": f.status, "hunks": unusual}
+            if f.reason:
+                entry["reason"] = f.reason
+            files.append(entry)
+    cell = {"mod": result.mod, "vllm": result.version, "target": target, "status": result.status,
+            "variant": result.variant, "mod_hash": content_hash, "wheel_sha256": sha256}
+    if result.reason:
+        cell["reason"] = result.reason
+    if files:
+        cell["files"] = files
+    return cell
+
+
+def _reusable(previous: Optional[dict]) -> Dict[Tuple[str, str], dict]:
+    if not previous:
+        return {}
+    return {(c["mod"], c["target"]): c for c in previous.get("cells", []) if c.get("wheel_sha256")}
+
+
+def build(mod_dirs: Sequence[Path], sources: Sequence, previous: Optional[dict] = None,
+          on_progress: Optional[Callable[[str], None]] = None, jobs: int = 8) -> dict:
+    """The matrix document for these mods on these sources (oldest first)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    mods = [(d, load(d)) for d in mod_dirs]
+    hashes = {m.name: mod_hash(d) for d, m in mods}
+    old = _reusable(previous)
+
+    def one(source) -> List[dict]:
+        cells: Dict[str, dict] = {}
+        todo = []
+        for mod_dir, manifest in mods:
+            prior = old.get((manifest.name, source.label))
+            if (prior and source.sha256 and prior["wheel_sha256"] == source.sha256
+                    and prior["mod_hash"] == hashes[manifest.name]):
+                cells[manifest.name] = prior
+            else:
+                todo.append((mod_dir, manifest))
+        if todo:
+            for row in check_source(todo, source):
+                cells[row.result.mod] = cell_from_result(row.result, source.label, hashes[row.result.mod], source.sha256)
+        if on_progress:
+            on_progress(source.label)
+        return [cells[m.name] for _, m in mods]
+
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources)))) as pool:
+        per_source = list(pool.map(one, sources))
+    releases = [{"vllm": s.version, "target": s.label, "commit": s.commit, "wheel_sha256": s.sha256} for s in sources]
+    cells = [per_source[j][i] for i in range(len(mods)) for j in range(len(sources))]
+    return {
+        "schema": SCHEMA,
+        "generated_by": f"sparkmods {__version__}",
+        TIMESTAMP_KEY: _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+        "releases": releases,
+        "mods": [_mod_entry(m, hashes[m.name]) for _, m in mods],
+        "cells": cells,
+    }
+
+
+def sort_sources(sources: Sequence) -> List:
+    """Oldest first by version, stable for equal versions (keeps the order the user gave)."""
+    return sorted(sources, key=lambda s: Version(s.version))
