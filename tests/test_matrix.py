@@ -1,0 +1,80 @@
+"""`sparkmods matrix` on local vLLM trees: outputs, determinism, --check and --against."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from modfactory import ORIGINAL, TARGET, make_mod, make_site
+from sparkmods.cli import main
+
+
+def setup(tmp_path: Path):
+    good = make_site(tmp_path / "v0191", "0.19.1")
+    bad = make_site(tmp_path / "v0200", "0.20.0", files={TARGET: ORIGINAL.replace("y = x * 2", "y = x * 4")})
+    mods = tmp_path / "mods"
+    make_mod(mods)
+    out = tmp_path / "matrix"
+    args = ["matrix", "--mods-dir", str(mods), "--out", str(out), "--vllm", f"dir:{good}", "--vllm", f"dir:{bad}"]
+    return mods, out, args
+
+
+def test_matrix_writes_json_markdown_svg(tmp_path, capsys):
+    mods, out, args = setup(tmp_path)
+    assert main(args) == 0
+    doc = json.loads((out / "matrix.json").read_text())
+    assert doc["schema"] == 1 and doc["generated_by"].startswith("sparkmods ")
+    assert [r["vllm"] for r in doc["releases"]] == ["0.19.1", "0.20.0"]
+    assert [(c["vllm"], c["status"], c["variant"]) for c in doc["cells"]] == [
+        ("0.19.1", "ok", "v1"), ("0.20.0", "conflict", "v1")]
+    assert doc["mods"][0]["content_hash"] and doc["cells"][1]["files"][0]["hunks"][0]["outcome"] == "conflict"
+    md = (out / "MATRIX.md").read_text()
+    assert "| **demo** | ✅ v1 | ❌ v1 |" in md
+    assert re.search(r"\*\*demo\*\* on vLLM 0\.20\.0 .*`conflict`.*hunk 1", md)
+    svg = (out / "matrix.svg").read_text()
+    assert svg.startswith("<svg") and svg.count("<rect") >= 3 and "demo on dir:" in svg
+
+
+def test_matrix_is_deterministic_apart_from_timestamp(tmp_path):
+    mods, out, args = setup(tmp_path)
+    assert main(args) == 0
+    first = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert main(args) == 0
+    second = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert first == second  # unchanged inputs keep even the timestamp
+
+
+def test_check_detects_a_mod_change_and_hand_edits(tmp_path, capsys):
+    mods, out, args = setup(tmp_path)
+    main(args)
+    assert main(["matrix", "--check", "--mods-dir", str(mods), "--out", str(out)]) == 0
+    (mods / "demo" / "README.md").write_text("changed\n")
+    assert main(["matrix", "--check", "--mods-dir", str(mods), "--out", str(out)]) == 1
+    assert "mod demo changed since the matrix was generated" in capsys.readouterr().out
+    main(args)
+    (out / "MATRIX.md").write_text("edited by hand\n")
+    assert main(["matrix", "--check", "--mods-dir", str(mods), "--out", str(out)]) == 1
+
+
+def test_against_reports_regressions_and_fixes(tmp_path, capsys):
+    mods, out, args = setup(tmp_path)
+    main(args)
+    old = tmp_path / "old.json"
+    doc = json.loads((out / "matrix.json").read_text())
+    doc["cells"][1]["status"] = "ok"  # pretend 0.20.0 used to be green
+    doc["cells"][0]["status"] = "conflict"  # and 0.19.1 used to be broken
+    doc["releases"] = doc["releases"][:1]
+    old.write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(args + ["--against", str(old)]) == 1
+    text = capsys.readouterr().out
+    assert "regressions: demo on vLLM 0.20.0: ok -> conflict" in text
+    assert "fixes: demo on vLLM 0.19.1: conflict -> ok" in text
+    assert "new release: 0.20.0" in text
+
+
+def test_committed_matrix_is_current():
+    """A mod change without a regenerated matrix cannot land."""
+    repo = Path(__file__).resolve().parents[1]
+    assert main(["matrix", "--check", "--mods-dir", str(repo / "mods"), "--out", str(repo / "matrix")]) == 0
