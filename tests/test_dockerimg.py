@@ -18,7 +18,6 @@ from sparkmods.sources import open_targets
 
 from dockerimg import (SITE_DIR, build_vllm_image, default_build_metadata, mod_archive, run_mod_like_launch_cluster,
                        running_container)
-from dockerimg import base_image, docker_engine, ray_image  # noqa: F401  (pytest fixtures)
 from modfactory import make_site
 
 docker = pytest.mark.docker

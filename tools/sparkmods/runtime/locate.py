@@ -71,7 +71,8 @@ def _version_from_module(site: Path) -> Optional[str]:
     path = site / "vllm" / "_version.py"
     if not path.is_file():
         return None
-    match = re.search(r"""^(?:__version__|version)\s*(?::\s*\w+\s*)?=\s*['"]([^'"]+)['"]""",
+    # setuptools-scm writes e.g. `__version__ = version = '0.18.0'` (chained, maybe annotated).
+    match = re.search(r"""^(?:__version__|version)\s*(?::\s*\w+\s*)?=\s*(?:(?:__version__|version)\s*=\s*)?['"]([^'"]+)['"]""",
                       path.read_text(encoding="utf-8", errors="replace"), re.M)
     return match.group(1) if match else None
 

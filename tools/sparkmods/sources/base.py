@@ -1,0 +1,54 @@
+"""`VllmSource`: one read-only view of "a vLLM", whatever it is stored in."""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from typing import Iterable, List, Optional
+
+from sparkmods.errors import SparkmodsError
+
+_DRIVE = re.compile(r"^[A-Za-z]:")
+
+
+def is_safe_member(name: str) -> bool:
+    """False for names that would escape the tree: absolute, drive-letter, or with a `..` part."""
+    if not name or name.startswith(("/", "\\")) or _DRIVE.match(name) or "\x00" in name:
+        return False
+    return ".." not in re.split(r"[/\\]", name)
+
+
+def check_member(label: str, path: str) -> str:
+    """A requested package path, refused with one line when it could escape the tree."""
+    if not is_safe_member(path) or "\\" in path:
+        raise SparkmodsError(f"{label}: refusing path {path!r} (want a package path such as vllm/config.py)")
+    return path
+
+
+class VllmSource(ABC):
+    """A vLLM as a read-only tree of package paths (`vllm/...`, `vllm-X.dist-info/...`)."""
+
+    def __init__(self, label: str, version: str, commit: Optional[str] = None,
+                 sha256: Optional[str] = None) -> None:
+        self.label = label  # the spec it came from, e.g. pypi:0.19.1
+        self.version = version
+        self.commit = commit
+        self.sha256 = sha256  # the wheel's sha256 from the index, when known
+
+    @abstractmethod
+    def read(self, path: str) -> Optional[bytes]:
+        """The file's bytes, or None when this vLLM has no such file."""
+
+    @abstractmethod
+    def list_files(self) -> List[str]:
+        """Every file path, sorted: a wheel's members, a folder's vllm/ and dist-info, a commit's
+        or an image's vllm/ (an image streams the whole folder: slow)."""
+
+    def prefetch(self, paths: Iterable[str]) -> None:
+        """Fetch many files at once so later read() calls are served locally.
+
+        Local sources read quickly one by one, so by default there is nothing to do.
+        """
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.label} version={self.version}>"

@@ -1,0 +1,208 @@
+"""A wheel on a package index, read member by member over HTTP range requests.
+
+Nothing is downloaded whole: the tail of the file (end of central directory, zip64 records,
+central directory) comes first, then exactly the byte spans of the members asked for,
+coalesced and fetched in parallel. Each member is CRC-checked by zipfile, then cached on
+disk under the wheel's sha256 together with the central directory, so a second run reads
+nothing from the network and `offline=True` works. A server that ignores Range gets one
+full download instead, verified against the index sha256 and kept in the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import struct
+import tempfile
+import threading
+from http.client import HTTPException
+from pathlib import Path
+from typing import BinaryIO, Callable, Dict, Iterable, List, Optional, Set
+
+from sparkmods.errors import SparkmodsError
+from sparkmods.runtime.pep440 import InvalidVersion, Version
+from sparkmods.sources import http
+from sparkmods.sources.base import VllmSource, check_member
+from sparkmods.sources.cache import cache_root, digest, read_bytes, write_atomic
+from sparkmods.sources.fetchstats import stats
+from sparkmods.sources.rangefile import RangeFile
+from sparkmods.sources.zipread import ZipMembers
+
+log = logging.getLogger("sparkmods.sources")
+
+TAIL_BYTES = 64 * 1024 + 22 + 20 + 56  # longest zip comment + EOCD + zip64 locator and record
+COALESCE_GAP = 8 * 1024  # members closer than this share one request
+_HEADER = struct.Struct("<QQ")  # cached central directory: (offset, wheel size) then the bytes
+_CHUNK = 1 << 20
+
+
+def commit_of(version: str) -> Optional[str]:
+    """The git commit a dev version names (`+g50cd5674b`), else None."""
+    try:
+        return Version(version).commit
+    except InvalidVersion:
+        return None
+
+
+class RemoteWheel(VllmSource):
+    """One wheel file on an index: `url`, its sha256 and size when the index gives them."""
+
+    def __init__(self, label: str, version: str, url: str, *, filename: str,
+                 sha256: Optional[str] = None, size: Optional[int] = None, offline: bool = False) -> None:
+        super().__init__(label, version, commit_of(version), sha256)
+        self.url = url
+        self.filename = filename
+        self.size = size
+        self.offline = offline
+        self._dir = cache_root() / "wheels" / (sha256 or "url-" + digest(url))
+        self._members: Dict[str, bytes] = {}
+        self._absent: Set[str] = set()  # paths this wheel does not have
+        self._zip: Optional[ZipMembers] = None
+        self._file: Optional[BinaryIO] = None
+        self._lock = threading.RLock()
+
+    # -- public interface -------------------------------------------------------------
+    def read(self, path: str) -> Optional[bytes]:
+        check_member(self.label, path)
+        self.prefetch([path])
+        return self._members.get(path)
+
+    def list_files(self) -> List[str]:
+        return self.layout().names()
+
+    def prefetch(self, paths: Iterable[str]) -> None:
+        with self._lock:
+            wanted = [check_member(self.label, p) for p in dict.fromkeys(paths)
+                      if p not in self._members and p not in self._absent]
+            wanted = [p for p in wanted if not self._from_cache(p)]
+            if not wanted:
+                return
+            layout = self.layout()
+            present = [p for p in wanted if p in layout]
+            for path in wanted:
+                if path not in layout:
+                    write_atomic(self._member_path(path, absent=True), b"")
+                    self._absent.add(path)
+            if present:
+                self._with_fallback(lambda: self._fetch_members(present))
+
+    def _fetch_members(self, paths: List[str]) -> None:
+        """Fetch the members' byte spans in one parallel batch, then decompress and CRC-check."""
+        if isinstance(self._file, RangeFile):
+            spans = self.layout().spans(paths)
+            if any(self._file.missing(start, end) for start, end in spans):
+                self._need_network(f"{len(paths)} file(s) such as {paths[0]} are")
+            self._file.ensure(spans, COALESCE_GAP)
+        for path in paths:
+            data = self.layout().read(path)
+            write_atomic(self._member_path(path), data)
+            self._members[path] = data
+
+    def layout(self) -> ZipMembers:
+        """The parsed central directory (cache, then network); needed to know what exists."""
+        with self._lock:
+            if self._zip is None:
+                self._with_fallback(self._open_zip)
+            return self._zip
+
+    # -- cache ------------------------------------------------------------------------
+    def _member_path(self, path: str, absent: bool = False) -> Path:
+        return self._dir / ("absent" if absent else "members") / digest(path)
+
+    def _from_cache(self, path: str) -> bool:
+        """Serve path from the disk cache: its content, or the note that the wheel lacks it."""
+        data = read_bytes(self._member_path(path))
+        if data is not None:
+            self._members[path] = data
+        elif self._member_path(path, absent=True).is_file():
+            self._absent.add(path)
+        else:
+            return False
+        stats.add(cache_hits=1)
+        return True
+
+    def _need_network(self, what: str) -> None:
+        if self.offline:
+            raise SparkmodsError(f"{self.label}: offline and {what} not in the cache "
+                                 f"({cache_root()}); run once without --offline")
+
+    # -- opening the zip --------------------------------------------------------------
+    def _open_zip(self) -> None:
+        whole = self._dir / "wheel.whl"
+        if whole.is_file():
+            stats.add(cache_hits=1)
+            self._use_file(whole.open("rb"))
+            return
+        cached = read_bytes(self._dir / "central.bin")
+        if cached is not None and len(cached) >= _HEADER.size:
+            offset, size = _HEADER.unpack_from(cached)
+            stats.add(cache_hits=1)
+            rf = self._range_file(size)
+            rf.add(offset, cached[_HEADER.size:])
+            self._use_file(rf)
+            return
+        self._need_network("its central directory is")
+        start, size, tail = http.get_range(self.url, None, TAIL_BYTES)
+        if self.size is not None and size != self.size:
+            raise SparkmodsError(f"{self.label}: the index says {self.filename} has {self.size} bytes, "
+                                 f"the server has {size}")
+        rf = self._range_file(size)
+        rf.add(start, tail)
+        self._use_file(rf)  # reads the rest of the central directory if the tail missed some
+        offset, data = rf.segment_at(size - 1)
+        write_atomic(self._dir / "central.bin", _HEADER.pack(offset, size) + data)
+
+    def _range_file(self, size: int) -> RangeFile:
+        def fetch(start: int, end: int) -> bytes:
+            return http.get_range(self.url, start, end)[2]
+        return RangeFile(size, fetch, name=self.filename, submit=http.pool().submit)
+
+    def _use_file(self, fileobj: BinaryIO) -> None:
+        self._file = fileobj
+        self._zip = ZipMembers(self.label, fileobj)
+
+    # -- servers that ignore Range ----------------------------------------------------
+    def _with_fallback(self, action: Callable[[], None]) -> None:
+        """Run action; if the server ignored Range, download the wheel once and run it again."""
+        try:
+            action()
+        except http.RangeIgnored as exc:
+            self._download_whole(exc)
+            self._open_zip()  # now over the downloaded wheel, no network
+            if action != self._open_zip:
+                action()
+
+    def _download_whole(self, exc: http.RangeIgnored) -> None:
+        """Stream the full body the server sent into the cache, verifying its sha256."""
+        log.warning("%s: %s ignores HTTP Range; downloading the whole wheel (%s) once",
+                    self.label, exc.url.split("/")[2], f"{self.size} bytes" if self.size else "size unknown")
+        self._dir.mkdir(parents=True, exist_ok=True)
+        hasher = hashlib.sha256()
+        total = 0
+        fd, tmp = tempfile.mkstemp(dir=self._dir, prefix=".wheel.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                while True:
+                    try:
+                        chunk = exc.response.read(_CHUNK)
+                    except (OSError, HTTPException) as error:
+                        raise SparkmodsError(f"{self.label}: download of {self.filename} broke off after "
+                                             f"{total} bytes ({error})") from None
+                    if not chunk:
+                        break
+                    hasher.update(chunk)
+                    out.write(chunk)
+                    total += len(chunk)
+            stats.add(nbytes=total, full_downloads=1)
+            got = hasher.hexdigest()
+            if self.sha256 is None:
+                log.warning("%s: the index gives no sha256 for %s; the download is unverified",
+                            self.label, self.filename)
+            elif got != self.sha256:
+                raise SparkmodsError(f"{self.label}: {self.filename} sha256 is {got}, the index says "
+                                     f"{self.sha256}; refusing the download")
+            os.replace(tmp, self._dir / "wheel.whl")
+        finally:
+            exc.response.close()
+            Path(tmp).unlink(missing_ok=True)
