@@ -1,0 +1,168 @@
+"""Real vLLM releases from PyPI in cached virtual environments, for `vllm_runtime` tests.
+
+A vLLM install is minutes and gigabytes, so each release gets one environment that every
+later run reuses: `$SPARKMODS_VENV_DIR/vllm-<version>` (default
+`~/.cache/sparkmods/venvs/vllm-<version>`). A file lock per release lets parallel tests
+(pytest-xdist, several helpers) share it: the first one installs, the others wait. An
+environment counts as ready only once its marker file is written, so an interrupted install
+is wiped and redone on the next call.
+
+Installs use `uv` (next to the running interpreter or on PATH): its cache hardlinks the
+wheels that environments share (torch and the CUDA libraries are most of the size), so many
+releases fit in a few tens of GB where pip would copy everything each time.
+
+The cached environments stay pristine. A test that patches vLLM does so on `overlay()`: a
+private folder of hardlinks to the release's `vllm/` and its dist-info. Mods write
+atomically (temp file + rename), which replaces a link without touching the cached file;
+running the environment's python with that folder first on `PYTHONPATH` imports the
+patched copy.
+
+API: `vllm_env(version) -> VllmEnv`; `VllmEnv.overlay(dest)`; `VllmEnv.run(args, ...)`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+__all__ = ["VllmEnv", "VllmEnvError", "venvs_dir", "vllm_env"]
+
+ENV_DIR_VAR = "SPARKMODS_VENV_DIR"
+MARKER = "sparkmods-venv.json"
+INSTALL_TIMEOUT_S = 45 * 60
+
+# Requirements a release pins beyond what the package index holds. Each entry replaces every
+# requirement on that package (uv --override); say why next to it.
+OVERRIDES = {
+    # vllm 0.33.0 asks for certifi>=2026.10.19, newer than any certifi on the index; certifi
+    # is only the CA bundle, so the newest one there does.
+    "0.33.0": ("certifi>=2026.1.4",),
+}
+
+
+class VllmEnvError(RuntimeError):
+    """An environment could not be created; the message names the release and the step."""
+
+
+@dataclass(frozen=True)
+class VllmEnv:
+    """One installed vLLM release."""
+
+    version: str
+    root: Path
+    install_seconds: float
+
+    @property
+    def python(self) -> Path:
+        return self.root / "bin" / "python"
+
+    @property
+    def site(self) -> Path:
+        """The site-packages folder that holds vllm/."""
+        found = sorted(self.root.glob("lib/python3*/site-packages"))
+        if not found:
+            raise VllmEnvError(f"{self.root}: no lib/python3*/site-packages")
+        return found[0]
+
+    def overlay(self, dest: Path) -> Path:
+        """Hardlink vllm/ and its dist-info into dest (created); returns dest, a site dir."""
+        dest.mkdir(parents=True, exist_ok=True)
+        for src in [self.site / "vllm", *self.site.glob("vllm-*.dist-info")]:
+            shutil.copytree(src, dest / src.name, copy_function=os.link, symlinks=True)
+        return dest
+
+    def run(
+        self,
+        args: Sequence[str],
+        *,
+        pythonpath: Optional[Path] = None,
+        env: Optional[Mapping[str, str]] = None,
+        timeout: float = 600,
+        cwd: Optional[Path] = None,
+    ) -> "subprocess.CompletedProcess[str]":
+        """Run this environment's python with args; pythonpath (an overlay) is searched first."""
+        full_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+        if pythonpath is not None:
+            full_env["PYTHONPATH"] = str(pythonpath)
+        full_env.update(env or {})
+        return subprocess.run(
+            [str(self.python), *args], env=full_env, cwd=cwd, timeout=timeout,
+            capture_output=True, text=True, check=False,
+        )
+
+
+def venvs_dir() -> Path:
+    """Where the environments live: $SPARKMODS_VENV_DIR, else ~/.cache/sparkmods/venvs."""
+    configured = os.environ.get(ENV_DIR_VAR)
+    return Path(configured) if configured else Path.home() / ".cache" / "sparkmods" / "venvs"
+
+
+def _uv() -> str:
+    beside = Path(sys.executable).parent / "uv"
+    found = str(beside) if beside.is_file() else shutil.which("uv")
+    if not found:
+        raise VllmEnvError("uv is needed to install vLLM test environments: pip install uv")
+    return found
+
+
+def _check(cmd: Sequence[str], version: str, step: str) -> None:
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-15:]
+        raise VllmEnvError(f"vllm=={version}: {step} failed (exit {proc.returncode}):\n" + "\n".join(tail))
+
+
+def _install(root: Path, version: str) -> None:
+    uv = _uv()
+    _check([uv, "venv", "-q", "--python", sys.executable, str(root)], version, "uv venv")
+    cmd = [uv, "pip", "install", "-q", "--python", str(root / "bin" / "python"), f"vllm=={version}"]
+    overrides = OVERRIDES.get(version)
+    if overrides:
+        override_file = root / "sparkmods-overrides.txt"
+        override_file.write_text("\n".join(overrides) + "\n", encoding="utf-8")
+        cmd += ["--override", str(override_file)]
+    _check(cmd, version, "uv pip install")
+
+
+def _load(root: Path, version: str) -> Optional[VllmEnv]:
+    marker = root / MARKER
+    if not marker.is_file():
+        return None
+    data = json.loads(marker.read_text(encoding="utf-8"))
+    return VllmEnv(version=version, root=root, install_seconds=float(data["install_seconds"]))
+
+
+def vllm_env(version: str) -> VllmEnv:
+    """The environment holding vllm==version, installed on first use (minutes, GBs)."""
+    base = venvs_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    root = base / f"vllm-{version}"
+    ready = _load(root, version)
+    if ready:
+        return ready
+    with open(base / f"vllm-{version}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ready = _load(root, version)
+        if ready:
+            return ready
+        if root.exists():
+            shutil.rmtree(root)  # an interrupted install: no marker was written
+        start = time.monotonic()
+        try:
+            _install(root, version)
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        seconds = round(time.monotonic() - start, 1)
+        tmp = root / f".{MARKER}.tmp"
+        tmp.write_text(json.dumps({"vllm": version, "install_seconds": seconds}), encoding="utf-8")
+        os.replace(tmp, root / MARKER)
+        return VllmEnv(version=version, root=root, install_seconds=seconds)
