@@ -139,9 +139,10 @@ def _handler(index: LoopbackIndex):
             self.send_response(status)
             for key, value in {**headers, "Content-Length": str(len(body))}.items():
                 self.send_header(key, value)
+            # Recorded before the body goes out: the client may assert on hits as soon as it has it.
+            index.hits.append(Hit(self.path, self.headers.get("Range"), status, len(body)))
             self.end_headers()
             self.wfile.write(body)
-            index.hits.append(Hit(self.path, self.headers.get("Range"), status, len(body)))
 
         def do_GET(self) -> None:
             path = self.path.split("?")[0]
