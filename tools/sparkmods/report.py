@@ -32,12 +32,16 @@ def detail(row: CheckRow) -> str:
 def print_table(rows: Sequence[CheckRow], title: str = "") -> None:
     console = Console(stderr=False, highlight=False, soft_wrap=False)
     table = Table(title=title or None, box=None, pad_edge=False, header_style="bold")
-    for col in ("mod", "vllm", "variant", "status", "detail"):
-        table.add_column(col, overflow="fold" if col == "detail" else "ellipsis", no_wrap=col != "detail")
+    # Releases are named by their version; other targets (dir:, image:, index:) also by the spec.
+    show_target = any(not r.target.startswith("pypi:") for r in rows)
+    columns = ["mod", "vllm"] + (["target"] if show_target else []) + ["variant", "status", "detail"]
+    for col in columns:
+        table.add_column(col, overflow="fold" if col in ("detail", "target") else "ellipsis",
+                         no_wrap=col not in ("detail", "target"))
     for row in rows:
         res = row.result
-        table.add_row(res.mod, res.version, res.variant or "-",
-                      f"[{STYLE.get(res.status, 'white')}]{res.status}[/]", detail(row))
+        cells = [res.mod, res.version] + ([row.target] if show_target else [])
+        table.add_row(*cells, res.variant or "-", f"[{STYLE.get(res.status, 'white')}]{res.status}[/]", detail(row))
     console.print(table)
 
 
