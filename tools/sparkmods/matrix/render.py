@@ -80,7 +80,7 @@ def to_markdown(doc: dict) -> str:
 
 def to_svg(doc: dict) -> str:
     targets, mods, cells = _grid(doc)
-    label_w, cell_w, cell_h, head_h, legend_h = 150, 46, 26, 70, 34
+    label_w, cell_w, cell_h, head_h, legend_h = 150, 64, 26, 70, 34
     width = label_w + cell_w * len(targets) + 10
     height = head_h + cell_h * len(mods) + legend_h + 10
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -103,7 +103,7 @@ def to_svg(doc: dict) -> str:
                          f'fill="{colour}"><title>{escape(title)}</title></rect>')
             if cell and cell["variant"]:
                 parts.append(f'<text x="{x + cell_w / 2:.0f}" y="{y + 17}" text-anchor="middle" font-size="9">'
-                             f'{escape(cell["variant"][:8])}</text>')
+                             f'{escape(cell["variant"][:11])}</text>')
     y = head_h + len(mods) * cell_h + 14
     x = 4
     for status, (_, colour, _) in LEGEND.items():
