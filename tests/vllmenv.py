@@ -17,7 +17,8 @@ atomically (temp file + rename), which replaces a link without touching the cach
 running the environment's python with that folder first on `PYTHONPATH` imports the
 patched copy.
 
-API: `vllm_env(version) -> VllmEnv`; `VllmEnv.overlay(dest)`; `VllmEnv.run(args, ...)`.
+API: `vllm_env(version) -> VllmEnv`; `VllmEnv.overlay(dest)`; `VllmEnv.run(args, ...)`;
+`run_sh(mod_dir, site, workspace)` applies a mod the way the launcher does, with its run.sh.
 """
 
 from __future__ import annotations
@@ -33,18 +34,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-__all__ = ["VllmEnv", "VllmEnvError", "venvs_dir", "vllm_env"]
+__all__ = ["VllmEnv", "VllmEnvError", "run_sh", "venvs_dir", "vllm_env"]
 
 ENV_DIR_VAR = "SPARKMODS_VENV_DIR"
 MARKER = "sparkmods-venv.json"
 INSTALL_TIMEOUT_S = 45 * 60
 
-# Requirements a release pins beyond what the package index holds. Each entry replaces every
-# requirement on that package (uv --override); say why next to it.
+# Per release, requirements that replace every requirement on that package (uv --override);
+# say why next to each. An environment built with other overrides is brought up to date.
 OVERRIDES = {
-    # vllm 0.33.0 asks for certifi>=2026.10.19, newer than any certifi on the index; certifi
-    # is only the CA bundle, so the newest one there does.
-    "0.33.0": ("certifi>=2026.1.4",),
+    "0.33.0": (
+        # vllm asks for certifi>=2026.10.19, newer than any certifi on the index; certifi
+        # is only the CA bundle, so the newest one there does.
+        "certifi>=2026.1.4",
+        # Left alone, the resolver pairs cuda-bindings 13.5 with the old all-in-one
+        # cuda-python 12.6, which overwrites cuda/bindings with 12.x files; importing the
+        # Qwen3.5 model module then fails in nvidia-cutlass-dsl (no cudaLibrary_t).
+        "cuda-python>=13",
+    ),
 }
 
 
@@ -121,8 +128,9 @@ def _check(cmd: Sequence[str], version: str, step: str) -> None:
 
 
 def _install(root: Path, version: str) -> None:
+    """Create or bring up to date (uv pip install is idempotent) the environment at root."""
     uv = _uv()
-    _check([uv, "venv", "-q", "--python", sys.executable, str(root)], version, "uv venv")
+    _check([uv, "venv", "-q", "--allow-existing", "--python", sys.executable, str(root)], version, "uv venv")
     cmd = [uv, "pip", "install", "-q", "--python", str(root / "bin" / "python"), f"vllm=={version}"]
     overrides = OVERRIDES.get(version)
     if overrides:
@@ -132,11 +140,15 @@ def _install(root: Path, version: str) -> None:
     _check(cmd, version, "uv pip install")
 
 
-def _load(root: Path, version: str) -> Optional[VllmEnv]:
+def _marker(root: Path) -> Optional[dict]:
     marker = root / MARKER
-    if not marker.is_file():
+    return json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else None
+
+
+def _load(root: Path, version: str) -> Optional[VllmEnv]:
+    data = _marker(root)
+    if data is None or data.get("overrides", []) != list(OVERRIDES.get(version, ())):
         return None
-    data = json.loads(marker.read_text(encoding="utf-8"))
     return VllmEnv(version=version, root=root, install_seconds=float(data["install_seconds"]))
 
 
@@ -153,7 +165,7 @@ def vllm_env(version: str) -> VllmEnv:
         ready = _load(root, version)
         if ready:
             return ready
-        if root.exists():
+        if root.exists() and _marker(root) is None:
             shutil.rmtree(root)  # an interrupted install: no marker was written
         start = time.monotonic()
         try:
@@ -163,6 +175,27 @@ def vllm_env(version: str) -> VllmEnv:
             raise
         seconds = round(time.monotonic() - start, 1)
         tmp = root / f".{MARKER}.tmp"
-        tmp.write_text(json.dumps({"vllm": version, "install_seconds": seconds}), encoding="utf-8")
+        record = {"vllm": version, "install_seconds": seconds, "overrides": list(OVERRIDES.get(version, ()))}
+        tmp.write_text(json.dumps(record), encoding="utf-8")
         os.replace(tmp, root / MARKER)
         return VllmEnv(version=version, root=root, install_seconds=seconds)
+
+
+def run_sh(mod_dir: Path, site: Path, workspace: Path, *args: str) -> "subprocess.CompletedProcess[str]":
+    """Run the mod's run.sh (args as given, e.g. "revert") on the vLLM in site.
+
+    A mod whose run.sh is not generated yet (`sparkmods sync`) is synced into a copy next
+    to workspace first, so tests run the exact script the launcher would.
+    """
+    if not (mod_dir / "run.sh").is_file():
+        copy = workspace.parent / "synced-mods" / mod_dir.name
+        if not copy.exists():
+            shutil.copytree(mod_dir, copy)
+            sparkmods = Path(sys.executable).parent / "sparkmods"
+            subprocess.run([str(sparkmods), "sync", "--mods-dir", str(copy.parent), mod_dir.name],
+                           check=True, capture_output=True, text=True)
+        mod_dir = copy
+    workspace.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHON_ROOT": str(site), "WORKSPACE_DIR": str(workspace)}
+    return subprocess.run(["bash", str(mod_dir / "run.sh"), *args], cwd=workspace, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)

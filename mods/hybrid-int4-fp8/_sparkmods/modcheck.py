@@ -1,0 +1,116 @@
+"""Does this mod apply to this vLLM? The one decision, shared by host and container.
+
+`sparkmods check` calls `check_mod` with a remote or local vLLM tree; run.sh calls it with the
+installed site-packages. Same code, same answer: a green matrix cell means run.sh applies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+from .engine import APPLIED, CONFLICT, MISSING_FILE, OK, OK_OFFSET, FileResult, plan
+from .manifest import Manifest, ManifestError, Upstream, Variant
+from .pep440 import InvalidVersion, Version
+from .udiff import FilePatch, PatchParseError, parse_patch
+
+__all__ = ["UPSTREAM", "NO_VARIANT", "GREEN", "STATUSES", "ModResult", "aggregate", "check_mod", "variant_patches"]
+
+UPSTREAM, NO_VARIANT = "upstream", "no-variant"
+STATUSES = (OK, OK_OFFSET, APPLIED, UPSTREAM, NO_VARIANT, CONFLICT, MISSING_FILE)
+GREEN = frozenset({OK, OK_OFFSET, APPLIED, UPSTREAM})
+
+Reader = Callable[[str], Optional[bytes]]
+
+
+@dataclass
+class ModResult:
+    mod: str
+    version: str
+    status: str
+    variant: Optional[str] = None
+    reason: str = ""
+    files: List[FileResult] = field(default_factory=list)
+
+    @property
+    def green(self) -> bool:
+        return self.status in GREEN
+
+    def changes(self) -> Dict[str, Optional[bytes]]:
+        """path -> new bytes (None: delete) for every file the mod would change."""
+        return {f.path: f.after for f in self.files if f.changes}
+
+    def to_dict(self) -> dict:
+        out: dict = {"mod": self.mod, "vllm": self.version, "status": self.status, "variant": self.variant}
+        if self.reason:
+            out["reason"] = self.reason
+        out["files"] = [f.to_dict() for f in self.files]
+        return out
+
+
+def variant_patches(mod_dir: Path, variant: Variant) -> List[FilePatch]:
+    """Parse every patch file of a variant; a bad patch is a ManifestError naming the file."""
+    patches: List[FilePatch] = []
+    seen: Dict[str, str] = {}
+    for rel in variant.patches:
+        path = mod_dir / rel
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ManifestError(f"{path}: cannot read patch of variant {variant.label!r}: {exc.strerror}") from None
+        try:
+            parsed = parse_patch(text)
+        except PatchParseError as exc:
+            raise ManifestError(f"{path}: {exc}") from None
+        for fp in parsed:
+            if fp.path in seen:
+                raise ManifestError(f"{path}: {fp.path} is also patched by {seen[fp.path]}: merge them into one patch")
+            seen[fp.path] = rel
+        patches.extend(parsed)
+    return patches
+
+
+def aggregate(files: List[FileResult]) -> "tuple[str, str]":
+    statuses = [f.status for f in files]
+    if not files:
+        return OK, ""
+    for status in (CONFLICT, MISSING_FILE):
+        if status in statuses:
+            bad = [f"{f.path}: {f.reason}" if f.reason else f.path for f in files if f.status == status]
+            return status, "; ".join(bad)
+    if all(s == APPLIED for s in statuses):
+        return APPLIED, ""
+    if APPLIED in statuses:
+        done = [f.path for f in files if f.status == APPLIED]
+        return CONFLICT, "partly applied: " + ", ".join(done) + " already patched, the rest not"
+    return (OK_OFFSET if OK_OFFSET in statuses else OK), ""
+
+
+def _check_upstream(manifest: Manifest, upstream: Upstream, version: str, read: Reader) -> ModResult:
+    missing = []
+    for det in upstream.detect:
+        data = read(det.file)
+        if data is None or det.contains.encode("utf-8") not in data:
+            missing.append(f"{det.file} lacks {det.contains!r}")
+    if missing:
+        return ModResult(manifest.name, version, NO_VARIANT, None,
+                         f"vLLM {version} is past upstream.since {upstream.since} but the upstream fix is not "
+                         f"detected ({'; '.join(missing)})")
+    return ModResult(manifest.name, version, UPSTREAM, None, f"vLLM includes it since {upstream.since}: {upstream.evidence}")
+
+
+def check_mod(manifest: Manifest, mod_dir: Path, version: str, read: Reader) -> ModResult:
+    """Decide the status of one mod on one vLLM tree (read: package path -> bytes or None)."""
+    try:
+        chosen = manifest.select(version)
+    except InvalidVersion:
+        return ModResult(manifest.name, version, NO_VARIANT, None, f"vLLM version {version!r} is not PEP 440")
+    if isinstance(chosen, Upstream):
+        return _check_upstream(manifest, chosen, version, read)
+    if chosen is None:
+        return ModResult(manifest.name, version, NO_VARIANT, None,
+                         f"no variant covers vLLM {Version(version).public}; variants: {manifest.describe_variants()}")
+    files = plan(variant_patches(mod_dir, chosen), read)
+    status, reason = aggregate(files)
+    return ModResult(manifest.name, version, status, chosen.label, reason, files)
