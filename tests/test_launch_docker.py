@@ -1,0 +1,319 @@
+"""The standalone launch script, run for real on the Docker engine.
+
+Image: Debian + Ray (tests/dockerimg.py) + every Python file of a real vLLM release at the
+community image's site-packages path + a `vllm` command stand-in (tests/fixtures/vllm-standin.py)
+that records argv, environment and what the mods changed, because no model can run here.
+Mods: the repository's real int8-lm-head (patches vLLM's logits processor, adds a module) and
+chat-template (installs a file into the workspace), plus a small test mod with a top-level dotfile.
+
+Solo: one container on this machine. Two nodes: two containers on a Docker network whose
+addresses are the node IPs (SPARKMODS_DOCKER_NETWORK: the script's test stand-in for ssh to real
+machines); real Ray forms the cluster, and the stand-in runs a Ray task on every node to report
+that node's files, so "mods applied on both" is observed on the worker itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import ipaddress
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import tarfile
+import textwrap
+import time
+import uuid
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional
+
+import docker
+import docker.errors
+import pytest
+
+from dockerimg import build_vllm_image, default_build_metadata
+from modfactory import make_mod, unified
+from sparkmods.cli import main
+from sparkmods.runtime.manifest import load_manifest
+from sparkmods.runtime.modcheck import check_mod
+from sparkmods.sources import open_targets
+from sparkmods.sync import sync
+
+pytestmark = pytest.mark.docker
+
+REPO = Path(__file__).resolve().parents[1]
+STANDIN = Path(__file__).resolve().parent / "fixtures" / "vllm-standin.py"
+WHEEL_VERSION = "0.19.1"
+IMAGE_VERSION = "0.19.1.dev0+g2a69949bd.d20260404"  # a community-style source build of 0.19.1's files
+PATCHED_FILE = "vllm/logger.py"  # what the test mod changes
+REAL_MODS = ("int8-lm-head", "chat-template")
+MARK = "# sparkmods launch test: applied\n"
+SECRET = "hf_launch_test_secret"
+TEMPLATE = "qwen3.5-sparkmods.jinja"
+
+RECIPE = textwrap.dedent('''\
+    recipe_version: "1"
+    name: Launch test
+    container: {image}
+    mods:
+      - mods/launch-demo
+      - mods/int8-lm-head
+      - mods/chat-template
+    defaults:
+      port: 8000
+      host: 0.0.0.0
+      tensor_parallel: 1
+    env:
+      LAUNCH_TEST_NOTE: two words, one value
+    command: |
+      vllm serve /models/Qwen3.5-launch-test \\
+        --host {{host}} --port {{port}} \\
+        --tensor-parallel-size {{tensor_parallel}} \\
+        --no-enable-prefix-caching \\
+        --chat-template {template} \\
+        --speculative-config '{{{{"method": "mtp", "num_speculative_tokens": 2}}}}'
+    ''')
+
+
+def _vllm_source():
+    """The release's files: the shared wheel copy when present, else range reads from PyPI."""
+    wheels = sorted((Path("/tmp/wheels") / WHEEL_VERSION).glob(f"vllm-{WHEEL_VERSION}-*.whl"))
+    return open_targets(f"wheel:{wheels[0]}" if wheels else f"pypi:{WHEEL_VERSION}")[0]
+
+
+@pytest.fixture(scope="module")
+def vllm_py_files() -> Dict[str, bytes]:
+    source = _vllm_source()
+    names = [n for n in source.list_files() if n.startswith("vllm/") and n.endswith(".py")]
+    source.prefetch(names)
+    return {n: source.read(n) for n in names}
+
+
+def _standin_layer(client: docker.DockerClient, base: str) -> str:
+    """base + /usr/local/bin/vllm = the stand-in; rebuilt only when either changes."""
+    script = STANDIN.read_bytes()
+    content = hashlib.sha256(client.images.get(base).id.encode() + script).hexdigest()[:12]
+    tag = f"sparkmods-test-launch:{content}"
+    try:
+        client.images.get(tag)
+        return tag
+    except docker.errors.ImageNotFound:
+        pass
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data, mode in (("Dockerfile", f"FROM {base}\nCOPY vllm /usr/local/bin/vllm\n".encode(), 0o644),
+                                 ("vllm", script, 0o755)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+    buf.seek(0)
+    client.images.build(fileobj=buf, custom_context=True, tag=tag, rm=True, pull=False)
+    return tag
+
+
+@pytest.fixture(scope="module")
+def launch_image(docker_engine, ray_image, vllm_py_files) -> str:
+    vllm_tag = build_vllm_image("sparkmods-test-launch-vllm:0.19.1", vllm_py_files, IMAGE_VERSION,
+                                default_build_metadata(IMAGE_VERSION), base=ray_image, client=docker_engine)
+    return _standin_layer(docker_engine, vllm_tag)
+
+
+class Launch:
+    """A recipe repository with a real patching mod and the real chat-template mod, one script run."""
+
+    def __init__(self, tmp_path: Path, image: str, original: bytes) -> None:
+        self.tmp = tmp_path
+        self.root = tmp_path / "repo"
+        mods = self.root / "mods"
+        demo = make_mod(mods, "launch-demo", vllm=">=0.19.0,<0.20", verified='["0.19.1"]',
+                        patch=unified(PATCHED_FILE, original.decode(), original.decode() + MARK))
+        (demo / ".head-only").write_text("top-level dotfiles reach the head only, as with launch-cluster.sh\n")
+        for name in REAL_MODS:
+            subprocess.run(["cp", "-a", str(REPO / "mods" / name), str(mods)], check=True)
+            sync(mods / name)  # run.sh and the runtime as `sparkmods sync` ships them
+        (self.root / "launch" / "recipes").mkdir(parents=True)
+        self.recipe = self.root / "launch" / "recipes" / "launch-test.yaml"
+        self.recipe.write_text(RECIPE.format(image=image, template=TEMPLATE))
+        self.script = tmp_path / "launch.sh"
+        self.report = tmp_path / "report"
+        self.report.mkdir()
+        self.prefix = f"sparkmods-test-{uuid.uuid4().hex[:8]}"
+        self.network: Optional[str] = None
+
+    def generate(self, *layout: str) -> None:
+        code = main(["launch", str(self.recipe), *layout, "--standalone",
+                     "--pass-env", "STANDIN_SLEEP", "--pass-env", "STANDIN_EXIT", "-o", str(self.script)])
+        assert code == 0
+
+    def env(self, **extra: str) -> Dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARKMODS_", "STANDIN_"))}
+        env.update(HF_TOKEN=SECRET, SPARKMODS_CONTAINER=self.prefix, SPARKMODS_GPUS="",
+                   SPARKMODS_HF_CACHE=str(self.tmp / "hf"), SPARKMODS_DOCKER_ARGS=f"-v {self.report}:/report",
+                   SPARKMODS_RAY_TIMEOUT="120",
+                   # The default adds --privileged and --ulimit memlock=-1 (for RDMA/NCCL); sandboxed
+                   # engines (CI VMs) refuse both, and nothing here needs them.
+                   SPARKMODS_DOCKER_RUN_ARGS="--ipc host --shm-size 1g")
+        if self.network:
+            env["SPARKMODS_DOCKER_NETWORK"] = self.network
+        env.update(extra)
+        return env
+
+    def run(self, timeout: int = 300, **extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(self.script)], env=self.env(**extra), capture_output=True, text=True,
+                              timeout=timeout)
+
+    def reports(self) -> List[dict]:
+        return [json.loads(p.read_text()) for p in sorted(self.report.glob("serve-*.json"))]
+
+    def containers(self, client: docker.DockerClient) -> List[str]:
+        return [c.name for c in client.containers.list(all=True, filters={"name": self.prefix})]
+
+
+@pytest.fixture
+def launch(tmp_path, docker_engine, launch_image, vllm_py_files) -> Iterator[Launch]:
+    run = Launch(tmp_path, launch_image, vllm_py_files[PATCHED_FILE])
+    yield run
+    for name in run.containers(docker_engine):  # only if a test failed half-way
+        docker_engine.containers.get(name).remove(force=True)
+
+
+@pytest.fixture
+def node_network(docker_engine, launch) -> Iterator[List[str]]:
+    """A Docker network with a free /24; returns the two node addresses (head first)."""
+    for _ in range(20):
+        subnet = ipaddress.ip_network(f"172.{random.randint(18, 31)}.{random.randint(0, 255)}.0/24")
+        name = f"{launch.prefix}-net"
+        try:
+            network = docker_engine.networks.create(name, driver="bridge", ipam=docker.types.IPAMConfig(
+                pool_configs=[docker.types.IPAMPool(subnet=str(subnet))]))
+            break
+        except docker.errors.APIError as exc:
+            if "overlap" not in str(exc):
+                raise
+    else:
+        pytest.fail("no free /24 for the test network")
+    launch.network = name
+    hosts = list(subnet.hosts())
+    yield [str(hosts[9]), str(hosts[10])]
+    for name in launch.containers(docker_engine):
+        docker_engine.containers.get(name).remove(force=True)
+    network.remove()
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def expected_changes(launch: Launch, original_files: Dict[str, bytes]) -> Dict[str, str]:
+    """path -> sha256 after all mods, as the host engine (sparkmods check) computes them."""
+    files = dict(original_files)
+    for name in ("launch-demo", *REAL_MODS):
+        folder = launch.root / "mods" / name
+        result = check_mod(load_manifest(folder), folder, IMAGE_VERSION, files.get)
+        assert result.status == "ok", (name, result.reason)
+        for path, after in result.changes().items():
+            files[path] = after
+    return {p: sha(data) for p, data in files.items() if original_files.get(p) != data}
+
+
+def assert_node_patched(node: dict, head: bool, launch: Launch, original_files: Dict[str, bytes]) -> None:
+    changed = expected_changes(launch, original_files)
+    assert PATCHED_FILE in changed and "vllm/model_executor/layers/logits_processor.py" in changed
+    assert {p: node["vllm_files"].get(p) for p in changed} == changed
+    assert node["vllm_files"]["vllm/__init__.py"] == sha(original_files["vllm/__init__.py"])
+    template = (REPO / "mods" / "chat-template" / "files" / TEMPLATE).read_bytes()
+    assert node["workspace_files"][TEMPLATE] == sha(template)
+    assert "run.sh" in node["mods"]["launch-demo"] and "_sparkmods" in node["mods"]["launch-demo"]
+    assert (".head-only" in node["mods"]["launch-demo"]) is head
+
+
+def serve_args(argv: List[str]) -> Dict[str, str]:
+    return {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--") and not argv[i + 1].startswith("--")}
+
+
+def test_solo_applies_the_mods_and_serves_with_the_recipe(launch, docker_engine, vllm_py_files):
+    launch.generate("--solo")
+    text = launch.script.read_text()
+    assert SECRET not in text and f"image:{launch.recipe}" not in text
+    assert "Checked against vLLM 0.19.1.dev0+g2a69949bd.d20260404 (image:" in text
+    done = launch.run()
+    assert done.returncode == 0, done.stderr
+    (report,) = launch.reports()
+    argv = report["argv"]
+    assert argv[:3] == ["vllm", "serve", "/models/Qwen3.5-launch-test"]
+    args = serve_args(argv)
+    assert args["--tensor-parallel-size"] == "1" and "--distributed-executor-backend" not in argv
+    assert json.loads(args["--speculative-config"]) == {"method": "mtp", "num_speculative_tokens": 2}
+    assert report["env"]["HF_TOKEN"] == SECRET and report["env"]["LAUNCH_TEST_NOTE"] == "two words, one value"
+    assert report["cwd"] == "/workspace/vllm"
+    assert_node_patched(report["node"], True, launch, vllm_py_files)
+    assert launch.containers(docker_engine) == [], "containers left after vllm serve ended"
+
+
+def test_two_nodes_form_a_ray_cluster_and_both_are_modded(launch, docker_engine, node_network, vllm_py_files):
+    head, worker = node_network
+    launch.generate("--nodes", f"{head},{worker}", "--ray")
+    done = launch.run()
+    assert done.returncode == 0, done.stderr
+    assert "Ray cluster formed: 2 nodes" in done.stderr
+    (report,) = launch.reports()  # vllm serve ran once, on the head
+    assert report["node"]["hostname"] == "node-0" and report["env"]["VLLM_HOST_IP"] == head
+    args = serve_args(report["argv"])
+    assert args["--tensor-parallel-size"] == "2" and args["--distributed-executor-backend"] == "ray"
+    active = re.search(r"Active:\n((?:\s+\d+ node_\S+\n)+)", report["ray_status"])
+    assert active and len(active.group(1).strip().splitlines()) == 2, report["ray_status"]
+    nodes = {n["ray_node_ip"]: n for n in report["ray_nodes"]}
+    assert sorted(nodes) == sorted([head, worker])
+    assert_node_patched(nodes[head], True, launch, vllm_py_files)
+    assert_node_patched(nodes[worker], False, launch, vllm_py_files)
+    assert launch.containers(docker_engine) == []
+
+
+def test_two_nodes_without_ray_start_headless_ranks(launch, docker_engine, node_network):
+    head, worker = node_network
+    launch.recipe.write_text(launch.recipe.read_text().replace(
+        " \\\n    --speculative-config '{{\"method\": \"mtp\", \"num_speculative_tokens\": 2}}'", ""))
+    launch.generate("--nodes", f"{head},{worker}", "--no-ray")
+    done = launch.run(STANDIN_SLEEP="5")  # the head waits so the worker's rank can report first
+    assert done.returncode == 0, done.stderr
+    by_host = {r["node"]["hostname"]: r["argv"] for r in launch.reports()}
+    assert sorted(by_host) == ["node-0", "node-1"]
+    common = ["--nnodes", "2", "--master-addr", head, "--master-port", "29501"]
+    for host, rank in (("node-0", "0"), ("node-1", "1")):
+        args = serve_args(by_host[host])
+        assert args["--node-rank"] == rank and all(args[k] == v for k, v in zip(common[::2], common[1::2]))
+    assert "--headless" in by_host["node-1"] and "--headless" not in by_host["node-0"]
+    assert launch.containers(docker_engine) == []
+
+
+def test_a_failing_server_leaves_no_containers(launch, docker_engine):
+    launch.generate("--solo")
+    done = launch.run(STANDIN_EXIT="3")
+    assert done.returncode == 3 and "removing the containers" in done.stderr
+    assert launch.containers(docker_engine) == []
+
+
+def test_ctrl_c_leaves_no_containers(launch, docker_engine):
+    launch.generate("--solo")
+    proc = subprocess.Popen(["bash", str(launch.script)], env=launch.env(STANDIN_SLEEP="300"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 180
+    while not launch.reports():
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, "vllm serve never started"
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends the foreground job on Ctrl-C
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert launch.containers(docker_engine) == []
+
+
+def test_a_rerun_replaces_what_an_earlier_run_left(launch, docker_engine, launch_image):
+    launch.generate("--solo")
+    docker_engine.containers.run(launch_image, ["sleep", "infinity"], name=f"{launch.prefix}-0", detach=True)
+    done = launch.run()
+    assert done.returncode == 0, done.stderr
+    assert len(launch.reports()) == 1 and launch.containers(docker_engine) == []

@@ -1,0 +1,103 @@
+"""`sparkmods launch RECIPE`: validate a recipe for a node layout, then write its launch script.
+
+Nothing is written unless every check passes: mods against the image's vLLM (same engine as
+`sparkmods check`), known-bad flag combinations, shell safety. Each problem is one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import List, Tuple
+
+from sparkmods.errors import SparkmodsError
+from sparkmods.launch.plan import CLUSTER, STANDALONE, LaunchOptions, build_plan, describe
+from sparkmods.launch.recipe import load_recipe
+from sparkmods.launch.render import about, find_launcher, render, write_script
+from sparkmods.launch.rules import validate
+from sparkmods.launch.target import TargetFacts
+from sparkmods.launch.target_open import check_with_engine, open_target
+
+
+def register(sub: "argparse._SubParsersAction") -> None:
+    p = sub.add_parser(
+        "launch", help="validate a recipe and write its launch script (launch-cluster.sh or standalone)",
+        description="Write an executable bash script that launches RECIPE on one node (--solo) or several "
+                    "(--nodes, Ray by default), after checking its mods and flags against the image's vLLM.")
+    p.add_argument("recipe", metavar="RECIPE", help="a run-recipe.sh v1 YAML file")
+    layout = p.add_mutually_exclusive_group(required=True)
+    layout.add_argument("--solo", action="store_true", help="one node")
+    layout.add_argument("--nodes", metavar="IP1,IP2", help="comma-separated node addresses, head first")
+    ray = p.add_mutually_exclusive_group()
+    ray.add_argument("--ray", dest="ray", action="store_true", default=None, help="multi-node over Ray (default)")
+    ray.add_argument("--no-ray", dest="ray", action="store_false", help="multi-node with vLLM's own ranks")
+    p.add_argument("--standalone", action="store_true",
+                   help="a script that needs only docker and ssh instead of launch-cluster.sh")
+    p.add_argument("--image", help="container image (default: the recipe's container)")
+    p.add_argument("--vllm", metavar="SPEC",
+                   help="the image's vLLM when the local Docker engine does not have the image (e.g. 0.19.1)")
+    p.add_argument("--index-url", help="package index for --vllm (default: $SPARKMODS_INDEX_URL or PyPI)")
+    p.add_argument("--offline", action="store_true", help="read --vllm from the on-disk cache only")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a placeholder of the recipe's command (repeatable)")
+    p.add_argument("--pass-env", action="append", default=[], metavar="NAME",
+                   help="environment variable handed to the containers by name when set, never written "
+                        "into the script (repeatable; HF_TOKEN always is)")
+    p.add_argument("--launch-cluster", metavar="PATH",
+                   help="launch-cluster.sh to call (default: on PATH, else beside the recipe repository)")
+    p.add_argument("--gpus-per-node", type=int, default=1, metavar="N", help="GPUs per node (DGX Spark: 1)")
+    p.add_argument("-o", "--output", metavar="FILE", help="script to write (default: standard output)")
+    p.add_argument("--json", action="store_true", help="print the plan, checks and problems as JSON")
+    p.set_defaults(func=run_launch)
+
+
+def _sets(pairs: List[str]) -> Tuple[Tuple[str, str], ...]:
+    out = []
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise SparkmodsError(f"--set {pair!r}: want KEY=VALUE")
+        out.append((key, value))
+    return tuple(out)
+
+
+def options_from(args: argparse.Namespace) -> LaunchOptions:
+    nodes = tuple(n.strip() for n in args.nodes.split(",")) if args.nodes else ()
+    if args.solo and args.ray is not None:
+        raise SparkmodsError("--ray/--no-ray need --nodes: a solo launch has no cluster backend")
+    if args.gpus_per_node < 1:
+        raise SparkmodsError("--gpus-per-node must be at least 1")
+    return LaunchOptions(
+        nodes=nodes, ray=True if args.ray is None else args.ray, form=STANDALONE if args.standalone else CLUSTER,
+        image=args.image, sets=_sets(args.sets),
+        pass_env=("HF_TOKEN", *args.pass_env),
+        gpus_per_node=args.gpus_per_node,
+    )
+
+
+def run_launch(args: argparse.Namespace) -> int:
+    path = Path(args.recipe)
+    plan = build_plan(load_recipe(path), options_from(args))
+    facts = TargetFacts(open_target(plan.image, args.vllm, index_url=args.index_url, offline=args.offline))
+    checked = validate(plan, facts, check_with_engine)
+    text = None
+    if not checked.errors:
+        launcher = None if plan.form == STANDALONE else find_launcher(args.launch_cluster, plan.root)
+        text = render(plan, about(plan, facts.label, checked.mod_results), launcher)
+        if args.output:
+            write_script(text, Path(args.output))
+    if args.json:
+        doc = {"plan": describe(plan), "target": facts.label, "mods": [r.to_dict() for r in checked.mod_results],
+               "problems": [p.to_dict() for p in checked.problems], "output": args.output}
+        if text is not None and not args.output:
+            doc["script"] = text
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for problem in checked.problems:
+            print(f"{path.name}: {problem}", file=sys.stderr)
+        if text is not None and not args.output:
+            sys.stdout.write(text)
+    return 1 if checked.errors else 0

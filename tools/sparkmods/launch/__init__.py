@@ -1,0 +1,15 @@
+"""Recipes (run-recipe.sh v1 YAML) and launch-script generation for `sparkmods launch`.
+
+recipe.py    the recipe model and its schema check
+servecmd.py  the `vllm serve` command of a recipe: parse, query, re-render on one line
+plan.py      recipe + command-line choices -> one LaunchPlan (nodes, mods, env, serve argv)
+target.py    facts read from the target vLLM's own source (speculative methods, cache dtypes)
+target_open.py  which vLLM to check against (the image, else --vllm), and the mod check
+problem.py   Problem and the Context a rule sees
+modrules.py  rules about the mods; flagrules.py: rules about flags, layout and shell safety
+rules.py     validate(): runs every rule
+render.py    picks the form, writes the script atomically
+shell.py     bash quoting helpers shared by the two script forms
+cluster.py   the script that drives launch-cluster.sh
+standalone.py  the script that needs only docker and ssh
+"""

@@ -1,0 +1,74 @@
+"""Rules about the recipe's mods: they apply to the target, they are synced, they install what
+the command uses.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+from sparkmods.errors import SparkmodsError
+from sparkmods.launch.problem import WARNING, Context, Problem
+from sparkmods.runtime.manifest import MANIFEST_TOML, ManifestError, Variant, load_manifest
+
+__all__ = ["RULES"]
+
+
+def mods(ctx: Context) -> Iterator[Problem]:
+    for result in ctx.mod_results:
+        if not result.green:
+            why = f": {result.reason}" if result.reason else ""
+            variant = f" (variant {result.variant})" if result.variant else ""
+            yield Problem("mods", f"mod {result.mod} is {result.status} on {ctx.where}{variant}{why}")
+    checked = {r.mod for r in ctx.mod_results}
+    for folder in ctx.plan.mod_dirs if ctx.facts is not None else ():
+        if not (folder / MANIFEST_TOML).is_file() and folder.name not in checked:
+            yield Problem("mods", f"mod {folder} has no {MANIFEST_TOML}: it cannot be checked against "
+                                  f"{ctx.where}", WARNING)
+
+
+def mod_files(ctx: Context) -> Iterator[Problem]:
+    """The folder the launcher copies must carry an up-to-date generated run.sh and runtime."""
+    from sparkmods.sync import drift
+
+    for folder in ctx.plan.mod_dirs:
+        if not (folder / MANIFEST_TOML).is_file():
+            continue
+        try:
+            found = drift(folder)
+        except SparkmodsError as exc:
+            yield Problem("mod-files", str(exc))
+            continue
+        if found:
+            more = f" (+{len(found) - 2} more)" if len(found) > 2 else ""
+            yield Problem("mod-files", f"mod {folder.name} is not synced ({'; '.join(found[:2])}{more}): "
+                                       f"run `sparkmods sync {folder}`")
+
+
+def _workspace_files(ctx: Context) -> Optional[set]:
+    """Names the recipe's mods install into $WORKSPACE_DIR on the target; None if unknown."""
+    if ctx.facts is None:
+        return None
+    names = set()
+    for folder in ctx.plan.mod_dirs:
+        if not (folder / MANIFEST_TOML).is_file():
+            return None
+        try:
+            chosen = load_manifest(folder).select(ctx.facts.source.version)
+        except (ManifestError, ValueError):
+            return None
+        if isinstance(chosen, Variant):
+            names |= {inst.name for inst in chosen.install}
+    return names
+
+
+def chat_template(ctx: Context) -> Iterator[Problem]:
+    name = ctx.plan.serve.get("--chat-template")
+    if name is None or "/" in name or "{" in name:
+        return  # an absolute/relative path or inline template: not ours to resolve
+    installed = _workspace_files(ctx)
+    if installed is not None and name not in installed:
+        yield Problem("chat-template", f"--chat-template {name}: no mod of the recipe installs {name!r} on "
+                                       f"{ctx.where} (installed: {', '.join(sorted(installed)) or 'nothing'})")
+
+
+RULES = (mods, mod_files, chat_template)

@@ -1,0 +1,204 @@
+"""A run-recipe.sh v1 recipe, loaded and schema-checked.
+
+The format is eugr's (spark-vllm-docker `run-recipe.sh`, also run by sparkrun), so our recipes
+stay runnable by those tools as they are: required `name`, `recipe_version: "1"`, `container`,
+`command`; optional `description`, `model`, `mods`, `defaults`, `env`, `build_args`,
+`cluster_only`, `solo_only`. `command` is filled with `str.format` over `defaults` plus the
+runner's overrides, which is why every placeholder must have a default and literal braces are
+written `{{ }}`.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+
+import yaml
+
+from sparkmods.errors import SparkmodsError
+from sparkmods.runtime.manifest import MANIFEST_TOML
+
+__all__ = ["Recipe", "RecipeError", "load_recipe", "find_repo_root", "placeholders", "format_value", "Scalar"]
+
+Scalar = Union[str, int, float, bool]
+
+REQUIRED = ("name", "recipe_version", "container", "command")
+OPTIONAL = ("description", "model", "mods", "defaults", "env", "build_args", "cluster_only", "solo_only")
+RECIPE_VERSION = "1"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class RecipeError(SparkmodsError):
+    """A recipe problem: `<file>: <key>: <problem>` (exit 2)."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    path: Path
+    name: str
+    container: str
+    command: str
+    description: str = ""
+    model: Optional[str] = None
+    mods: Tuple[str, ...] = ()
+    defaults: Tuple[Tuple[str, Scalar], ...] = ()
+    env: Tuple[Tuple[str, str], ...] = ()
+    build_args: Tuple[str, ...] = ()
+    cluster_only: bool = False
+    solo_only: bool = False
+
+    @property
+    def defaults_map(self) -> Dict[str, Scalar]:
+        return dict(self.defaults)
+
+    @property
+    def env_map(self) -> Dict[str, str]:
+        return dict(self.env)
+
+    def mod_dirs(self, root: Path) -> List[Path]:
+        """The mods' folders, absolute (launch-cluster.sh wants them so); unknown mods fail.
+
+        A mod is known when its folder holds run.sh (what --apply-mod needs) or our mod.toml.
+        """
+        out = []
+        for i, rel in enumerate(self.mods):
+            folder = (root / rel).resolve()
+            if not ((folder / "run.sh").is_file() or (folder / MANIFEST_TOML).is_file()):
+                raise RecipeError(f"{self.path}: mods[{i}]: {rel!r} is not a mod folder under {root} "
+                                  f"(no run.sh or {MANIFEST_TOML} in {folder})")
+            out.append(folder)
+        return out
+
+
+def placeholders(command: str) -> List[str]:
+    """The `{name}` fields of a str.format template, in order, without repeats."""
+    seen: List[str] = []
+    for _, field, _, _ in string.Formatter().parse(command):
+        if field is not None and field not in seen:
+            seen.append(field)
+    return seen
+
+
+def format_value(value: Scalar) -> str:
+    """A default or --set value as text: YAML true/false become vLLM's lowercase true/false."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def find_repo_root(recipe_path: Path) -> Path:
+    """The recipe repository root: the nearest folder above the recipe that holds `mods/`.
+
+    eugr's layout keeps recipes in `recipes/` beside `mods/`; ours keeps them in
+    `launch/recipes/`. Both resolve `mods/<name>` against the first ancestor with a mods folder.
+    """
+    for parent in recipe_path.resolve().parents:
+        if (parent / "mods").is_dir():
+            return parent
+    return recipe_path.resolve().parent
+
+
+class _Checker:
+    """Strict schema check; every failure names the file and the key."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fail(self, key: str, problem: str) -> RecipeError:
+        return RecipeError(f"{self.path}: {key}: {problem}")
+
+    def text(self, data: Mapping[str, Any], key: str) -> str:
+        value = data[key]
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(key, f"must be a non-empty string, got {value!r}")
+        return value
+
+    def flag(self, data: Mapping[str, Any], key: str) -> bool:
+        value = data.get(key, False)
+        if not isinstance(value, bool):
+            raise self.fail(key, f"must be true or false, got {value!r}")
+        return value
+
+    def str_list(self, data: Mapping[str, Any], key: str) -> Tuple[str, ...]:
+        value = data.get(key) or []
+        if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+            raise self.fail(key, f"must be a list of non-empty strings, got {value!r}")
+        return tuple(value)
+
+    def scalar_map(self, data: Mapping[str, Any], key: str) -> Dict[str, Any]:
+        value = data.get(key) or {}
+        if not isinstance(value, dict):
+            raise self.fail(key, f"must be a mapping, got {type(value).__name__}")
+        for k, v in value.items():
+            if not isinstance(k, str) or not _KEY.match(k):
+                raise self.fail(f"{key}.{k}", "keys must be identifiers (letters, digits, _)")
+            if not isinstance(v, (str, int, float, bool)):
+                raise self.fail(f"{key}.{k}", f"must be a string, number or boolean, got {type(v).__name__}")
+        return value
+
+    def recipe(self, data: Any) -> Recipe:
+        if not isinstance(data, dict):
+            raise self.fail("(top)", "a recipe is a YAML mapping")
+        for key in REQUIRED:
+            if key not in data:
+                raise self.fail(key, "missing (required)")
+        for key in data:
+            if key not in REQUIRED and key not in OPTIONAL:
+                raise self.fail(str(key), f"unknown key (allowed: {', '.join(REQUIRED + OPTIONAL)})")
+        if data["recipe_version"] != RECIPE_VERSION:
+            raise self.fail("recipe_version", f"must be the string \"{RECIPE_VERSION}\", got {data['recipe_version']!r}")
+        defaults = self.scalar_map(data, "defaults")
+        env = self.scalar_map(data, "env")
+        for name in env:
+            if not _ENV_NAME.match(name):
+                raise self.fail(f"env.{name}", "not a valid environment variable name")
+        mods = self.str_list(data, "mods")
+        for i, rel in enumerate(mods):
+            if Path(rel).is_absolute() or ".." in Path(rel).parts:
+                raise self.fail(f"mods[{i}]", f"{rel!r} must be relative to the recipe repository root, inside it")
+        if len(set(mods)) != len(mods):
+            raise self.fail("mods", "lists a mod twice")
+        cluster_only, solo_only = self.flag(data, "cluster_only"), self.flag(data, "solo_only")
+        if cluster_only and solo_only:
+            raise self.fail("cluster_only", "cluster_only and solo_only cannot both be true")
+        model = self.text(data, "model") if "model" in data else None
+        description = self.text(data, "description") if "description" in data else ""
+        command = self.text(data, "command")
+        recipe = Recipe(
+            path=self.path, name=self.text(data, "name"), container=self.text(data, "container"),
+            command=command, description=description, model=model, mods=mods,
+            defaults=tuple(defaults.items()), env=tuple((k, format_value(v)) for k, v in env.items()),
+            build_args=self.str_list(data, "build_args"), cluster_only=cluster_only, solo_only=solo_only,
+        )
+        self.check_placeholders(recipe)
+        return recipe
+
+    def check_placeholders(self, recipe: Recipe) -> None:
+        try:
+            fields = placeholders(recipe.command)
+        except ValueError as exc:
+            raise self.fail("command", f"not a valid format template ({exc}): write literal braces as {{{{ and }}}}") from None
+        for field in fields:
+            if not _KEY.match(field):
+                raise self.fail("command", f"placeholder {{{field}}} is not a plain name: "
+                                           "write literal braces as {{ and }}")
+            if field not in recipe.defaults_map:
+                raise self.fail("command", f"placeholder {{{field}}} has no value in defaults")
+
+
+def load_recipe(path: Union[str, Path]) -> Recipe:
+    """Read and schema-check one recipe file; problems raise RecipeError (one line)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RecipeError(f"{p}: cannot read recipe: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise RecipeError(f"{p}: (syntax): not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    return _Checker(p).recipe(data)

@@ -1,0 +1,75 @@
+"""Which vLLM a launch will run, opened as one VllmSource, and the mod check wired to it.
+
+The image's own vLLM is the truth, so we read it with `image:NAME` when the local Docker engine
+has the image; otherwise the user tells us the version with `--vllm SPEC` (any target spec
+`sparkmods check` accepts, as long as it names exactly one vLLM).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from sparkmods.errors import SparkmodsError
+from sparkmods.runtime.modcheck import ModResult
+
+__all__ = ["image_present", "open_target", "check_with_engine"]
+
+log = logging.getLogger("sparkmods.launch")
+
+
+def image_present(image: str) -> bool:
+    """True when a reachable local Docker engine holds the image (no pull, no network)."""
+    try:
+        import docker
+        from docker.errors import DockerException, ImageNotFound
+    except ImportError:
+        return False
+    try:
+        client = docker.from_env(timeout=10)
+        try:
+            client.images.get(image)
+            return True
+        finally:
+            client.close()
+    except ImageNotFound:
+        return False
+    except DockerException:
+        return False
+
+
+def open_target(image: str, vllm: Optional[str], *, index_url: Optional[str] = None, offline: bool = False):
+    """The one VllmSource to check against: `image:IMAGE` if the engine has it, else `--vllm`."""
+    from sparkmods.sources import open_targets
+
+    if image_present(image):
+        spec = f"image:{image}"
+    elif vllm:
+        spec = vllm
+    else:
+        raise SparkmodsError(f"image {image!r} is not in the local Docker engine, so its vLLM cannot be read: "
+                             "pass --vllm VERSION (the vLLM inside that image)")
+    sources = open_targets(spec, index_url=index_url, offline=offline)
+    if len(sources) != 1:
+        raise SparkmodsError(f"--vllm {spec!r} names {len(sources)} vLLM releases; name exactly one")
+    source = sources[0]
+    if spec.startswith("image:") and vllm and not _same_release(vllm, source.version):
+        log.warning("image %s holds vLLM %s, not %s: checking the image", image, source.version, vllm)
+    return source
+
+
+def _same_release(spec: str, version: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(spec.split(":", 1)[-1]).public == Version(version).public
+    except InvalidVersion:
+        return True  # a non-version spec (wheel:, dir:): nothing to compare
+
+
+def check_with_engine(mod_dirs: Sequence[Path], source) -> List[ModResult]:
+    """`sparkmods check`'s engine on one source: one ModResult per mod folder, in order."""
+    from sparkmods.check import check_mods
+
+    return [row.result for row in check_mods(list(mod_dirs), [source])]
