@@ -24,8 +24,12 @@ Ground truth is defined without any of the tools, by anchoring the edit to state
 Cases with ambiguous truth are skipped (counted). Cases where the edited statement itself
 changed upstream have no correct placement: they are scored separately (flagged = right).
 
+A second table carries the real mods in mods/: each variant's patches, from its last
+verified release to the first release of the next variant, compared with the result of that
+next, hand-ported variant.
+
     .venv/bin/python ci/bench/bench_rebase.py [--wheels /tmp/wheels] [--cases 400] [--seed 7]
-        [--out ci/bench/results/rebase.md] [--jobs 2]
+        [--out ci/bench/results/rebase.md] [--jobs 2] [--mods mods]
 
 Exit code 1 when the goal is missed: any silently wrong case for sparkmods, or fewer than
 95 % placed correctly, or not more placed correctly than both other tools.
@@ -66,8 +70,11 @@ OK, FLAG, WRONG = "placed correctly", "flagged", "silently wrong"
 
 # ---------------------------------------------------------------- release file access
 class Release:
+    """One release's files, from the local wheel or (none there) PyPI; a rebase Tree too."""
+
     def __init__(self, version: str, wheels: Optional[Path]) -> None:
         self.version = version
+        self.label = f"pypi:{version}"
         self._zip = None
         self._src = None
         found = sorted(glob.glob(str(wheels / version / "*.whl"))) if wheels else []
@@ -77,9 +84,15 @@ class Release:
             from sparkmods.sources import open_targets
             (self._src,) = open_targets(f"pypi:{version}")
 
+    def list_files(self) -> List[str]:
+        return sorted(self._zip.namelist() if self._zip else self._src.list_files())
+
     def py_files(self) -> List[str]:
-        names = self._zip.namelist() if self._zip else self._src.list_files()
-        return sorted(n for n in names if n.startswith("vllm/") and n.endswith(".py"))
+        return [n for n in self.list_files() if n.startswith("vllm/") and n.endswith(".py")]
+
+    def prefetch(self, paths) -> None:
+        if self._src is not None:
+            self._src.prefetch(paths)
 
     def read(self, path: str) -> Optional[bytes]:
         if self._zip:
@@ -362,6 +375,94 @@ def score(c: Case) -> Tuple[List[str], List[float]]:
     return outcomes, times
 
 
+# ---------------------------------------------------------------- the real mods
+SAME, DIFFERS = "same as the hand port", "differs from the hand port"
+
+
+def _patched_files(fps, tree) -> Dict[str, Optional[bytes]]:
+    """path -> bytes after the file patches, on tree (engine, exact or offset); {} if they do not apply."""
+    results = plan(fps, tree.read)
+    if any(r.status not in ("ok", "ok-offset") for r in results):
+        return {}
+    return {r.path: r.after for r in results}
+
+
+def _tools_on_mod(fps, patch_text: str, base: Release, onto: Release, want: Dict[str, Optional[bytes]]) -> List[str]:
+    """Each tool's outcome carrying one variant's patches from base to onto."""
+    outcomes = []
+    res = rebase_patches(fps, base, onto)
+    got = {p: a for p, (_, a) in res.changes().items()} if res.clean else None
+    outcomes.append(FLAG if got is None else (SAME if got == want else DIFFERS))
+    with tempfile.TemporaryDirectory() as d:
+        tree = Path(d) / "tree"
+        for path in {fp.path for fp in fps} | set(want):
+            data = onto.read(path)
+            if data is not None:
+                (tree / path).parent.mkdir(parents=True, exist_ok=True)
+                (tree / path).write_bytes(data)
+        (Path(d) / "p.diff").write_text(patch_text)
+        tree.mkdir(exist_ok=True)
+        proc = subprocess.run(["patch", "-p1", "--batch", "--no-backup-if-mismatch", "-r", str(Path(d) / "rej"),
+                               "-d", str(tree), "-i", str(Path(d) / "p.diff")], capture_output=True)
+        got = {p: ((tree / p).read_bytes() if (tree / p).exists() else None) for p in want}
+        outcomes.append(FLAG if proc.returncode else (SAME if got == want else DIFFERS))
+        merged: Optional[Dict[str, Optional[bytes]]] = {}
+        before = _patched_files(fps, base)
+        for fp in fps:
+            ours, theirs = base.read(fp.path), onto.read(fp.path)
+            if ours is None or theirs is None:  # a created file, or a file gone from onto
+                if ours is None and theirs is None:
+                    merged[fp.path] = before.get(fp.path)
+                    continue
+                merged = None
+                break
+            for name, data in (("onto", theirs), ("base", ours), ("patched", before.get(fp.path) or b"")):
+                (Path(d) / name).write_bytes(data)
+            proc = subprocess.run(["git", "merge-file", "-p", str(Path(d) / "onto"), str(Path(d) / "base"),
+                                   str(Path(d) / "patched")], capture_output=True)
+            if proc.returncode != 0:
+                merged = None
+                break
+            merged[fp.path] = proc.stdout
+        outcomes.append(FLAG if merged is None else (SAME if merged == want else DIFFERS))
+    return outcomes
+
+
+def real_mods(mods_dir: Path, wheels: Optional[Path]) -> List[str]:
+    """Carry each real mod's variant to the release its next variant starts at, and compare
+    with that hand-ported variant (the best ground truth there is for real patches)."""
+    from sparkmods.runtime.manifest import load_manifest
+    from sparkmods.runtime.modcheck import variant_patches
+
+    rows: List[Tuple[str, List[str]]] = []
+    opened: Dict[str, Release] = {}
+
+    def rel(v: str) -> Release:
+        if v not in opened:
+            opened[v] = Release(v, wheels)
+        return opened[v]
+    for mod in sorted(p.parent for p in mods_dir.glob("*/mod.toml")):
+        variants = [v for v in load_manifest(mod).variants if v.patches and v.verified]
+        for a, b in zip(variants, variants[1:]):
+            base, onto = rel(a.verified[-1]), rel(b.verified[0])
+            fps = variant_patches(mod, a)
+            want = {p: x for p, x in _patched_files(variant_patches(mod, b), onto).items()}
+            text = "".join((mod / r).read_text() for r in a.patches)
+            rows.append((f"{mod.name}: {a.label} ({base.version}) -> {onto.version}",
+                         _tools_on_mod(fps, text, base, onto, want)))
+    if not rows:
+        return []
+    out = ["", f"Real mods ({mods_dir}): each variant's patches carried from its last verified release to the "
+                f"first release of the next variant, compared with that hand-ported variant's result:", "",
+           "| tool | " + " | ".join((SAME, DIFFERS, FLAG)) + " |", "|---|---:|---:|---:|"]
+    for i, tool in enumerate(TOOLS):
+        c = Counter(r[1][i] for r in rows)
+        out.append(f"| {tool} | {c[SAME]} | {c[DIFFERS]} | {c[FLAG]} |")
+    out += ["", "| transition | " + " | ".join(TOOLS) + " |", "|---|---|---|---|"]
+    out += [f"| {name} | " + " | ".join(o) + " |" for name, o in rows]
+    return out
+
+
 # ---------------------------------------------------------------- sampling and report
 def collect(vers: List[str], wheels: Optional[Path], seed: int, per_pair_files: int) -> Tuple[List[Case], Counter, int]:
     rng = random.Random(seed)
@@ -427,6 +528,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "rebase.md"))
     ap.add_argument("--wrong", help="write the silently-wrong sparkmods cases here (for debugging)")
+    ap.add_argument("--mods", default=str(Path(__file__).resolve().parents[2] / "mods"),
+                    help="also carry these real mods' variants to their next variant's release ('' to skip)")
     args = ap.parse_args(argv)
     wheels = Path(args.wheels) if Path(args.wheels).is_dir() else None
     vers = releases(wheels)
@@ -455,7 +558,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if tool == TOOLS[0] and o == WRONG:
                 wrong_cases.append(c)
     n = len(cases)
-    lines = [f"# Rebase benchmark: carrying edits across real vLLM releases", "",
+    lines = ["# Rebase benchmark: carrying edits across real vLLM releases", "",
              f"Generated by `ci/bench/bench_rebase.py --cases {args.cases} --seed {args.seed} "
              f"--files-per-pair {args.files_per_pair}` on {platform.node() or 'this machine'} "
              f"({os.cpu_count()} cores, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}).", "",
@@ -481,7 +584,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "| tool | flagged (right) | applied (silently wrong) |", "|---|---:|---:|"]
     for tool in TOOLS:
         lines.append(f"| {tool} | {none_rows[tool]['flagged (right)']} | {none_rows[tool]['applied (silently wrong)']} |")
-    lines += ["", "Wall time per tool over all cases (2 worker processes share the cores): "
+    if args.mods and Path(args.mods).is_dir():
+        lines += real_mods(Path(args.mods), wheels)
+    lines += ["", "Wall time per tool over all synthetic cases (worker processes share the cores): "
               + ", ".join(f"{t}: {secs[t]:.1f} s" for t in TOOLS) + f"; whole run {time.time() - t0:.0f} s.", "",
               "Skipped while generating (ambiguous ground truth): "
               + ", ".join(f"{why}: {k}" for why, k in skipped.most_common()) + "."]

@@ -1,0 +1,227 @@
+"""Semantic drift checks on small vLLM trees: what the patch adds must parse, import names
+that exist, call with arguments the callee accepts, and override with a compatible signature.
+Only the patch's own lines are judged; what Python decides at run time is left alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from modfactory import make_mod, make_site, unified
+from sparkmods.drift import check_patched, drift_status, new_findings
+from sparkmods.runtime.manifest import load_manifest
+from sparkmods.runtime.modcheck import check_mod, variant_patches
+from test_rebase_kit import src
+
+MOD = "vllm/model_executor/layers/demo.py"
+TREE = {
+    "vllm/__init__.py": "def __getattr__(name):\n    raise AttributeError(name)\n",
+    "vllm/model_executor/__init__.py": "",
+    "vllm/model_executor/layers/__init__.py": "",
+    "vllm/model_executor/layers/quantization/__init__.py": (
+        "from .base_config import QuantizationConfig\nfrom .helpers import *\n"
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .fp8 import Fp8Config\n"),
+    "vllm/model_executor/layers/quantization/base_config.py": src('''
+        class QuantizationConfig:
+            def __init__(self) -> None:
+                self.packed = {}
+
+            def maybe_update_config(self, model_name: str, hf_config=None, revision=None):
+                pass
+
+            def get_name(self) -> str:
+                return "base"
+
+            @classmethod
+            def from_config(cls, config: dict, strict: bool = False):
+                return cls()
+        '''),
+    "vllm/model_executor/layers/quantization/helpers.py": src('''
+        __all__ = ["scale", "Box"]
+
+
+        def scale(x, by, *, clamp: bool = False):
+            return x * by
+
+
+        def _private(x):
+            return x
+
+
+        class Box:
+            def __init__(self, size: int) -> None:
+                self.size = size
+        '''),
+    "vllm/model_executor/layers/quantization/fp8.py": "class Fp8Config:\n    pass\n",
+    "vllm/model_executor/layers/quantization/records.py": src('''
+        from dataclasses import dataclass
+
+
+        @dataclass
+        class Record:
+            name: str
+        '''),
+    MOD: src('''
+        import torch
+
+        from vllm.model_executor.layers.quantization import QuantizationConfig
+
+
+        class DemoConfig(QuantizationConfig):
+            def get_name(self) -> str:
+                return "demo"
+
+            def forward(self, x):
+                y = x * 2
+                return y
+        '''),
+}
+
+
+def check(patched: str, tree: Dict[str, str] = TREE, path: str = MOD) -> List[str]:
+    files = {k: v.encode() for k, v in tree.items()}
+    before = files.get(path)
+    return [f"{f.kind}: {f.message}" for f in check_patched({path: (before, patched.encode())}, files.get,
+                                                                lambda: sorted(files))]
+
+
+def add(line: str, where: str = "        y = x * 2\n") -> str:
+    assert TREE[MOD].count(where) == 1
+    return TREE[MOD].replace(where, where + line)
+
+
+def test_the_unpatched_demo_is_clean():
+    assert check(add("        y = y + 1\n")) == []
+
+
+def test_a_patched_file_that_does_not_parse():
+    (finding,) = check(add("        y = (y + \n"))
+    assert finding.startswith("syntax: does not parse")
+
+
+@pytest.mark.parametrize("line, problem", [
+    ("from vllm.model_executor.layers.quantization.helpers import shift", "defines no shift"),
+    ("from vllm.model_executor.layers.quantization.fp9 import Fp9Config", "module vllm.model_executor.layers.quantization.fp9 does not exist"),
+    ("from vllm.model_executor.layers.quantization import Fp8Config", "only under TYPE_CHECKING"),
+    ("import vllm.model_executor.layers.nope", "no such module"),
+    ("from .quantization.helpers import nothing", "defines no nothing"),
+    ("from ..quantization.helpers import scale", "module vllm.model_executor.quantization.helpers does not exist"),
+])
+def test_imports_of_names_the_release_lacks(line, problem):
+    (finding,) = check(add(f"        {line}\n"))
+    assert finding.startswith("import:") and problem in finding
+
+
+@pytest.mark.parametrize("line", [
+    "from vllm.model_executor.layers.quantization import QuantizationConfig",  # re-exported by the package
+    "from vllm.model_executor.layers.quantization import scale",  # through a star import, in __all__
+    "from vllm.model_executor.layers.quantization import fp8",  # a submodule
+    "from vllm import anything_at_all",  # module-level __getattr__: cannot tell, not drift
+    "from .quantization.helpers import Box",  # relative to the patched module
+    "import torch.nn",  # not vLLM
+])
+def test_imports_that_resolve_or_cannot_be_judged(line):
+    assert check(add(f"        {line}\n")) == []
+
+
+def test_a_star_import_honours_all():
+    (finding,) = check(add("        from vllm.model_executor.layers.quantization import _private\n"))
+    assert "defines no _private" in finding
+
+
+IMPORTS = "        from vllm.model_executor.layers.quantization.helpers import Box, scale\n"
+
+
+@pytest.mark.parametrize("call, problem", [
+    ("scale(y, factor=2)", "no parameter named 'factor'"),
+    ("scale(y)", "does not pass required 'by'"),
+    ("scale(y, 2, True)", "passes 3 positional arguments, the function takes 2"),
+    ("Box(3, 4)", "passes 2 positional arguments, the function takes 1"),
+    ("self.get_name(1)", "passes 1 positional arguments, the function takes 0"),
+    ("super().maybe_update_config()", "does not pass required 'model_name'"),
+    ("QuantizationConfig.from_config({}, loose=True)", "no parameter named 'loose'"),
+])
+def test_calls_that_cannot_bind(call, problem):
+    found = check(add(IMPORTS + f"        y = {call}\n"))
+    assert found and all(f.startswith("call:") for f in found) and any(problem in f for f in found), found
+
+
+@pytest.mark.parametrize("call", [
+    "scale(y, 2, clamp=True)",
+    "scale(*args)",  # unknown positional count: not judged
+    "scale(y, **options)",
+    "Box(size=3)",
+    "torch.relu(y, nonsense=1)",  # not vLLM
+    "Record(name='x', extra=1)",  # a dataclass: its __init__ is generated
+])
+def test_calls_that_bind_or_cannot_be_judged(call):
+    imports = IMPORTS + "        from vllm.model_executor.layers.quantization.records import Record\n"
+    assert check(add(imports + f"        y = {call}\n")) == []
+
+
+HOOK = ("    def get_name(self) -> str:\n",
+        "    def maybe_update_config(self, model_name: str):\n        self.name = model_name\n\n"
+        "    def get_name(self) -> str:\n")
+
+
+def test_an_override_missing_keywords_the_base_method_takes():
+    (finding,) = check(TREE[MOD].replace(*HOOK))
+    assert finding.startswith("override: DemoConfig.maybe_update_config(model_name) overrides "
+                               "QuantizationConfig.maybe_update_config(model_name, hf_config, revision)")
+    assert "does not accept 'hf_config', 'revision'" in finding
+
+
+@pytest.mark.parametrize("signature", ["(self, model_name: str, **kwargs)",
+                                       "(self, model_name, hf_config=None, revision=None, extra=None)"])
+def test_compatible_overrides(signature):
+    assert check(TREE[MOD].replace(*HOOK).replace("(self, model_name: str):", signature + ":")) == []
+
+
+def test_an_override_requiring_what_callers_do_not_pass():
+    (finding,) = check(TREE[MOD].replace(*HOOK).replace("(self, model_name: str):", "(self, model_name, hf_config=None, revision=None, *, must):"))
+    assert "requires 'must'" in finding
+
+
+def test_only_what_the_patch_touches_is_judged():
+    """vLLM's own file may hold code the checks would question; untouched lines are not ours."""
+    tree = dict(TREE)
+    tree[MOD] = TREE[MOD].replace(*HOOK)  # the bad override is upstream's now
+    assert check(tree[MOD].replace("        y = x * 2\n", "        y = x * 3\n"), tree) == []
+
+
+def test_new_findings_ignore_what_the_base_release_already_showed():
+    bad = check_patched({MOD: (None, TREE[MOD].replace(*HOOK).encode())},
+                        {k: v.encode() for k, v in TREE.items()}.get)
+    assert len(bad) == 1 and new_findings(bad, bad) == [] and new_findings(bad, []) == bad
+
+
+def test_drift_status_for_check(tmp_path: Path):
+    """The hook for `sparkmods check`: a green row whose patch would break vLLM."""
+    site = make_site(tmp_path / "site", "0.20.0", TREE)
+    mod = make_mod(tmp_path / "mods", vllm=">=0.19.0", verified='["0.20.0"]',
+                   patch=unified(MOD, TREE[MOD], TREE[MOD].replace(*HOOK)))
+    manifest = load_manifest(mod)
+
+    class Source:
+        version = "0.20.0"
+
+        @staticmethod
+        def read(path: str):
+            p = site / path
+            return p.read_bytes() if p.is_file() else None
+
+    row = check_mod(manifest, mod, "0.20.0", Source.read)
+    assert row.status == "ok"
+    status, reason = drift_status(Source, row)
+    assert status == "drift" and "does not accept 'hf_config', 'revision'" in reason and MOD in reason
+    (site / MOD).write_text(TREE[MOD].replace(*HOOK))  # now the tree is already patched
+    applied = check_mod(manifest, mod, "0.20.0", Source.read)
+    assert applied.status == "applied" and drift_status(Source, applied) is None  # no patches: nothing to diff
+    patches = variant_patches(mod, manifest.variants[0])
+    assert drift_status(Source, applied, patches)[0] == "drift"
+    fine = make_mod(tmp_path / "mods2", vllm=">=0.19.0", verified='["0.20.0"]',
+                    patch=unified(MOD, TREE[MOD], TREE[MOD].replace("y = x * 2", "y = x * 4")))
+    (site / MOD).write_text(TREE[MOD])
+    assert drift_status(Source, check_mod(load_manifest(fine), fine, "0.20.0", Source.read)) is None

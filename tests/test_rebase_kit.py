@@ -1,0 +1,65 @@
+"""Shared pieces of the rebase and drift tests (no tests here): an in-memory vLLM tree, diffs,
+and a one-call rebase that also proves the regenerated patch with the engine."""
+
+from __future__ import annotations
+
+import difflib
+import textwrap
+from typing import Dict, List, Optional
+
+from sparkmods.rebase import RebaseResult, rebase_patches
+from sparkmods.runtime.engine import EXACT, OK, plan
+from sparkmods.runtime.udiff import parse_patch
+
+PATH = "vllm/model_executor/layers/demo.py"
+
+
+class MemTree:
+    """A vLLM as a dict of package paths -> text (the VllmSource interface rebase needs)."""
+
+    def __init__(self, label: str, files: Dict[str, str]) -> None:
+        self.label = self.version = label
+        self.files = {k: v.encode() for k, v in files.items()}
+
+    def read(self, path: str) -> Optional[bytes]:
+        return self.files.get(path)
+
+    def list_files(self) -> List[str]:
+        return sorted(self.files)
+
+    def prefetch(self, paths) -> None:
+        pass
+
+
+def src(text: str) -> str:
+    return textwrap.dedent(text).lstrip("\n")
+
+
+def udiff(path: str, old: str, new: str, n: int = 3) -> str:
+    return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{path}", f"b/{path}", n=n))
+
+
+def rebase(base: Dict[str, str], patched: Dict[str, str], onto: Dict[str, str]) -> RebaseResult:
+    """Rebase the patch base -> patched (one diff per changed path) onto `onto`."""
+    text = "".join(udiff(p, base.get(p, ""), patched[p]) for p in sorted(patched) if patched[p] != base.get(p))
+    return rebase_patches(parse_patch(text), MemTree("0.1.0", base), MemTree("0.2.0", onto))
+
+
+def carried(result: RebaseResult, onto: Dict[str, str]) -> Dict[str, str]:
+    """onto after the rebased patch, applied by the engine; every hunk must be exact."""
+    assert result.clean, result.to_dict()
+    out = dict(onto)
+    if not result.patch:
+        return out
+    for res in plan(parse_patch(result.patch), MemTree("onto", onto).read):
+        assert res.status == OK and all(h.outcome == EXACT for h in res.hunks), res.to_dict()
+        out[res.path] = res.after.decode() if res.after is not None else None  # type: ignore[assignment]
+    return out
+
+
+def one(base: str, patched: str, onto: str, path: str = PATH) -> RebaseResult:
+    return rebase({path: base}, {path: patched}, {path: onto})
+
+
+def rules(result: RebaseResult) -> List[str]:
+    return [o.rule or o.outcome for f in result.files for p in f.parts for o in p.outcomes]

@@ -1,0 +1,143 @@
+"""`sparkmods rebase MOD --onto SPEC [--write]` end to end: releases served as real wheels by
+a package index on loopback (the base release is fetched the way PyPI would serve it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict
+
+import pytest
+
+from modfactory import ORIGINAL, PATCHED, TARGET, unified
+from sparkmods.cli import main
+from sparkmods.runtime.manifest import load_manifest
+from sparkmods.runtime.modcheck import check_mod
+from sparkmods.sources import open_targets
+from sparkmods.sync import drift, sync
+from test_sources_kit import fresh_cache, loopback_index, make_wheel  # noqa: F401 (fixtures)
+
+# 0.20.0 changed the line after the patched one: the exact engine refuses the old patch there.
+ONTO = ORIGINAL.replace("        return y\n", "        return y.float()\n")
+BROKEN = ORIGINAL.replace("        y = x * 2\n", "        z = x.relu()\n").replace("        return y\n", "        return z\n")
+MANIFEST = '''\
+schema = 1
+name = "demo"
+summary = "a demo mod"   # keep this comment
+
+# the first variant, written for 0.19
+[[variant]]
+label = "v1"
+vllm = ">=0.19.0,<0.21"   # inline comment stays
+patches = ["patches/v1/demo.patch"]
+verified = ["0.19.1"]
+notes = "Add --demo to vllm serve"
+
+# upstream took it over
+[upstream]
+since = "0.30.0"
+evidence = "vLLM PR #1"
+detect = [{ file = "vllm/model_executor/layers/demo.py", contains = "demo mod" }]
+'''
+
+
+@pytest.fixture
+def index(loopback_index, tmp_path):  # noqa: F811
+    def publish(version: str, text: str) -> None:
+        wheel = make_wheel(tmp_path / f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl", version,
+                           extra={TARGET: text.encode()})
+        loopback_index.add(wheel)
+
+    publish("0.19.1", ORIGINAL)
+    publish("0.20.0", ONTO)
+    publish("0.20.1", BROKEN)
+    publish("0.22.0", PATCHED)
+    return f"{loopback_index.url}/simple"
+
+
+@pytest.fixture
+def mod(tmp_path) -> Path:
+    folder = tmp_path / "mods" / "demo"
+    (folder / "patches" / "v1").mkdir(parents=True)
+    (folder / "patches" / "v1" / "demo.patch").write_text(unified(TARGET, ORIGINAL, PATCHED))
+    (folder / "mod.toml").write_text(MANIFEST)
+    sync(folder)
+    return folder
+
+
+def snapshot(folder: Path) -> Dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def run(capsys, *argv: str) -> "tuple[int, str, str]":
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_only_changes_nothing(index, mod, capsys):
+    before = snapshot(mod)
+    code, out, _ = run(capsys, "rebase", str(mod), "--onto", "0.20.0", "--index-url", index)
+    assert code == 0, out
+    assert "conflict on 0.20.0; rebasing variant 'v1' from vLLM 0.19.1" in out
+    assert "variant 'v1-0.20.0': vllm = \">=0.20.0, <0.21\"" in out
+    assert "variant 'v1': vllm = \">=0.19.0,<0.21\" -> \">=0.19.0, <0.20.0\"" in out
+    assert "run with --write" in out
+    assert snapshot(mod) == before
+
+
+def test_write_adds_a_valid_disjoint_variant_and_keeps_the_manifest_hand_written(index, mod, capsys):
+    code, out, _ = run(capsys, "rebase", str(mod), "--onto", "0.20.0", "--index-url", index, "--write", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["written"] is True, out
+    text = (mod / "mod.toml").read_text()
+    for line in MANIFEST.splitlines():  # every original line survives, but the one range
+        if not line.startswith("vllm = "):
+            assert line in text.splitlines(), line
+    assert 'vllm = ">=0.19.0, <0.20.0"   # inline comment stays' in text
+    manifest = load_manifest(mod)
+    assert [(v.label, str(v.vllm)) for v in manifest.variants] == [("v1", ">=0.19.0, <0.20.0"),
+                                                                   ("v1-0.20.0", ">=0.20.0, <0.21")]
+    new = manifest.variants[1]
+    assert new.patches == ["patches/v1-0.20.0/demo.patch"] and new.verified == [] and new.notes == "Add --demo to vllm serve"
+    assert not manifest.variants[0].vllm.overlaps(new.vllm)
+    assert drift(mod) == []  # run.sh and _sparkmods/ were regenerated
+    for version, label in (("0.19.1", "v1"), ("0.20.0", "v1-0.20.0")):
+        (source,) = open_targets(version, index_url=index)
+        result = check_mod(manifest, mod, version, source.read)
+        assert (result.status, result.variant) == ("ok", label), result.to_dict()
+
+
+def test_unsafe_rebase_exits_1_and_writes_nothing(index, mod, capsys, tmp_path):
+    before = snapshot(mod)
+    conflicts = tmp_path / "conflicts"
+    code, out, _ = run(capsys, "rebase", str(mod), "--onto", "0.20.1", "--index-url", index, "--write",
+                       "--conflicts", str(conflicts))
+    assert code == 1 and "NOT SAFE" in out and "hunk 1, base line 10" in out and "nothing written" in out
+    assert snapshot(mod) == before
+    assert "<<<<<<< onto" in (conflicts / TARGET).read_text()
+
+
+def test_a_release_the_mod_already_works_on_needs_nothing(index, mod, capsys):
+    before = snapshot(mod)
+    code, out, _ = run(capsys, "rebase", str(mod), "--onto", "0.19.1", "--index-url", index, "--write")
+    assert code == 0 and "already works on" in out and snapshot(mod) == before
+
+
+def test_a_release_that_already_has_the_change_needs_no_variant(index, mod, capsys):
+    before = snapshot(mod)
+    code, out, _ = run(capsys, "rebase", str(mod), "--onto", "0.22.0", "--index-url", index, "--write")
+    assert code == 0 and "already has every change" in out and snapshot(mod) == before
+
+
+def test_verified_above_onto_is_an_input_error(index, mod, capsys):
+    text = (mod / "mod.toml").read_text().replace('verified = ["0.19.1"]', 'verified = ["0.19.1", "0.20.1"]')
+    (mod / "mod.toml").write_text(text)
+    sync(mod)
+    code, out, err = run(capsys, "rebase", str(mod), "--onto", "0.20.0", "--index-url", index)
+    assert code == 2 and "verified on 0.20.1" in err
+
+
+def test_an_existing_label_is_an_input_error(index, mod, capsys):
+    code, _, err = run(capsys, "rebase", str(mod), "--onto", "0.20.0", "--index-url", index, "--label", "v1")
+    assert code == 2 and "already labelled 'v1'" in err

@@ -1,0 +1,195 @@
+"""`sparkmods rebase-patch PATCH --base SPEC --onto SPEC` and `sparkmods rebase MOD --onto SPEC`.
+
+Exit codes: 0 the patch (or every patch of the mod) was carried and applies exactly to onto,
+with no drift; 1 it could not be done safely (nothing written; the report names each hunk
+and why; --conflicts DIR writes conflict-marked files); 2 usage or input errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+from sparkmods.drift import Finding
+from sparkmods.errors import SparkmodsError
+from sparkmods.modsdir import load, resolve_mods
+from sparkmods.rebase import BaseMismatch, RebaseResult, rebase_patches
+from sparkmods.rebase.modrebase import (ModPlan, base_candidates, default_label, drift_of, nearest_variant,
+                                        patches_by_file, plan_ranges, rebase_variant, write_plan)
+from sparkmods.rebase.report import drift_lines, result_lines
+from sparkmods.runtime.engine import safe_target
+from sparkmods.runtime.manifest import Upstream
+from sparkmods.runtime.modcheck import GREEN, check_mod
+from sparkmods.runtime.pep440 import Version
+from sparkmods.runtime.udiff import PatchParseError, parse_patch
+from sparkmods.sources.cache import write_atomic
+
+
+def _source_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--index-url", help="package index (default: $SPARKMODS_INDEX_URL or PyPI)")
+    p.add_argument("--offline", action="store_true", help="use only the on-disk cache, no network")
+    p.add_argument("--pre", action="store_true", help="allow pre-releases")
+    p.add_argument("--conflicts", metavar="DIR", help="on failure, write conflict-marked files here for a human")
+    p.add_argument("--json", action="store_true", help="one JSON document on standard output")
+
+
+def register(sub: "argparse._SubParsersAction") -> None:
+    p = sub.add_parser("rebase-patch", help="carry a patch from the vLLM it was written for to another one",
+                       description="Three-way rebase of a patch from --base to --onto; never misplaces a change.")
+    p.add_argument("patch", metavar="PATCH")
+    p.add_argument("--base", required=True, metavar="SPEC", help="the vLLM the patch was written against")
+    p.add_argument("--onto", required=True, metavar="SPEC", help="the vLLM to carry it to")
+    p.add_argument("-o", "--output", metavar="OUT", help="write the rebased patch here (default: standard output)")
+    p.add_argument("-p", dest="strip", type=int, default=1, help="leading path components to strip (default 1)")
+    _source_args(p)
+    p.set_defaults(func=run_rebase_patch)
+
+    q = sub.add_parser("rebase", help="add a variant to a mod for a vLLM none of its variants works on",
+                       description="Rebase the nearest variant's patches onto a vLLM; --write adds the variant.")
+    q.add_argument("mod", metavar="MOD")
+    q.add_argument("--onto", required=True, metavar="SPEC", help="the vLLM the mod should work on")
+    q.add_argument("--write", action="store_true", help="add the variant to mod.toml and write its patches")
+    q.add_argument("--label", help="label of the new variant (default: <source label>-<onto version>)")
+    q.add_argument("--mods-dir", help="folder holding the mods")
+    _source_args(q)
+    q.set_defaults(func=run_rebase)
+
+
+def _one(spec: str, args: argparse.Namespace, flag: str):
+    from sparkmods.sources import open_targets
+
+    found = open_targets(spec, index_url=args.index_url, offline=args.offline, prereleases=args.pre)
+    if len(found) != 1:
+        raise SparkmodsError(f"{flag} {spec!r} names {len(found)} vLLMs; name exactly one (e.g. 0.20.0)")
+    return found[0]
+
+
+def _write_conflicts(folder: str, results: List[RebaseResult]) -> List[str]:
+    """Conflict-marked files (or, for drift, the merged files) under folder; returns paths."""
+    root = Path(folder)
+    out = []
+    for result in results:
+        files: Dict[str, bytes] = result.conflict_files()
+        if not files:
+            files = {p: a for p, (_, a) in result.changes().items() if a is not None}
+        for rel, data in files.items():
+            target = safe_target(root, rel)
+            write_atomic(target, data)
+            out.append(str(target))
+    return out
+
+
+def run_rebase_patch(args: argparse.Namespace) -> int:
+    path = Path(args.patch)
+    try:
+        patches = parse_patch(path.read_text(encoding="utf-8"), strip=args.strip)
+    except OSError as exc:
+        raise SparkmodsError(f"{path}: {exc.strerror}") from None
+    except PatchParseError as exc:
+        raise SparkmodsError(f"{path}: {exc}") from None
+    base = _one(args.base, args, "--base")
+    onto = _one(args.onto, args, "--onto")
+    try:
+        result = rebase_patches(patches, base, onto)
+    except BaseMismatch as exc:
+        raise SparkmodsError(f"{path}: {exc}") from None
+    drift: List[Finding] = drift_of(patches, result, base, onto) if result.clean else []
+    ok = result.clean and not drift
+    written = None
+    if ok and args.output and result.patch:
+        write_atomic(Path(args.output), result.patch.encode("utf-8"))
+        written = args.output
+    conflicts = _write_conflicts(args.conflicts, [result]) if args.conflicts and not ok else []
+    if args.json:
+        doc = result.to_dict()
+        doc.update(drift=[f.to_dict() for f in drift], output=written, conflict_files=conflicts)
+        if ok and not args.output:
+            doc["patch"] = result.patch
+        print(json.dumps(doc, indent=2))
+    elif ok:
+        if not result.patch:
+            print(f"{path}: {onto.label} already has every change of the patch; nothing to carry")
+        elif args.output:
+            print(f"{path}: rebased {base.label} -> {onto.label}, every hunk exact: {args.output}")
+        else:
+            sys.stdout.write(result.patch)
+    else:
+        print(f"{path}: cannot be carried safely from {base.label} to {onto.label}; nothing written")
+        for line in result_lines(result, "  ") + drift_lines(drift, "  "):
+            print(line)
+        for c in conflicts:
+            print(f"  wrote {c}")
+    return 0 if ok else 1
+
+
+def run_rebase(args: argparse.Namespace) -> int:
+    (mod_dir,) = resolve_mods([args.mod], args.mods_dir)
+    manifest = load(mod_dir)
+    onto = _one(args.onto, args, "--onto")
+    version = Version(onto.version)
+    now = check_mod(manifest, mod_dir, onto.version, onto.read)
+    if now.status in GREEN:
+        why = now.reason if isinstance(manifest.select(onto.version), Upstream) else f"variant {now.variant!r}"
+        return _done(args, {"mod": manifest.name, "onto": onto.version, "status": now.status, "written": False},
+                     f"{manifest.name}: already works on {onto.label} ({now.status}: {why}); nothing to do")
+    variant = nearest_variant(manifest, version)
+    label = args.label or default_label(variant, version)
+    if any(v.label == label for v in manifest.variants):
+        raise SparkmodsError(f"{manifest.name}: a variant is already labelled {label!r}; pass --label")
+    new_range, cuts = plan_ranges(manifest, version)
+    patches = patches_by_file(mod_dir, variant)
+    base_version, plans = None, None
+    problems = []
+    for candidate in base_candidates(variant, version):
+        base = _one(f"pypi:{candidate}", args, "verified release")
+        try:
+            plans = rebase_variant(mod_dir, manifest, variant, patches, base, onto, label)
+            base_version = candidate
+            break
+        except SparkmodsError as exc:
+            problems.append(str(exc))
+    if plans is None or base_version is None:
+        raise SparkmodsError(f"{manifest.name}: the patches of variant {variant.label!r} apply to none of its "
+                             f"verified releases ({'; '.join(problems) or 'none listed'})")
+    plan = ModPlan(manifest.name, onto.version, variant, base_version, label, new_range, cuts, plans)
+    return _report(args, mod_dir, manifest, plan, now.status, onto)
+
+
+def _report(args: argparse.Namespace, mod_dir: Path, manifest, plan: ModPlan, status: str, onto) -> int:
+    doc = plan.to_dict()
+    doc["status"] = status
+    lines = [f"{plan.mod}: {status} on {plan.onto}; rebasing variant {plan.variant.label!r} from vLLM {plan.base}"]
+    for p in plan.patches:
+        lines.append(f"  {p.source} -> {p.target}: {'ok' if p.clean else 'NOT SAFE'}")
+        lines += result_lines(p.result, "    ") + drift_lines(p.drift, "    ")
+    if not plan.clean:
+        conflicts = _write_conflicts(args.conflicts, [p.result for p in plan.patches]) if args.conflicts else []
+        lines += [f"  wrote {c}" for c in conflicts] + ["nothing written"]
+        doc.update(written=False, conflict_files=conflicts)
+        return _done(args, doc, "\n".join(lines), 1)
+    if not plan.carried and not plan.variant.install:
+        return _done(args, dict(doc, written=False),
+                     "\n".join(lines + [f"  vLLM {plan.onto} already has every change: the mod is not needed there; "
+                                        "consider an [upstream] section"]))
+    lines.append(f"  variant {plan.label!r}: vllm = \"{plan.range}\"")
+    lines += [f"  variant {k!r}: vllm = \"{a}\" -> \"{b}\"" for k, (a, b) in plan.cuts.items()]
+    if not args.write:
+        return _done(args, dict(doc, written=False), "\n".join(lines + ["run with --write to add it"]))
+    from sparkmods.sync import sync
+
+    written = write_plan(mod_dir, manifest, plan, write_atomic)
+    synced = sync(mod_dir)
+    verify = check_mod(load(mod_dir), mod_dir, plan.onto, onto.read)
+    if verify.status not in GREEN:
+        raise SparkmodsError(f"{plan.mod}: internal: the new variant does not apply to {plan.onto} "
+                             f"({verify.status}: {verify.reason})")
+    lines += [f"  wrote {w}" for w in written] + [f"  synced {s}" for s in synced]
+    return _done(args, dict(doc, written=True, files=written), "\n".join(lines))
+
+
+def _done(args: argparse.Namespace, doc: dict, text: str, code: int = 0) -> int:
+    print(json.dumps(doc, indent=2) if args.json else text)
+    return code
