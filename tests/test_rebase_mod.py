@@ -141,3 +141,20 @@ def test_verified_above_onto_is_an_input_error(index, mod, capsys):
 def test_an_existing_label_is_an_input_error(index, mod, capsys):
     code, _, err = run(capsys, "rebase", str(mod), "--onto", "0.20.0", "--index-url", index, "--label", "v1")
     assert code == 2 and "already labelled 'v1'" in err
+
+
+def test_a_patch_that_carries_unchanged_stays_shared(index, mod, capsys):
+    """A patch whose rebased text is byte-identical (a new module, say) is reused, not copied."""
+    new = "vllm/model_executor/layers/sparkmods_demo.py"
+    common = mod / "patches" / "common" / "module.patch"
+    common.parent.mkdir()
+    common.write_text(f"--- /dev/null\n+++ b/{new}\n@@ -0,0 +1,2 @@\n+def hello():\n+    return 1\n")
+    text = (mod / "mod.toml").read_text().replace('patches = ["patches/v1/demo.patch"]',
+                                                  'patches = ["patches/common/module.patch", "patches/v1/demo.patch"]')
+    (mod / "mod.toml").write_text(text)
+    sync(mod)
+    code, out, _ = run(capsys, "rebase", str(mod), "--onto", "0.20.0", "--index-url", index, "--write")
+    assert code == 0 and "patches/common/module.patch unchanged, reused" in out, out
+    new_variant = load_manifest(mod).variants[1]
+    assert new_variant.patches == ["patches/common/module.patch", "patches/v1-0.20.0/demo.patch"]
+    assert sorted(p.name for p in (mod / "patches" / "v1-0.20.0").iterdir()) == ["demo.patch"]

@@ -452,8 +452,8 @@ def real_mods(mods_dir: Path, wheels: Optional[Path]) -> List[str]:
                          _tools_on_mod(fps, text, base, onto, want)))
     if not rows:
         return []
-    out = ["", f"Real mods ({mods_dir}): each variant's patches carried from its last verified release to the "
-                f"first release of the next variant, compared with that hand-ported variant's result:", "",
+    out = ["", f"Real mods ({mods_dir.name}/): each variant's patches carried from its last verified release to "
+                f"the first release of the next variant, compared with that hand-ported variant's result:", "",
            "| tool | " + " | ".join((SAME, DIFFERS, FLAG)) + " |", "|---|---:|---:|---:|"]
     for i, tool in enumerate(TOOLS):
         c = Counter(r[1][i] for r in rows)
@@ -564,7 +564,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
              f"({os.cpu_count()} cores, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}).", "",
              f"{n} edits with a well-defined correct placement, from {files_used} changed files over "
              f"{len(vers) - 1} consecutive release pairs ({vers[0]} .. {vers[-1]}); "
-             f"{sum(1 for c in cases if c.near != 'far')} of them within {NEAR} lines of code that changed upstream.", ""]
+             f"{sum(1 for c in cases if c.near != 'far')} of them within {NEAR} lines of code that changed upstream.", "",
+             "Each edit (one insertion, first-line replacement or deletion of a statement inside a function) is "
+             "written against the older file; its correct place in the newer file is defined without any tool, "
+             "by anchoring it to statements that exist, unchanged and unique, in both releases (see the script's "
+             "docstring). sparkmods runs in-process through the function `sparkmods rebase-patch` calls; GNU patch "
+             "applies the unified diff with its default fuzz; git merge-file merges the three files.", ""]
     lines += _table(rows, n)
     lines += ["", "By distance to the nearest upstream change (placed correctly / flagged / silently wrong):", "",
               "| tool | " + " | ".join(f"{k} (n={sum(cats[(TOOLS[0], k)].values())})" for k in ("adjacent", "near", "far")) + " |",
@@ -586,9 +591,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         lines.append(f"| {tool} | {none_rows[tool]['flagged (right)']} | {none_rows[tool]['applied (silently wrong)']} |")
     if args.mods and Path(args.mods).is_dir():
         lines += real_mods(Path(args.mods), wheels)
-    lines += ["", "Wall time per tool over all synthetic cases (worker processes share the cores): "
+    lines += ["", f"Wall time per tool over all {n + len(nontruth)} synthetic cases ({args.jobs} worker processes share the cores): "
               + ", ".join(f"{t}: {secs[t]:.1f} s" for t in TOOLS) + f"; whole run {time.time() - t0:.0f} s.", "",
-              "Skipped while generating (ambiguous ground truth): "
+              "Candidate edits skipped while generating, over every slot of the sampled files (ambiguous ground "
+              "truth): "
               + ", ".join(f"{why}: {k}" for why, k in skipped.most_common()) + "."]
     text = "\n".join(lines) + "\n"
     print(text)

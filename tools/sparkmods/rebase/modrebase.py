@@ -13,7 +13,7 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from sparkmods.drift import Finding, check_patched, new_findings
 from sparkmods.errors import SparkmodsError
@@ -27,7 +27,7 @@ from .core import BaseMismatch, RebaseResult, Tree, rebase_patches
 from .tomledit import TomlEditError, edit_manifest, render_variant
 
 __all__ = ["PatchPlan", "ModPlan", "nearest_variant", "plan_ranges", "base_candidates", "default_label",
-           "patches_by_file", "rebase_variant", "drift_of", "new_manifest_text", "write_plan"]
+           "patches_by_file", "rebase_variant", "drift_of", "new_manifest_text", "verify_plan", "write_plan"]
 
 
 @dataclass
@@ -61,6 +61,11 @@ class ModPlan:
     def carried(self) -> List[PatchPlan]:
         """The patches the new variant needs (a patch onto already contains is dropped)."""
         return [p for p in self.patches if p.result.patch]
+
+    @property
+    def new_files(self) -> List[PatchPlan]:
+        """The carried patches that need a new file (the others are reused as they are)."""
+        return [p for p in self.carried if p.target != p.source]
 
     def to_dict(self) -> dict:
         return {"mod": self.mod, "onto": self.onto, "from_variant": self.variant.label, "base": self.base,
@@ -162,7 +167,8 @@ def rebase_variant(mod_dir: Path, manifest: Manifest, variant: Variant, patches:
             result = rebase_patches(fps, base, onto)
         except BaseMismatch as exc:
             raise SparkmodsError(f"{mod_dir / rel}: {exc}") from None
-        target = f"patches/{label}/{posixpath.basename(rel)}"
+        unchanged = result.clean and result.patch == (mod_dir / rel).read_text(encoding="utf-8")
+        target = rel if unchanged else f"patches/{label}/{posixpath.basename(rel)}"  # shared patches stay shared
         plan = PatchPlan(rel, target, result)
         if result.clean:
             plan.drift = drift_of(fps, result, base, onto)
@@ -225,15 +231,34 @@ def new_manifest_text(mod_dir: Path, manifest: Manifest, plan: ModPlan) -> str:
     return new_text
 
 
-def write_plan(mod_dir: Path, manifest: Manifest, plan: ModPlan, write: Callable[[Path, bytes], None]) -> List[str]:
-    """Write the patch files, then mod.toml (all validated first); returns what was written."""
+def verify_plan(plan: ModPlan, onto_read: Callable[[str], Optional[bytes]]) -> None:
+    """The new variant's patches, together, must apply with every hunk exact to onto."""
+    fps: List[FilePatch] = []
+    seen: Dict[str, str] = {}
+    for p in plan.carried:
+        for fp in parse_patch(p.result.patch or ""):
+            if fp.path in seen:
+                raise SparkmodsError(f"{p.source} and {seen[fp.path]} both land in {fp.path} on {plan.onto}: "
+                                     f"merge them by hand")
+            seen[fp.path] = p.source
+            fps.append(fp)
+    for res in engine_plan(fps, onto_read):
+        if res.status != "ok" or any(h.outcome != "exact" for h in res.hunks):
+            raise SparkmodsError(f"internal: the rebased patches do not apply exactly to {plan.onto} "
+                                 f"({res.path}: {res.status})")
+
+
+def write_plan(mod_dir: Path, manifest: Manifest, plan: ModPlan, write: Callable[[Path, bytes], None],
+               onto_read: Callable[[str], Optional[bytes]]) -> List[str]:
+    """Write the new patch files, then mod.toml (all validated first); returns what was written."""
     text = new_manifest_text(mod_dir, manifest, plan)
+    verify_plan(plan, onto_read)
     folder = mod_dir / "patches" / plan.label
-    if folder.exists():
+    if plan.new_files and folder.exists():
         raise SparkmodsError(f"{folder} already exists: pick another --label")
     written: List[Path] = []
     try:
-        for p in plan.carried:
+        for p in plan.new_files:
             target = mod_dir / p.target
             write(target, (p.result.patch or "").encode("utf-8"))
             written.append(target)
@@ -244,5 +269,5 @@ def write_plan(mod_dir: Path, manifest: Manifest, plan: ModPlan, write: Callable
         if folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
         raise
-    return [p.target for p in plan.carried] + [MANIFEST_TOML]
+    return [p.target for p in plan.new_files] + [MANIFEST_TOML]
 

@@ -1,0 +1,136 @@
+"""hybrid-int4-fp8: the checkpoint analysis of the module the mod adds to vLLM (fast tier).
+
+The module is taken from the mod's own new-file patch and imported without vLLM (it only
+imports vLLM inside the hooks), then fed real safetensors headers of ckptfactory
+checkpoints. What it does inside vLLM is test_mod_hybrid_runtime.py's job.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Dict
+
+import pytest
+
+import ckptfactory as cf
+from sparkmods.runtime.udiff import parse_patch
+
+MOD = Path(__file__).resolve().parents[1] / "mods" / "hybrid-int4-fp8"
+PATCH = MOD / "patches" / "common" / "sparkmods_hybrid_fp8.patch"
+SHARED = [f"model.language_model.layers.{i}.mlp.shared_expert.{p}"
+          for i in range(cf.Shape().num_layers) for p in ("gate_proj", "up_proj", "down_proj")]
+
+
+def load_patched_module(patch: Path, tmp: Path, name: str) -> ModuleType:
+    """Import the file a new-file patch creates."""
+    (fp,) = parse_patch(patch.read_text(encoding="utf-8"))
+    assert fp.is_new
+    path = tmp / f"{name}.py"
+    path.write_text("\n".join(line for h in fp.hunks for line in h.new_lines) + "\n", encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def headers(root: Path) -> Dict[str, Any]:
+    """name -> header entry for every .safetensors file in root, as vLLM's helper returns them."""
+    merged: Dict[str, Any] = {}
+    for path in sorted(root.glob("*.safetensors")):
+        with open(path, "rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            merged.update(json.loads(fh.read(size)))
+    return merged
+
+
+@pytest.fixture(scope="module")
+def hyb(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
+    return load_patched_module(PATCH, tmp_path_factory.mktemp("module"), "sparkmods_hybrid_fp8")
+
+
+@pytest.fixture(scope="module")
+def hybrid_headers(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
+    """Default Shape: shared intermediate 192, so every FP8 scale has a partial last block."""
+    s = cf.Shape()
+    root = tmp_path_factory.mktemp("hybrid")
+    cf.write_checkpoint(root, cf.main_specs(s, attn="int4", experts="int4", shared="fp8"),
+                        config=cf.model_config(s, cf.autoround_config(s)),
+                        extra_files={"model_extra_tensors.safetensors": cf.mtp_specs(s)}, index_extra=False)
+    return headers(root)
+
+
+def test_finds_exactly_the_fp8_shared_experts(hyb: ModuleType, hybrid_headers: Dict[str, Any]) -> None:
+    found = hyb.find_fp8_layers(hybrid_headers)
+    assert sorted(found) == sorted(SHARED)  # INT4, BF16, MTP and __metadata__ entries are not
+    assert found["model.language_model.layers.0.mlp.shared_expert.gate_proj"] == ([192, 256], [2, 2])
+    assert found["model.language_model.layers.0.mlp.shared_expert.down_proj"] == ([256, 192], [2, 2])
+
+
+def test_block_size_survives_partial_last_blocks(hyb: ModuleType, hybrid_headers: Dict[str, Any]) -> None:
+    # 192 rows in 2 blocks: floor and ceil division both say 96; the real block is 128
+    assert hyb.block_size(hyb.find_fp8_layers(hybrid_headers)) == (128, 128)
+    assert hyb.block_size({"a": ([192, 256], [2, 2])}) == (128, 128)
+
+
+def test_block_size_that_is_not_a_power_of_two(hyb: ModuleType) -> None:
+    assert hyb.block_size({"a": ([960, 480], [10, 5])}) == (96, 96)
+    assert hyb.block_size({"a": ([64, 64], [1, 1])}) == (64, 64)
+
+
+def test_disagreeing_layers_name_both(hyb: ModuleType) -> None:
+    with pytest.raises(ValueError, match=r"axis 0 of (a|b) .* and (a|b) "):
+        hyb.block_size({"a": ([256, 256], [2, 2]), "b": ([512, 256], [2, 2])})
+    with pytest.raises(ValueError, match="axis 0 of a "):
+        hyb.block_size({"a": ([10, 10], [9, 1])})  # no block size gives 9 blocks of 10 rows
+
+
+def test_only_2d_block_scales_count(hyb: ModuleType) -> None:
+    per_tensor = {"x.weight": {"dtype": "F8_E4M3", "shape": [128, 128]},
+                  "x.weight_scale_inv": {"dtype": "F32", "shape": [1]}}
+    with pytest.raises(ValueError, match="x: float8 weight .* expected 2-D block scales"):
+        hyb.find_fp8_layers(per_tensor)
+    too_many = {"x.weight": {"dtype": "F8_E4M3", "shape": [4, 4]},
+                "x.weight_scale_inv": {"dtype": "F32", "shape": [8, 1]}}
+    with pytest.raises(ValueError, match="one per block"):
+        hyb.find_fp8_layers(too_many)
+    # no scale sibling, or not float8: not a block-FP8 layer at all
+    assert hyb.find_fp8_layers({"y.weight": {"dtype": "F8_E4M3", "shape": [4, 4]},
+                                "z.weight": {"dtype": "BF16", "shape": [4, 4]},
+                                "z.weight_scale_inv": {"dtype": "F32", "shape": [1, 1]}}) == {}
+
+
+def test_fused_layers_are_named_by_their_shards(hyb: ModuleType) -> None:
+    packed = {"gate_up_proj": ["gate_proj", "up_proj"], "qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+    assert hyb.shard_names("m.layers.0.mlp.shared_expert.gate_up_proj", packed) == [
+        "m.layers.0.mlp.shared_expert.gate_proj", "m.layers.0.mlp.shared_expert.up_proj"]
+    assert hyb.shard_names("m.layers.0.mlp.shared_expert.down_proj", packed) == [
+        "m.layers.0.mlp.shared_expert.down_proj"]
+    assert hyb.shard_names("qkv_proj", packed) == ["q_proj", "k_proj", "v_proj"]
+    # exact names only: a module merely containing a fused name is not fused
+    assert hyb.shard_names("m.my_gate_up_proj", packed) == ["m.my_gate_up_proj"]
+
+
+@pytest.mark.network
+def test_every_release_gets_an_exact_variant() -> None:
+    """sparkmods check over every release >= 0.18.0: each hunk applies at its stated line."""
+    sparkmods = Path(sys.executable).parent / "sparkmods"
+    proc = subprocess.run([str(sparkmods), "check", "--json", "--mods-dir", str(MOD.parent), MOD.name,
+                           "--vllm", ">=0.18.0"], capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert_all_exact(json.loads(proc.stdout), MOD.name)
+
+
+def assert_all_exact(doc: Dict[str, Any], mod: str) -> None:
+    """Every result of `mod` in a `sparkmods check --json` document is ok, every hunk exact."""
+    results = [r for r in doc["results"] if r["mod"] == mod]
+    assert len(results) >= 23, [r["vllm"] for r in results]  # 0.18.0 ... 0.33.0 at least
+    assert {r["status"] for r in results} == {"ok"}, [(r["vllm"], r["status"]) for r in results]
+    outcomes = {h["outcome"] for r in results for f in r["files"] for h in f["hunks"]}
+    assert outcomes == {"exact"}, outcomes
