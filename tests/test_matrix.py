@@ -78,3 +78,40 @@ def test_committed_matrix_is_current():
     """A mod change without a regenerated matrix cannot land."""
     repo = Path(__file__).resolve().parents[1]
     assert main(["matrix", "--check", "--mods-dir", str(repo / "mods"), "--out", str(repo / "matrix")]) == 0
+
+
+class _CountingSource:
+    """A release-like source with a wheel sha256 that counts its reads (a stand-in for a
+    remote wheel, whose real range reads are covered by the sources tests)."""
+
+    def __init__(self, site: Path, version: str, sha256: str) -> None:
+        self.label, self.version, self.commit, self.sha256 = f"pypi:{version}", version, None, sha256
+        self.site, self.reads = site, 0
+
+    def prefetch(self, paths) -> None:
+        pass
+
+    def read(self, path: str):
+        self.reads += 1
+        target = self.site / path
+        return target.read_bytes() if target.is_file() else None
+
+
+def test_incremental_rechecks_only_changed_inputs(tmp_path):
+    from sparkmods.matrix.build import build
+
+    mods = tmp_path / "mods"
+    mod = make_mod(mods)
+    site = make_site(tmp_path / "site", "0.19.1")
+    first = _CountingSource(site, "0.19.1", "a" * 64)
+    doc = build([mod], [first])
+    assert first.reads == 1 and doc["cells"][0]["status"] == "ok"
+    same = _CountingSource(site, "0.19.1", "a" * 64)
+    assert build([mod], [same], previous=doc)["cells"] == doc["cells"] and same.reads == 0
+    rebuilt = _CountingSource(site, "0.19.1", "b" * 64)  # the wheel changed
+    build([mod], [rebuilt], previous=doc)
+    assert rebuilt.reads == 1
+    (mod / "README.md").write_text("edited\n")  # the mod changed
+    again = _CountingSource(site, "0.19.1", "a" * 64)
+    build([mod], [again], previous=doc)
+    assert again.reads == 1
