@@ -14,7 +14,7 @@ source build taken from main between X-1 and X really contains.
 from __future__ import annotations
 
 import re
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 __all__ = ["InvalidVersion", "Version", "Range", "InvalidRange"]
 
@@ -258,7 +258,3 @@ class Range:
     def __repr__(self) -> str:
         return f"Range({self.text!r})"
 
-
-def sort_versions(texts: List[str]) -> List[str]:
-    """Sort version strings oldest first (ties keep their order)."""
-    return sorted(texts, key=Version)
