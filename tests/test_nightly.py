@@ -36,18 +36,26 @@ def release_wheel(tmp_path_factory) -> Path:
     return found[-1]
 
 
-def _victim():
-    """The first mod with a patch for RELEASE, the file and hunk to break, and the line to edit."""
-    for mod in mod_dirs(REPO / "mods"):
-        chosen = load_manifest(mod).select(RELEASE)
-        if isinstance(chosen, Variant) and chosen.patches:
+def _victim(wheel: Path):
+    """The first mod with a patch for RELEASE, the file and hunk to break, and the line to edit.
+
+    The line is one of the first hunk's context or removed lines that occurs exactly once in the
+    real file, so that editing it can only break that hunk (a bare ``)`` would hit another place).
+    """
+    with zipfile.ZipFile(wheel) as zf:
+        for mod in mod_dirs(REPO / "mods"):
+            chosen = load_manifest(mod).select(RELEASE)
+            if not (isinstance(chosen, Variant) and chosen.patches):
+                continue
             for fp in variant_patches(mod, chosen):
                 if fp.is_new:
                     continue
-                hunk = fp.hunks[0]
-                line = next(text for tag, text in hunk.lines if tag != "+" and text.strip())
-                return mod.name, fp.path, line
-    pytest.fail(f"no mod patches an existing file of vLLM {RELEASE}")
+                text = zf.read(fp.path).decode()
+                lines = text.splitlines()
+                for tag, line in fp.hunks[0].lines:
+                    if tag != "+" and line.strip() and lines.count(line) == 1 and text.count(line) == 1:
+                        return mod.name, fp.path, line
+    pytest.fail(f"no mod patches an existing file of vLLM {RELEASE} with a unique line in its first hunk")
 
 
 def run_job(base: str, *extra: str, matrix: Path) -> subprocess.CompletedProcess:
@@ -57,7 +65,7 @@ def run_job(base: str, *extra: str, matrix: Path) -> subprocess.CompletedProcess
 
 
 def test_nightly_job_reports_the_broken_hunk(tmp_path, release_wheel):
-    mod, path, line = _victim()
+    mod, path, line = _victim(release_wheel)
     root = tmp_path / "repo"
     add_commit(root, "a1b2c3d4e5f60718293a4b5c6d7e8f9012345678", release_wheel, RELEASE, nightly=False)
     edited = tmp_path / release_wheel.name
