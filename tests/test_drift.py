@@ -4,12 +4,14 @@ Only the patch's own lines are judged; what Python decides at run time is left a
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Dict, List
 
 import pytest
 
 from modfactory import make_mod, make_site, unified
+from sparkmods.cli import main
 from sparkmods.drift import check_patched, drift_status, new_findings
 from sparkmods.runtime.manifest import load_manifest
 from sparkmods.runtime.modcheck import check_mod, variant_patches
@@ -225,3 +227,19 @@ def test_drift_status_for_check(tmp_path: Path):
                     patch=unified(MOD, TREE[MOD], TREE[MOD].replace("y = x * 2", "y = x * 4")))
     (site / MOD).write_text(TREE[MOD])
     assert drift_status(Source, check_mod(load_manifest(fine), fine, "0.20.0", Source.read)) is None
+
+
+def test_check_and_check_patch_report_drift(tmp_path: Path, capsys):
+    """`sparkmods check` and `check-patch` run the drift checks on every row that applies."""
+    site = make_site(tmp_path / "site", "0.20.0", TREE)
+    broken = unified(MOD, TREE[MOD], TREE[MOD].replace(*HOOK))
+    make_mod(tmp_path / "mods", "hooked", vllm=">=0.19.0", verified='["0.20.0"]', patch=broken)
+    make_mod(tmp_path / "mods", "harmless", vllm=">=0.19.0", verified='["0.20.0"]',
+             patch=unified(MOD, TREE[MOD], TREE[MOD].replace("y = x * 2", "y = x * 4")))
+    assert main(["check", "--mods-dir", str(tmp_path / "mods"), "--vllm", f"dir:{site}", "--json"]) == 1
+    rows = {r["mod"]: r for r in json.loads(capsys.readouterr().out)["results"]}
+    assert rows["hooked"]["status"] == "drift" and "does not accept 'hf_config', 'revision'" in rows["hooked"]["reason"]
+    assert rows["harmless"]["status"] == "ok"
+    (tmp_path / "loose.patch").write_text(broken)
+    assert main(["check-patch", str(tmp_path / "loose.patch"), "--vllm", f"dir:{site}"]) == 1
+    assert "drift" in capsys.readouterr().out

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from modfactory import make_mod, unified
@@ -67,3 +69,14 @@ def test_a_call_to_a_renamed_parameter_drifts(tmp_path, capsys):
         assert (verdict is not None) == drifts, verdict
         if drifts:
             assert verdict[0] == "drift" and "should_use_deepgemm_for_fp8_linear" in verdict[1]
+
+
+def test_check_patch_reports_drift_on_the_release_that_renamed_the_parameter(tmp_path, capsys):
+    """The same check as a user runs it: ok on 0.19.1, drift (exit 1) on 0.20.0."""
+    patch = tmp_path / "deepgemm.patch"
+    lines = PROBE_TEXT.splitlines(keepends=True)
+    patch.write_text(f"--- /dev/null\n+++ b/{PROBE}\n@@ -0,0 +1,{len(lines)} @@\n" + "".join("+" + x for x in lines))
+    assert main(["check-patch", str(patch), "--vllm", "0.19.1", "--vllm", "0.20.0", "--json"]) == 1
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert [(r["vllm"], r["status"]) for r in rows] == [("0.19.1", "ok"), ("0.20.0", "drift")]
+    assert "no parameter named 'weight'" in rows[1]["reason"]

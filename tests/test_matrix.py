@@ -115,3 +115,16 @@ def test_incremental_rechecks_only_changed_inputs(tmp_path):
     again = _CountingSource(site, "0.19.1", "a" * 64)
     build([mod], [again], previous=doc)
     assert again.reads == 1
+    older_checks = _CountingSource(site, "0.19.1", "a" * 64)  # same inputs, other drift-check code
+    build([mod], [older_checks], previous={**doc, "checker": "0" * 64})
+    assert older_checks.reads >= 1
+
+
+def test_check_detects_changed_drift_checks(tmp_path, capsys):
+    mods, out, args = setup(tmp_path)
+    main(args)
+    doc = json.loads((out / "matrix.json").read_text())
+    doc["checker"] = "0" * 64
+    (out / "matrix.json").write_text(json.dumps(doc))
+    assert main(["matrix", "--check", "--mods-dir", str(mods), "--out", str(out)]) == 1
+    assert "the drift checks changed since the matrix was generated" in capsys.readouterr().out

@@ -2,20 +2,38 @@
 
 For each source we first collect every path the chosen variants will read and prefetch them
 together (one batch of parallel range requests per wheel), then run the same `check_mod`
-that run.sh runs in the container.
+that run.sh runs in the container. A row that applies is then checked for semantic drift
+(drift.py): it turns `drift` when the patched code cannot work on that release, so a green
+row means both "run.sh applies it" and "nothing we can read says it breaks".
 """
 
 from __future__ import annotations
 
+import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, List, Sequence, Set
 
+from sparkmods.drift import drift_status
 from sparkmods.modsdir import load
 from sparkmods.runtime.manifest import Manifest, Upstream, Variant
 from sparkmods.runtime.modcheck import ModResult, check_mod, variant_patches
 from sparkmods.runtime.pep440 import InvalidVersion
+
+
+# Host code that can change a row's status beyond the mod's own files (whose runtime copy is
+# part of the mod's content hash): a change here must re-check every matrix cell.
+_DRIFT_CODE = ("drift.py", "rebase/resolve.py")
+
+
+def checker_hash() -> str:
+    """sha256 over the drift-check sources, recorded in the matrix beside each mod's hash."""
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for rel in _DRIFT_CODE:
+        digest.update(rel.encode() + b"\0" + hashlib.sha256((here / rel).read_bytes()).digest())
+    return digest.hexdigest()
 
 
 @dataclass
@@ -52,10 +70,20 @@ def check_source(mods: Sequence["tuple[Path, Manifest]"], source) -> List[CheckR
     for mod_dir, manifest in mods:
         wanted |= paths_needed(manifest, mod_dir, source.version)
     source.prefetch(sorted(wanted))
-    return [
-        CheckRow(source.label, source.commit, source.sha256, check_mod(manifest, mod_dir, source.version, source.read))
-        for mod_dir, manifest in mods
-    ]
+    return [CheckRow(source.label, source.commit, source.sha256, _checked(manifest, mod_dir, source))
+            for mod_dir, manifest in mods]
+
+
+def _checked(manifest: Manifest, mod_dir: Path, source) -> ModResult:
+    """check_mod, then the drift checks for a variant that applies."""
+    result = check_mod(manifest, mod_dir, source.version, source.read)
+    if result.green and result.variant is not None:
+        chosen = manifest.select(source.version)
+        if isinstance(chosen, Variant):
+            verdict = drift_status(source, result, variant_patches(mod_dir, chosen))
+            if verdict is not None:
+                result.status, result.reason = verdict
+    return result
 
 
 def check_mods(mod_dirs: Iterable[Path], sources: Sequence, jobs: int = 8) -> List[CheckRow]:

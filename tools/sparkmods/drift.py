@@ -23,11 +23,11 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tupl
 
 from sparkmods.rebase.resolve import Module, Signature, Symbol, VllmTree, module_name, signature_keeping
 from sparkmods.runtime.engine import APPLIED, OK, OK_OFFSET, plan_file
+from sparkmods.runtime.modcheck import DRIFT
 from sparkmods.runtime.udiff import FilePatch, reverse
 
 __all__ = ["DRIFT", "Finding", "check_patched", "new_findings", "drift_status"]
 
-DRIFT = "drift"
 Reader = Callable[[str], Optional[bytes]]
 Changes = Dict[str, Tuple[Optional[bytes], Optional[bytes]]]  # path -> (before, after)
 _CONSTRUCTORS = {"__init__", "__new__", "__post_init__", "__init_subclass__"}
@@ -299,9 +299,9 @@ def new_findings(onto: Sequence[Finding], base: Sequence[Finding]) -> List[Findi
 def drift_status(source, mod_result, patches: Optional[Sequence[FilePatch]] = None) -> Optional[Tuple[str, str]]:
     """("drift", reason) when a mod that applies to `source` would break it; else None.
 
-    For `sparkmods check`: call it for every row whose status is ok / ok-offset (and, given
-    the variant's parsed patches, applied) and replace the status with `drift` when it
-    returns a value. `source` needs read() and, optionally, list_files().
+    `sparkmods check` (check.check_source) calls it for every green variant row and replaces
+    the status with `drift` when it returns a value. `applied` rows need the variant's parsed
+    patches (to recover the unpatched file). `source` needs read() and, optionally, list_files().
     """
     if mod_result.status not in (OK, OK_OFFSET, APPLIED):
         return None

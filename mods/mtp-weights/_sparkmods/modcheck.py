@@ -15,10 +15,13 @@ from .manifest import Manifest, ManifestError, Upstream, Variant
 from .pep440 import InvalidVersion, Version
 from .udiff import FilePatch, PatchParseError, parse_patch
 
-__all__ = ["UPSTREAM", "NO_VARIANT", "GREEN", "STATUSES", "ModResult", "aggregate", "check_mod", "variant_patches"]
+__all__ = ["UPSTREAM", "NO_VARIANT", "DRIFT", "GREEN", "STATUSES", "ModResult", "aggregate", "check_mod", "variant_patches"]
 
 UPSTREAM, NO_VARIANT = "upstream", "no-variant"
-STATUSES = (OK, OK_OFFSET, APPLIED, UPSTREAM, NO_VARIANT, CONFLICT, MISSING_FILE)
+# Set only on the host (sparkmods check): the patch applies, but the patched code would not
+# work on that release. Reading other vLLM modules for it needs more than this stdlib runtime.
+DRIFT = "drift"
+STATUSES = (OK, OK_OFFSET, APPLIED, UPSTREAM, NO_VARIANT, CONFLICT, MISSING_FILE, DRIFT)
 GREEN = frozenset({OK, OK_OFFSET, APPLIED, UPSTREAM})
 
 Reader = Callable[[str], Optional[bytes]]

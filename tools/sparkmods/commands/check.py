@@ -8,6 +8,7 @@ from pathlib import Path
 
 from sparkmods import report
 from sparkmods.check import CheckRow, check_mods
+from sparkmods.drift import drift_status
 from sparkmods.errors import SparkmodsError
 from sparkmods.modsdir import resolve_mods
 from sparkmods.runtime.engine import plan
@@ -72,5 +73,8 @@ def run_check_patch(args: argparse.Namespace) -> int:
         files = plan(patches, source.read)
         status, reason = aggregate(files)
         result = ModResult(path.name, source.version, status, None, reason, files)
+        verdict = drift_status(source, result, patches)
+        if verdict is not None:
+            result.status, result.reason = verdict
         rows.append(CheckRow(source.label, source.commit, source.sha256, result))
     return _finish(args, rows, started)

@@ -3,7 +3,8 @@
 A cell's inputs are the mod's content hash (every file of the mod folder, the generated
 runtime included, so an engine change re-checks everything) and the wheel's sha256 from the
 index. When both equal what the previous matrix recorded, the old cell is reused without a
-byte of network traffic. Sources without a sha256 (dir:, git:, image:) are always re-checked.
+byte of network traffic. Sources without a sha256 (dir:, git:, image:) are always re-checked,
+and so is everything when the drift-check code changed (`checker`, see check.checker_hash).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from sparkmods import __version__
-from sparkmods.check import check_source
+from sparkmods.check import check_source, checker_hash
 from sparkmods.modsdir import load
 from sparkmods.runtime.manifest import Manifest
 from sparkmods.runtime.modcheck import ModResult
@@ -64,8 +65,8 @@ def cell_from_result(result: ModResult, target: str, content_hash: str, sha256: 
     return cell
 
 
-def _reusable(previous: Optional[dict]) -> Dict[Tuple[str, str], dict]:
-    if not previous:
+def _reusable(previous: Optional[dict], checker: str) -> Dict[Tuple[str, str], dict]:
+    if not previous or previous.get("checker") != checker:
         return {}
     return {(c["mod"], c["target"]): c for c in previous.get("cells", []) if c.get("wheel_sha256")}
 
@@ -77,7 +78,8 @@ def build(mod_dirs: Sequence[Path], sources: Sequence, previous: Optional[dict] 
 
     mods = [(d, load(d)) for d in mod_dirs]
     hashes = {m.name: mod_hash(d) for d, m in mods}
-    old = _reusable(previous)
+    checker = checker_hash()
+    old = _reusable(previous, checker)
 
     def one(source) -> List[dict]:
         cells: Dict[str, dict] = {}
@@ -103,6 +105,7 @@ def build(mod_dirs: Sequence[Path], sources: Sequence, previous: Optional[dict] 
     return {
         "schema": SCHEMA,
         "generated_by": f"sparkmods {__version__}",
+        "checker": checker,
         TIMESTAMP_KEY: _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
         "releases": releases,
         "mods": [_mod_entry(m, hashes[m.name]) for _, m in mods],

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
+from sparkmods.check import checker_hash
 from sparkmods.matrix.build import TIMESTAMP_KEY, mod_hash
 from sparkmods.runtime.modcheck import GREEN
 
@@ -51,8 +52,11 @@ def without_timestamp(doc: dict) -> dict:
 
 
 def stale_mods(doc: dict, mod_dirs: Sequence[Path]) -> List[str]:
-    """One line per mod whose files changed (or that was added or removed) since doc was made."""
+    """One line per mod whose files changed (or that was added or removed) since doc was made,
+    and one if the drift-check code changed (every cell's status may differ then)."""
     problems = []
+    if doc.get("checker") != checker_hash():
+        problems.append("the drift checks changed since the matrix was generated")
     recorded = {m["name"]: m["content_hash"] for m in doc["mods"]}
     present = {d.name: d for d in mod_dirs}
     for name, path in sorted(present.items()):
