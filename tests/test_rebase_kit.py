@@ -5,30 +5,14 @@ from __future__ import annotations
 
 import difflib
 import textwrap
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from sparkmods.rebase import RebaseResult, rebase_patches
 from sparkmods.runtime.engine import EXACT, OK, plan
+from sparkmods.sources.base import MemorySource
 from sparkmods.runtime.udiff import parse_patch
 
 PATH = "vllm/model_executor/layers/demo.py"
-
-
-class MemTree:
-    """A vLLM as a dict of package paths -> text (the VllmSource interface rebase needs)."""
-
-    def __init__(self, label: str, files: Dict[str, str]) -> None:
-        self.label = self.version = label
-        self.files = {k: v.encode() for k, v in files.items()}
-
-    def read(self, path: str) -> Optional[bytes]:
-        return self.files.get(path)
-
-    def list_files(self) -> List[str]:
-        return sorted(self.files)
-
-    def prefetch(self, paths) -> None:
-        pass
 
 
 def src(text: str) -> str:
@@ -42,7 +26,7 @@ def udiff(path: str, old: str, new: str, n: int = 3) -> str:
 def rebase(base: Dict[str, str], patched: Dict[str, str], onto: Dict[str, str]) -> RebaseResult:
     """Rebase the patch base -> patched (one diff per changed path) onto `onto`."""
     text = "".join(udiff(p, base.get(p, ""), patched[p]) for p in sorted(patched) if patched[p] != base.get(p))
-    return rebase_patches(parse_patch(text), MemTree("0.1.0", base), MemTree("0.2.0", onto))
+    return rebase_patches(parse_patch(text), MemorySource("0.1.0", base), MemorySource("0.2.0", onto))
 
 
 def carried(result: RebaseResult, onto: Dict[str, str]) -> Dict[str, str]:
@@ -51,7 +35,7 @@ def carried(result: RebaseResult, onto: Dict[str, str]) -> Dict[str, str]:
     out = dict(onto)
     if not result.patch:
         return out
-    for res in plan(parse_patch(result.patch), MemTree("onto", onto).read):
+    for res in plan(parse_patch(result.patch), MemorySource("onto", onto).read):
         assert res.status == OK and all(h.outcome == EXACT for h in res.hunks), res.to_dict()
         out[res.path] = res.after.decode() if res.after is not None else None  # type: ignore[assignment]
     return out

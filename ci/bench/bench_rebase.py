@@ -58,6 +58,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from packaging.version import Version
 
 from sparkmods.rebase import rebase_patches
+from sparkmods.sources.base import MemorySource
 from sparkmods.runtime.engine import plan
 from sparkmods.runtime.udiff import parse_patch
 
@@ -316,30 +317,15 @@ def _insert_truth(bi: Index, oi: Index, block: int, s: Optional[St], t: Optional
 
 
 # ---------------------------------------------------------------- the three tools
-class Mem:
-    def __init__(self, label: str, files: Dict[str, str]) -> None:
-        self.label = self.version = label
-        self.files = {k: v.encode() for k, v in files.items()}
-
-    def read(self, path: str) -> Optional[bytes]:
-        return self.files.get(path)
-
-    def list_files(self) -> List[str]:
-        return sorted(self.files)
-
-    def prefetch(self, paths) -> None:
-        pass
-
-
 def udiff(path: str, a: str, b: str) -> str:
     return "".join(difflib.unified_diff(a.splitlines(True), b.splitlines(True), "a/" + path, "b/" + path))
 
 
 def run_sparkmods(c: Case, patch: str) -> Optional[str]:
-    res = rebase_patches(parse_patch(patch), Mem("base", {c.path: c.base}), Mem("onto", {c.path: c.onto}))
+    res = rebase_patches(parse_patch(patch), MemorySource("base", {c.path: c.base}), MemorySource("onto", {c.path: c.onto}))
     if not res.clean or not res.patch:
         return None
-    (out,) = plan(parse_patch(res.patch), Mem("onto", {c.path: c.onto}).read)
+    (out,) = plan(parse_patch(res.patch), MemorySource("onto", {c.path: c.onto}).read)
     return out.after.decode() if out.after is not None else None
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from typing import Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional
 
 from sparkmods.errors import SparkmodsError
 
@@ -52,3 +52,18 @@ class VllmSource(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.label} version={self.version}>"
+
+
+class MemorySource(VllmSource):
+    """A vLLM held in memory as package path -> text: what rebase experiments (the benchmark,
+    the rule tests) feed to the same code that reads wheels and trees."""
+
+    def __init__(self, version: str, files: Dict[str, str]) -> None:
+        super().__init__(f"memory:{version}", version)
+        self.files = {path: text.encode() for path, text in files.items()}
+
+    def read(self, path: str) -> Optional[bytes]:
+        return self.files.get(path)
+
+    def list_files(self) -> List[str]:
+        return sorted(self.files)
