@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from modfactory import ORIGINAL, PATCHED, TARGET, make_mod, make_site
 from sparkmods.cli import main

@@ -27,30 +27,15 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import sys
 import traceback
 from pathlib import Path
 from typing import Any, Dict, List
 
-MARK = "PROBE-REPORT "
+from probekit import LogLines, emit, free_port
+
 MOD_LOGGER = "vllm.model_executor.layers.quantization.sparkmods_hybrid_fp8"
 STATE_ATTR = "_sparkmods_hybrid_fp8"
-
-
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: List[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _build(spec: Dict[str, Any]) -> Any:
@@ -148,7 +133,7 @@ def _case(case: Dict[str, Any]) -> Dict[str, Any]:
     from vllm.distributed.parallel_state import model_parallel_is_initialized
     from vllm.model_executor.model_loader.utils import configure_quant_config, get_model_architecture
 
-    lines = _Lines()
+    lines = LogLines()
     logging.getLogger(MOD_LOGGER).addHandler(lines)
     logging.getLogger(MOD_LOGGER).setLevel(logging.INFO)
     model_config = ModelConfig(model=case["checkpoint"], dtype="bfloat16", enforce_eager=True)
@@ -164,7 +149,7 @@ def _case(case: Dict[str, Any]) -> Dict[str, Any]:
     with set_current_vllm_config(vllm_config):
         if not model_parallel_is_initialized():
             init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                         distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
+                                         distributed_init_method=f"tcp://127.0.0.1:{free_port()}")
             initialize_model_parallel(1, 1)
         model_class, report["arch"] = get_model_architecture(model_config)
         configure_quant_config(config, model_class)
@@ -180,7 +165,7 @@ def _case(case: Dict[str, Any]) -> Dict[str, Any]:
 def main(argv: List[str]) -> int:
     job = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
     report = {case["name"]: _case(case) for case in job["cases"]}
-    print(MARK + json.dumps(report), flush=True)
+    emit(report)
     return 0
 
 

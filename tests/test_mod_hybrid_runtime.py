@@ -11,7 +11,6 @@ INC's own answer (`_inc_get_quant_method`, the original method the mod wraps) fo
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any, Dict, List
 import pytest
 
 import ckptfactory as cf
-from test_mod_hybrid_probe import MARK
+from probekit import run_job
 from vllmenv import run_sh, vllm_env
 
 if sys.version_info >= (3, 11):
@@ -95,12 +94,7 @@ def run_probe(version: str, tmp: Path, checkpoints: Dict[str, Path]) -> Dict[str
     cases = [{"name": name, "checkpoint": str(path), "layers": layers(),
               "map": ["model.language_model.layers.3.mlp.shared_expert.gate_proj.weight"]}
              for name, path in checkpoints.items()]
-    job = tmp / "job.json"
-    job.write_text(json.dumps({"cases": cases}), encoding="utf-8")
-    proc = env.run([str(PROBE), str(job)], pythonpath=site, timeout=900)
-    reports = [line[len(MARK):] for line in proc.stdout.splitlines() if line.startswith(MARK)]
-    assert proc.returncode == 0 and reports, f"probe failed on vLLM {version}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return json.loads(reports[-1])
+    return run_job(env, PROBE, cases, tmp, site)
 
 
 @pytest.fixture(scope="module", params=newest_verified())

@@ -10,30 +10,14 @@ vLLM is imported inside main(): pytest collects this file without vLLM and finds
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import socket
-from typing import Any, Dict, List
+from typing import Any, Dict
 
-MARK = "INT8_LM_HEAD_PROBE "
+from probekit import LogLines, emit, free_port
+
 ORG_VOCAB, HIDDEN, ROWS = 1000, 64, 3  # 1000 pads to 1024 rows: the trim must remove 24
 MODULE_LOGGER = "vllm.model_executor.layers.int8_lm_head"
-
-
-class _Capture(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: List[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main() -> None:
@@ -46,7 +30,7 @@ def main() -> None:
     from vllm.model_executor.layers import int8_lm_head, logits_processor
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
-    capture = _Capture()
+    capture = LogLines(logging.DEBUG)
     module_logger = logging.getLogger(MODULE_LOGGER)
     module_logger.addHandler(capture)
     # Newer vLLM configures its loggers only when an engine starts; INFO must pass here too.
@@ -61,7 +45,7 @@ def main() -> None:
     config = VllmConfig(device_config=DeviceConfig(device="cpu"))
     with set_current_vllm_config(config):
         init_distributed_environment(
-            world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
+            world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{free_port()}",
             local_rank=0, backend="gloo",
         )
         initialize_model_parallel(1, 1)
@@ -116,7 +100,7 @@ def main() -> None:
         report["tied"]["embedding_intact"] = embed.weight.numel() > 0
         report["embedding_as_head"] = run(embed)
         report["torch_fallback_used"] = not report["cuda"]
-    print(MARK + json.dumps(report), flush=True)
+    emit(report)
 
 
 if __name__ == "__main__":

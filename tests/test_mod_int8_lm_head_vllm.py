@@ -10,7 +10,6 @@ SPARKMODS_VLLM_PYTHON (interpreter paths joined by os.pathsep) replaces the rele
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -21,7 +20,8 @@ import pytest
 
 from sparkmods.runtime.applier import apply_mod
 from sparkmods.runtime.manifest import load_manifest
-from test_mod_int8_lm_head_probe import MARK, ORG_VOCAB, ROWS
+from probekit import read_report
+from test_mod_int8_lm_head_probe import ORG_VOCAB, ROWS
 from vllmenv import vllm_env
 
 pytestmark = pytest.mark.vllm_runtime
@@ -65,9 +65,7 @@ def report(request: Any, tmp_path_factory: pytest.TempPathFactory) -> Dict[str, 
     assert apply_mod(MOD_DIR, site, workspace=tmp) == 0
     proc = subprocess.run(argv, env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True,
                           text=True, timeout=900, check=False)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
-    assert proc.returncode == 0 and lines, f"probe failed under {target}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    result = json.loads(lines[-1][len(MARK):])
+    result = read_report(proc, target)
     result["site"] = str(site)
     return result
 

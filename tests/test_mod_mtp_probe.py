@@ -28,8 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
-MARK = "PROBE-REPORT "
-
+from probekit import emit
 
 def _drafter(hidden: int, vocab: int) -> Any:
     import torch
@@ -108,7 +107,7 @@ def _case(checkpoint: str) -> Dict[str, Any]:
 def main(argv: List[str]) -> int:
     job = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
     report = {case["name"]: _case(case["checkpoint"]) for case in job["cases"]}
-    print(MARK + json.dumps(report), flush=True)
+    emit(report)
     return 0
 
 

@@ -10,7 +10,6 @@ the behaviour the mod changes.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any, Dict, List
@@ -18,7 +17,7 @@ from typing import Any, Dict, List
 import pytest
 
 import ckptfactory as cf
-from test_mod_mtp_probe import MARK
+from probekit import run_job
 from vllmenv import run_sh, vllm_env
 
 if sys.version_info >= (3, 11):
@@ -59,12 +58,7 @@ def run_probe(version: str, tmp: Path, checkpoints: Dict[str, Path], patched: bo
         site = env.overlay(tmp / "site")
         applied = run_sh(MOD, site, tmp / "workspace")
         assert applied.returncode == 0 and "applied variant" in applied.stdout, applied.stdout + applied.stderr
-    job = tmp / "job.json"
-    job.write_text(json.dumps({"cases": [{"name": n, "checkpoint": str(p)} for n, p in checkpoints.items()]}))
-    proc = env.run([str(PROBE), str(job)], pythonpath=site, timeout=900)
-    reports = [line[len(MARK):] for line in proc.stdout.splitlines() if line.startswith(MARK)]
-    assert proc.returncode == 0 and reports, f"probe failed on vLLM {version}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return json.loads(reports[-1])
+    return run_job(env, PROBE, [{"name": n, "checkpoint": str(p)} for n, p in checkpoints.items()], tmp, site)
 
 
 @pytest.fixture(scope="module", params=newest_verified())
