@@ -120,15 +120,16 @@ def test_fused_layers_are_named_by_their_shards(hyb: ModuleType) -> None:
 @pytest.mark.network
 def test_every_release_gets_an_exact_variant() -> None:
     """sparkmods check over every release >= 0.18.0: each hunk applies at its stated line."""
+    assert_all_exact(MOD)
+
+
+def assert_all_exact(mod_dir: Path) -> None:
+    """`sparkmods check --json` over every release >= 0.18.0: the mod is ok, every hunk exact."""
     sparkmods = Path(sys.executable).parent / "sparkmods"
-    proc = subprocess.run([str(sparkmods), "check", "--json", "--mods-dir", str(MOD.parent), MOD.name,
+    proc = subprocess.run([str(sparkmods), "check", "--json", "--mods-dir", str(mod_dir.parent), mod_dir.name,
                            "--vllm", ">=0.18.0"], capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert_all_exact(json.loads(proc.stdout), MOD.name)
-
-
-def assert_all_exact(doc: Dict[str, Any], mod: str) -> None:
-    """Every result of `mod` in a `sparkmods check --json` document is ok, every hunk exact."""
+    mod, doc = mod_dir.name, json.loads(proc.stdout)
     results = [r for r in doc["results"] if r["mod"] == mod]
     assert len(results) >= 23, [r["vllm"] for r in results]  # 0.18.0 ... 0.33.0 at least
     assert {r["status"] for r in results} == {"ok"}, [(r["vllm"], r["status"]) for r in results]

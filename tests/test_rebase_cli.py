@@ -87,7 +87,7 @@ def test_a_patch_onto_already_has_is_exit_0_with_nothing_to_carry(trees, tmp_pat
     assert code == 0 and "nothing to carry" in out and not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("case", ["no-file", "not-a-patch", "wrong-base", "bad-target"])
+@pytest.mark.parametrize("case", ["no-file", "not-a-patch", "not-text", "wrong-base", "bad-target"])
 def test_input_errors_exit_2_with_one_line(trees, tmp_path, capsys, case):
     make, patch = trees
     base, onto = make("0.19.1", ORIGINAL), make("0.20.0", ONTO_OK)
@@ -95,6 +95,8 @@ def test_input_errors_exit_2_with_one_line(trees, tmp_path, capsys, case):
         patch = tmp_path / "missing.patch"
     elif case == "not-a-patch":
         patch.write_text("hello\n")
+    elif case == "not-text":
+        patch.write_bytes(b"--- a/x\n+++ b/x\n\xff\xfe\n")
     elif case == "wrong-base":
         base = make("0.18.0", ONTO_CONFLICT)
     else:
@@ -104,3 +106,7 @@ def test_input_errors_exit_2_with_one_line(trees, tmp_path, capsys, case):
     assert len(err.strip().splitlines()) == 1 and err.startswith("sparkmods: error:")
     if case == "wrong-base":
         assert "does not apply to dir:" in err and TARGET in err
+    if case == "not-text":
+        assert f"{patch}: not UTF-8 text" in err
+        assert main(["check-patch", str(patch), "--vllm", onto]) == 2
+        assert f"{patch}: not UTF-8 text" in capsys.readouterr().err

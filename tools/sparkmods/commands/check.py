@@ -11,9 +11,9 @@ from sparkmods.check import CheckRow, check_mods
 from sparkmods.drift import drift_status
 from sparkmods.errors import SparkmodsError
 from sparkmods.modsdir import resolve_mods
+from sparkmods.patchfile import read_patch_file
 from sparkmods.runtime.engine import plan
 from sparkmods.runtime.modcheck import ModResult, aggregate
-from sparkmods.runtime.udiff import PatchParseError, parse_patch
 from sparkmods.targets import add_target_args, open_sources
 
 
@@ -61,12 +61,7 @@ def run_check_patch(args: argparse.Namespace) -> int:
     if not args.vllm:
         raise SparkmodsError("check-patch needs at least one --vllm SPEC")
     path = Path(args.patch)
-    try:
-        patches = parse_patch(path.read_text(encoding="utf-8"), strip=args.strip)
-    except OSError as exc:
-        raise SparkmodsError(f"{path}: {exc.strerror}") from None
-    except PatchParseError as exc:
-        raise SparkmodsError(f"{path}: {exc}") from None
+    patches = read_patch_file(path, args.strip)
     rows = []
     for source in open_sources(args):
         source.prefetch(sorted({fp.path for fp in patches}))

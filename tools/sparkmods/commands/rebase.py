@@ -16,6 +16,7 @@ from typing import Dict, List
 from sparkmods.drift import Finding
 from sparkmods.errors import SparkmodsError
 from sparkmods.modsdir import load, resolve_mods
+from sparkmods.patchfile import read_patch_file
 from sparkmods.rebase import BaseMismatch, RebaseResult, rebase_patches
 from sparkmods.rebase.modrebase import (ModPlan, base_candidates, default_label, drift_of, nearest_variant,
                                         patches_by_file, plan_ranges, rebase_variant, write_plan)
@@ -24,7 +25,6 @@ from sparkmods.runtime.engine import safe_target
 from sparkmods.runtime.manifest import Upstream
 from sparkmods.runtime.modcheck import GREEN, check_mod
 from sparkmods.runtime.pep440 import Version
-from sparkmods.runtime.udiff import PatchParseError, parse_patch
 from sparkmods.sources.cache import write_atomic
 
 
@@ -84,12 +84,7 @@ def _write_conflicts(folder: str, results: List[RebaseResult]) -> List[str]:
 
 def run_rebase_patch(args: argparse.Namespace) -> int:
     path = Path(args.patch)
-    try:
-        patches = parse_patch(path.read_text(encoding="utf-8"), strip=args.strip)
-    except OSError as exc:
-        raise SparkmodsError(f"{path}: {exc.strerror}") from None
-    except PatchParseError as exc:
-        raise SparkmodsError(f"{path}: {exc}") from None
+    patches = read_patch_file(path, args.strip)
     base = _one(args.base, args, "--base")
     onto = _one(args.onto, args, "--onto")
     try:
