@@ -243,3 +243,15 @@ def test_check_and_check_patch_report_drift(tmp_path: Path, capsys):
     (tmp_path / "loose.patch").write_text(broken)
     assert main(["check-patch", str(tmp_path / "loose.patch"), "--vllm", f"dir:{site}"]) == 1
     assert "drift" in capsys.readouterr().out
+
+
+def test_nightly_report_says_why_a_row_drifts(tmp_path: Path):
+    from sparkmods.nightly import run_job
+
+    site = make_site(tmp_path / "site", "0.20.0", TREE)
+    mod = make_mod(tmp_path / "mods", "hooked", vllm=">=0.19.0", verified='["0.20.0"]',
+                   patch=unified(MOD, TREE[MOD], TREE[MOD].replace(*HOOK)))
+    report = run_job([mod], [f"dir:{site}"])
+    assert [r.result.status for r in report.broken] == ["drift"]
+    md = report.markdown()
+    assert "`drift`, variant `v1`" in md and "does not accept 'hf_config', 'revision'" in md

@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence
 
 from sparkmods.check import CheckRow, check_mods
 from sparkmods.errors import SparkmodsError
-from sparkmods.runtime.modcheck import GREEN
+from sparkmods.runtime.modcheck import DRIFT, GREEN
 from sparkmods.runtime.pep440 import InvalidVersion, Version
 from sparkmods.sources import open_targets
 from sparkmods.sources.http import get
@@ -105,7 +105,7 @@ class Report:
                             out.append(f"    - line {line}: expected `{expected.strip()}`, found `{found.strip()}`")
                 if f.status == "missing-file":
                     out.append(f"  - `{f.path}` does not exist in this build")
-            if res.reason and not res.files:
+            if res.reason and (res.status == DRIFT or not res.files):
                 out.append(f"  - {res.reason}")
             out.append(f"  - suggested: `sparkmods rebase {res.mod} --onto '{row.target}'`")
         return "\n".join(out) + "\n"
