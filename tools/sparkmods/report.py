@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import List, Sequence
 
@@ -31,6 +32,8 @@ def detail(row: CheckRow) -> str:
 
 def print_table(rows: Sequence[CheckRow], title: str = "") -> None:
     console = Console(stderr=False, highlight=False, soft_wrap=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = 1_000  # logs and pipes: one line per row, never folded at 80 columns
     table = Table(title=title or None, box=None, pad_edge=False, header_style="bold")
     # Releases are named by their version; other targets (dir:, image:, index:) also by the spec.
     show_target = any(not r.target.startswith("pypi:") for r in rows)
@@ -42,7 +45,10 @@ def print_table(rows: Sequence[CheckRow], title: str = "") -> None:
         res = row.result
         cells = [res.mod, res.version] + ([row.target] if show_target else [])
         table.add_row(*cells, res.variant or "-", f"[{STYLE.get(res.status, 'white')}]{res.status}[/]", detail(row))
-    console.print(table)
+    with console.capture() as captured:
+        console.print(table)
+    # rich pads every cell to its column's width; padding at the end of a line is noise in logs
+    sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
 
 
 def summary_line(rows: Sequence[CheckRow]) -> str:
