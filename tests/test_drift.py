@@ -199,11 +199,17 @@ def test_new_findings_ignore_what_the_base_release_already_showed():
     assert len(bad) == 1 and new_findings(bad, bad) == [] and new_findings(bad, []) == bad
 
 
+def hooked_mod(tmp_path: Path) -> "tuple[Path, Path]":
+    """(site of TREE as vLLM 0.20.0, a mod `hooked` whose override drifts there)."""
+    site = make_site(tmp_path / "site", "0.20.0", TREE)
+    mod = make_mod(tmp_path / "mods", "hooked", vllm=">=0.19.0", verified='["0.20.0"]',
+                   patch=unified(MOD, TREE[MOD], TREE[MOD].replace(*HOOK)))
+    return site, mod
+
+
 def test_drift_status_for_check(tmp_path: Path):
     """The hook for `sparkmods check`: a green row whose patch would break vLLM."""
-    site = make_site(tmp_path / "site", "0.20.0", TREE)
-    mod = make_mod(tmp_path / "mods", vllm=">=0.19.0", verified='["0.20.0"]',
-                   patch=unified(MOD, TREE[MOD], TREE[MOD].replace(*HOOK)))
+    site, mod = hooked_mod(tmp_path)
     manifest = load_manifest(mod)
 
     class Source:
@@ -231,16 +237,14 @@ def test_drift_status_for_check(tmp_path: Path):
 
 def test_check_and_check_patch_report_drift(tmp_path: Path, capsys):
     """`sparkmods check` and `check-patch` run the drift checks on every row that applies."""
-    site = make_site(tmp_path / "site", "0.20.0", TREE)
-    broken = unified(MOD, TREE[MOD], TREE[MOD].replace(*HOOK))
-    make_mod(tmp_path / "mods", "hooked", vllm=">=0.19.0", verified='["0.20.0"]', patch=broken)
+    site, mod = hooked_mod(tmp_path)
     make_mod(tmp_path / "mods", "harmless", vllm=">=0.19.0", verified='["0.20.0"]',
              patch=unified(MOD, TREE[MOD], TREE[MOD].replace("y = x * 2", "y = x * 4")))
     assert main(["check", "--mods-dir", str(tmp_path / "mods"), "--vllm", f"dir:{site}", "--json"]) == 1
     rows = {r["mod"]: r for r in json.loads(capsys.readouterr().out)["results"]}
     assert rows["hooked"]["status"] == "drift" and "does not accept 'hf_config', 'revision'" in rows["hooked"]["reason"]
     assert rows["harmless"]["status"] == "ok"
-    (tmp_path / "loose.patch").write_text(broken)
+    (tmp_path / "loose.patch").write_text((mod / "patches" / "v1" / "demo.patch").read_text())
     assert main(["check-patch", str(tmp_path / "loose.patch"), "--vllm", f"dir:{site}"]) == 1
     assert "drift" in capsys.readouterr().out
 
@@ -248,9 +252,7 @@ def test_check_and_check_patch_report_drift(tmp_path: Path, capsys):
 def test_nightly_report_says_why_a_row_drifts(tmp_path: Path):
     from sparkmods.nightly import run_job
 
-    site = make_site(tmp_path / "site", "0.20.0", TREE)
-    mod = make_mod(tmp_path / "mods", "hooked", vllm=">=0.19.0", verified='["0.20.0"]',
-                   patch=unified(MOD, TREE[MOD], TREE[MOD].replace(*HOOK)))
+    site, mod = hooked_mod(tmp_path)
     report = run_job([mod], [f"dir:{site}"])
     assert [r.result.status for r in report.broken] == ["drift"]
     md = report.markdown()

@@ -29,6 +29,9 @@ PROBE = "vllm/model_executor/layers/quantization/utils/sparkmods_probe.py"
 PROBE_TEXT = ("import torch\n\n\ndef use_deep_gemm(layer):\n"
               "    from vllm.utils.deep_gemm import should_use_deepgemm_for_fp8_linear\n\n"
               "    return should_use_deepgemm_for_fp8_linear(torch.bfloat16, weight=layer.weight)\n")
+# the patch that adds PROBE as a new file
+PROBE_PATCH = (f"--- /dev/null\n+++ b/{PROBE}\n@@ -0,0 +1,{PROBE_TEXT.count(chr(10))} @@\n"
+               + "".join("+" + line for line in PROBE_TEXT.splitlines(keepends=True)))
 
 
 def source(version: str):
@@ -54,8 +57,7 @@ def test_an_override_written_for_0_19_1_drifts_on_0_20_0(tmp_path, capsys):
 
 def test_a_call_to_a_renamed_parameter_drifts(tmp_path, capsys):
     patch = tmp_path / "probe.patch"
-    lines = PROBE_TEXT.splitlines(keepends=True)
-    patch.write_text(f"--- /dev/null\n+++ b/{PROBE}\n@@ -0,0 +1,{len(lines)} @@\n" + "".join("+" + x for x in lines))
+    patch.write_text(PROBE_PATCH)
     code = main(["rebase-patch", str(patch), "--base", "0.19.1", "--onto", "0.20.0"])
     out = capsys.readouterr().out
     assert code == 1 and "no parameter named 'weight'" in out and "required 'weight_shape'" in out
@@ -74,8 +76,7 @@ def test_a_call_to_a_renamed_parameter_drifts(tmp_path, capsys):
 def test_check_patch_reports_drift_on_the_release_that_renamed_the_parameter(tmp_path, capsys):
     """The same check as a user runs it: ok on 0.19.1, drift (exit 1) on 0.20.0."""
     patch = tmp_path / "deepgemm.patch"
-    lines = PROBE_TEXT.splitlines(keepends=True)
-    patch.write_text(f"--- /dev/null\n+++ b/{PROBE}\n@@ -0,0 +1,{len(lines)} @@\n" + "".join("+" + x for x in lines))
+    patch.write_text(PROBE_PATCH)
     assert main(["check-patch", str(patch), "--vllm", "0.19.1", "--vllm", "0.20.0", "--json"]) == 1
     rows = json.loads(capsys.readouterr().out)["results"]
     assert [(r["vllm"], r["status"]) for r in rows] == [("0.19.1", "ok"), ("0.20.0", "drift")]
