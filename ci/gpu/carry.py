@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""Carry a vLLM release to a GPU machine that has torch but no network, in pieces.
+
+Why it exists: the GPU machine we test on (an H100 with torch 2.11.0+cu130, no package index)
+accepts at most 64 MiB per call, while a vLLM wheel is ~240 MiB and needs ~80 small
+requirements the machine lacks. vLLM 0.20.0-0.26.0 pin torch==2.11.0 and link CUDA 13 like
+that machine, so once the files are there they run. The work splits in two halves:
+
+  here (network):  python3 ci/gpu/carry.py prepare --vllm 0.21.0 --out .carry
+      downloads the x86_64 wheel from the index (sha256 checked against the index), resolves
+      the requirements the machine does not have (ci/gpu/device_packages.txt, read off the
+      machine's package list) from each wheel's METADATA, downloads them as py3.12 manylinux
+      x86_64 wheels, and writes pieces `.carry/p00`, `.carry/p01`, ... each under the limit,
+      with `manifest.json` (sha256 of every piece and of every reassembled file) in each.
+  there (one call per piece, consecutive: the machine keeps /tmp while it is held):
+      python3 ci/gpu/carry.py receive --from .carry      # copies + verifies the pieces present
+      python3 ci/gpu/carry.py install --site /tmp/vllm-site   # once all pieces arrived
+
+`install` reassembles, verifies every sha256, and installs with pip --no-index --no-deps
+--target, so nothing is resolved on the machine and nothing unverified is installed.
+The receive/install half needs only the stdlib and pip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+import zipfile
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Set, Tuple
+
+INDEX = "https://pypi.org/simple"
+PIECE_BYTES = 58 * 1024 * 1024  # under 64 MiB with the repository (~1.5 MB) beside it
+STAGE = Path("/tmp/sparkmods-carry")
+HERE = Path(__file__).resolve().parent
+PLATFORMS = ["manylinux_2_%d_x86_64" % n for n in (17, 24, 27, 28, 31, 34, 35, 39)] + [
+    "manylinux2014_x86_64", "manylinux1_x86_64"]
+MARKER_ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
+              "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
+              "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fail(message: str) -> "NoReturn":  # type: ignore[name-defined]
+    print(f"carry: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+# ---------------------------------------------------------------- prepare (host, network)
+
+def _vllm_wheel(version: str, cache: Path) -> Path:
+    """Download the x86_64 wheel of `version` (highest build tag), verified against the index."""
+    req = urllib.request.Request(f"{INDEX}/vllm/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        files = json.load(resp)["files"]
+    pattern = re.compile(rf"^vllm-{re.escape(version)}(-(\d+))?-cp\d+-abi3-manylinux_[\d_]+_x86_64\.whl$")
+    found = [(int(m.group(2) or 0), f) for f in files if (m := pattern.match(f["filename"]))]
+    if not found:
+        _fail(f"vllm {version}: no x86_64 wheel on {INDEX}; pick a release 0.20.0-0.26.0")
+    _, entry = max(found, key=lambda item: item[0])
+    dest = cache / entry["filename"]
+    want = entry["hashes"]["sha256"]
+    if not dest.is_file() or _sha256(dest) != want:
+        print(f"downloading {entry['filename']} ({entry.get('size', 0) / 2**20:.0f} MiB)", flush=True)
+        tmp = dest.with_suffix(".part")
+        with urllib.request.urlopen(entry["url"], timeout=600) as resp, tmp.open("wb") as out:
+            shutil.copyfileobj(resp, out, 1 << 20)
+        if _sha256(tmp) != want:
+            tmp.unlink()
+            _fail(f"{entry['filename']}: sha256 differs from the index; try again")
+        os.replace(tmp, dest)
+    return dest
+
+
+def _requirements(wheel: Path, extras: Iterable[str] = ()) -> List[str]:
+    """Requires-Dist lines of a wheel that apply on the GPU machine (Linux x86_64, CPython 3.12)."""
+    from packaging.requirements import Requirement
+
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        text = zf.read(meta).decode("utf-8", "replace")
+    out = []
+    for line in text.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        req = Requirement(line.split(":", 1)[1].strip())
+        wanted = [""] + list(extras)
+        if req.marker is None or any(req.marker.evaluate({**MARKER_ENV, "extra": e}) for e in wanted):
+            out.append(str(req))
+    return out
+
+
+def _download(requirement: str, dest: Path) -> Path:
+    """One py3.12 manylinux x86_64 wheel for `requirement` (no dependencies), via pip."""
+    before = set(dest.iterdir())
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+           "--python-version", "3.12", "--implementation", "cp", "-d", str(dest), requirement]
+    for plat in PLATFORMS:
+        cmd[-1:-1] = ["--platform", plat]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        _fail(f"cannot download a py3.12 x86_64 wheel for {requirement!r}: {proc.stderr.strip().splitlines()[-1:]}")
+    new = set(dest.iterdir()) - before
+    if new:
+        return new.pop()
+    from packaging.requirements import Requirement
+    name = _norm(Requirement(requirement).name)
+    return next(p for p in dest.iterdir() if _norm(p.name.split("-")[0]) == name)
+
+
+# Requirements left behind on purpose: optional kernel stacks that vLLM imports only when asked
+# for (FlashInfer: avoided with VLLM_USE_FLASHINFER_SAMPLER=0 and the Triton DeltaNet prefill;
+# TileLang, CuTe DSL, QuACK, TokenSpeed: alternative kernels for other models), together
+# ~560 MiB, ten times the rest. A run that needs one fails at import with its name.
+SKIP = {"flashinfer-python", "flashinfer-cubin", "tilelang", "nvidia-cutlass-dsl", "quack-kernels",
+        "tokenspeed-triton", "tokenspeed-mla", "z3-solver", "cuda-tile", "apache-tvm-ffi"}
+
+
+def _device_has() -> Set[str]:
+    lines = (HERE / "device_packages.txt").read_text(encoding="utf-8").splitlines()
+    return {_norm(x) for x in lines if x.strip() and not x.startswith("#")} | SKIP
+
+
+def _resolve(vllm_wheel: Path, deps_dir: Path) -> List[Path]:
+    """Breadth-first closure of the requirements the machine lacks, one wheel per name."""
+    from packaging.requirements import Requirement
+
+    have = _device_has()
+    todo = list(_requirements(vllm_wheel))
+    chosen: Dict[str, Path] = {}
+    while todo:
+        req = Requirement(todo.pop(0))
+        name = _norm(req.name)
+        if name in have or name in chosen or name == "vllm":
+            continue
+        spec = f"{req.name}{req.specifier}"
+        wheel = _download(spec, deps_dir)
+        chosen[name] = wheel
+        print(f"  + {wheel.name}", flush=True)
+        todo.extend(_requirements(wheel, req.extras))
+    return sorted(chosen.values())
+
+
+def _split(files: List[Path], out: Path) -> None:
+    """Concatenate `files` into one stream cut into pieces under PIECE_BYTES, with a manifest."""
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    manifest = {"files": [{"name": f.name, "size": f.stat().st_size, "sha256": _sha256(f)} for f in files],
+                "pieces": []}
+    index, piece, written = 0, None, 0
+    for f in files:
+        with f.open("rb") as fh:
+            while True:
+                if piece is None or written >= PIECE_BYTES:
+                    if piece is not None:
+                        piece.close()
+                    folder = out / f"p{index:02d}"
+                    folder.mkdir()
+                    piece, written = (folder / "data").open("wb"), 0
+                    index += 1
+                block = fh.read(min(1 << 20, PIECE_BYTES - written))
+                if not block:
+                    break
+                piece.write(block)
+                written += len(block)
+    if piece is not None:
+        piece.close()
+    for folder in sorted(out.iterdir()):
+        manifest["pieces"].append({"name": folder.name, "sha256": _sha256(folder / "data")})
+    for folder in sorted(out.iterdir()):
+        (folder / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+
+
+def prepare(version: str, out: Path, cache: Path) -> None:
+    cache.mkdir(parents=True, exist_ok=True)
+    wheel = _vllm_wheel(version, cache)
+    deps_dir = cache / f"deps-{version}"
+    deps_dir.mkdir(exist_ok=True)
+    print(f"resolving requirements of {wheel.name} the GPU machine lacks", flush=True)
+    deps = _resolve(wheel, deps_dir)
+    _split(deps + [wheel], out)
+    total = sum(p.stat().st_size for p in out.glob("p*/data"))
+    pieces = sorted(p.name for p in out.glob("p*"))
+    print(f"{len(deps)} requirement wheels + {wheel.name}: {total / 2**20:.0f} MiB in {len(pieces)} pieces "
+          f"under {out}/ ({', '.join(pieces)}); carry one piece per call")
+
+
+# ---------------------------------------------------------------- receive / install (GPU machine)
+
+def receive(src: Path) -> None:
+    """Copy the pieces that travelled with this call into the stage, verifying each."""
+    STAGE.mkdir(parents=True, exist_ok=True)
+    got = 0
+    for folder in sorted(src.glob("p*")):
+        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+        want = {p["name"]: p["sha256"] for p in manifest["pieces"]}[folder.name]
+        if _sha256(folder / "data") != want:
+            _fail(f"{folder}/data: sha256 differs from the manifest; prepare again")
+        shutil.copyfile(folder / "data", STAGE / f"{folder.name}.part")
+        shutil.copyfile(folder / "manifest.json", STAGE / "manifest.json")
+        got += 1
+    have = sorted(p.stem for p in STAGE.glob("p*.part"))
+    print(f"received {got} piece(s); staged: {', '.join(have) or 'none'}")
+
+
+def install(site: Path) -> None:
+    """Reassemble the staged pieces, verify every file, install them into `site`."""
+    manifest = json.loads((STAGE / "manifest.json").read_text(encoding="utf-8"))
+    missing = [p["name"] for p in manifest["pieces"] if not (STAGE / f"{p['name']}.part").is_file()]
+    if missing:
+        _fail(f"pieces not received yet: {', '.join(missing)}; carry them with `receive` first")
+    wheels = STAGE / "wheels"
+    shutil.rmtree(wheels, ignore_errors=True)
+    wheels.mkdir()
+    stream = _concat(STAGE / f"{p['name']}.part" for p in manifest["pieces"])
+    for entry in manifest["files"]:
+        dest = wheels / entry["name"]
+        h = hashlib.sha256()
+        with dest.open("wb") as out:
+            left = entry["size"]
+            while left:
+                block = stream.read(min(1 << 20, left))
+                if not block:
+                    _fail(f"{entry['name']}: pieces end early; prepare again")
+                out.write(block)
+                h.update(block)
+                left -= len(block)
+        if h.hexdigest() != entry["sha256"]:
+            _fail(f"{entry['name']}: sha256 differs after reassembly; prepare again")
+    stream.close()
+    site.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+           "--no-cache-dir", "--upgrade", "--target", str(site)] + sorted(str(p) for p in wheels.iterdir())
+    subprocess.run(cmd, check=True)
+    print(f"installed {len(manifest['files'])} wheels into {site} (sha256 verified)")
+
+
+class _concat:
+    """Read a sequence of files as one stream (the pieces, in manifest order)."""
+
+    def __init__(self, paths: Iterable[Path]) -> None:
+        self._paths = iter(paths)
+        self._fh = None
+
+    def read(self, n: int) -> bytes:
+        while True:
+            if self._fh is None:
+                nxt = next(self._paths, None)
+                if nxt is None:
+                    return b""
+                self._fh = nxt.open("rb")
+            data = self._fh.read(n)
+            if data:
+                return data
+            self._fh.close()
+            self._fh = None
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare", help="download and cut into pieces (here, with network)")
+    p.add_argument("--vllm", required=True)
+    p.add_argument("--out", type=Path, default=Path(".carry"))
+    p.add_argument("--cache", type=Path, default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sparkmods" / "carry")
+    r = sub.add_parser("receive", help="stage the pieces that came with this call (GPU machine)")
+    r.add_argument("--from", dest="src", type=Path, default=Path(".carry"))
+    i = sub.add_parser("install", help="reassemble, verify and install (GPU machine)")
+    i.add_argument("--site", type=Path, required=True)
+    args = ap.parse_args(argv)
+    if args.cmd == "prepare":
+        prepare(args.vllm, args.out, args.cache)
+    elif args.cmd == "receive":
+        receive(args.src)
+    else:
+        install(args.site)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
