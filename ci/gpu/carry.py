@@ -39,7 +39,7 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 INDEX = "https://pypi.org/simple"
 PIECE_BYTES = 58 * 1024 * 1024  # under 64 MiB with the repository (~1.5 MB) beside it
-STAGE = Path("/tmp/sparkmods-carry")
+STAGE = Path(os.environ.get("SPARKMODS_CARRY_STAGE", "/tmp/sparkmods-carry"))
 HERE = Path(__file__).resolve().parent
 PLATFORMS = ["manylinux_2_%d_x86_64" % n for n in (17, 24, 27, 28, 31, 34, 35, 39)] + [
     "manylinux2014_x86_64", "manylinux1_x86_64"]
@@ -160,7 +160,7 @@ def _resolve(vllm_wheel: Path, deps_dir: Path) -> List[Path]:
     return sorted(chosen.values())
 
 
-def _split(files: List[Path], out: Path) -> None:
+def _split(files: List[Path], out: Path, piece_bytes: int = PIECE_BYTES) -> None:
     """Concatenate `files` into one stream cut into pieces under PIECE_BYTES, with a manifest."""
     if out.exists():
         shutil.rmtree(out)
@@ -171,14 +171,14 @@ def _split(files: List[Path], out: Path) -> None:
     for f in files:
         with f.open("rb") as fh:
             while True:
-                if piece is None or written >= PIECE_BYTES:
+                if piece is None or written >= piece_bytes:
                     if piece is not None:
                         piece.close()
                     folder = out / f"p{index:02d}"
                     folder.mkdir()
                     piece, written = (folder / "data").open("wb"), 0
                     index += 1
-                block = fh.read(min(1 << 20, PIECE_BYTES - written))
+                block = fh.read(min(1 << 20, piece_bytes - written))
                 if not block:
                     break
                 piece.write(block)
@@ -207,32 +207,32 @@ def prepare(version: str, out: Path, cache: Path) -> None:
 
 # ---------------------------------------------------------------- receive / install (GPU machine)
 
-def receive(src: Path) -> None:
+def receive(src: Path, stage: Path = STAGE) -> None:
     """Copy the pieces that travelled with this call into the stage, verifying each."""
-    STAGE.mkdir(parents=True, exist_ok=True)
+    stage.mkdir(parents=True, exist_ok=True)
     got = 0
     for folder in sorted(src.glob("p*")):
         manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
         want = {p["name"]: p["sha256"] for p in manifest["pieces"]}[folder.name]
         if _sha256(folder / "data") != want:
             _fail(f"{folder}/data: sha256 differs from the manifest; prepare again")
-        shutil.copyfile(folder / "data", STAGE / f"{folder.name}.part")
-        shutil.copyfile(folder / "manifest.json", STAGE / "manifest.json")
+        shutil.copyfile(folder / "data", stage / f"{folder.name}.part")
+        shutil.copyfile(folder / "manifest.json", stage / "manifest.json")
         got += 1
-    have = sorted(p.stem for p in STAGE.glob("p*.part"))
+    have = sorted(p.stem for p in stage.glob("p*.part"))
     print(f"received {got} piece(s); staged: {', '.join(have) or 'none'}")
 
 
-def install(site: Path) -> None:
-    """Reassemble the staged pieces, verify every file, install them into `site`."""
-    manifest = json.loads((STAGE / "manifest.json").read_text(encoding="utf-8"))
-    missing = [p["name"] for p in manifest["pieces"] if not (STAGE / f"{p['name']}.part").is_file()]
+def reassemble(stage: Path = STAGE) -> List[Path]:
+    """Rebuild every carried file from the staged pieces; each one's sha256 must match."""
+    manifest = json.loads((stage / "manifest.json").read_text(encoding="utf-8"))
+    missing = [p["name"] for p in manifest["pieces"] if not (stage / f"{p['name']}.part").is_file()]
     if missing:
         _fail(f"pieces not received yet: {', '.join(missing)}; carry them with `receive` first")
-    wheels = STAGE / "wheels"
+    wheels = stage / "wheels"
     shutil.rmtree(wheels, ignore_errors=True)
     wheels.mkdir()
-    stream = _concat(STAGE / f"{p['name']}.part" for p in manifest["pieces"])
+    stream = _concat(stage / f"{p['name']}.part" for p in manifest["pieces"])
     for entry in manifest["files"]:
         dest = wheels / entry["name"]
         h = hashlib.sha256()
@@ -248,11 +248,17 @@ def install(site: Path) -> None:
         if h.hexdigest() != entry["sha256"]:
             _fail(f"{entry['name']}: sha256 differs after reassembly; prepare again")
     stream.close()
+    return sorted(wheels.iterdir())
+
+
+def install(site: Path) -> None:
+    """Reassemble the staged pieces, verify every file, install the wheels into `site`."""
+    wheels = reassemble()
     site.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-           "--no-cache-dir", "--upgrade", "--target", str(site)] + sorted(str(p) for p in wheels.iterdir())
+           "--no-cache-dir", "--upgrade", "--target", str(site)] + [str(p) for p in wheels]
     subprocess.run(cmd, check=True)
-    print(f"installed {len(manifest['files'])} wheels into {site} (sha256 verified)")
+    print(f"installed {len(wheels)} wheels into {site} (sha256 verified)")
 
 
 class _concat:
