@@ -14,7 +14,7 @@ import zipfile
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -100,6 +100,8 @@ class LoopbackIndex:
     sha_override: Dict[str, str] = field(default_factory=dict)
     size_override: Dict[str, int] = field(default_factory=dict)
     honour_range: bool = True
+    # path -> a function that answers the request itself (hostile servers: trickles, bombs, bad JSON)
+    routes: Dict[str, Callable[[BaseHTTPRequestHandler], None]] = field(default_factory=dict)
     hits: List[Hit] = field(default_factory=list)
     url: str = ""
 
@@ -146,6 +148,9 @@ def _handler(index: LoopbackIndex):
 
         def do_GET(self) -> None:
             path = self.path.split("?")[0]
+            if path in index.routes:
+                index.hits.append(Hit(self.path, self.headers.get("Range"), 0, 0))
+                return index.routes[path](self)
             if path == "/simple/vllm/":
                 if JSON_TYPE in (self.headers.get("Accept") or ""):
                     if "gzip" in (self.headers.get("Accept-Encoding") or ""):  # as PyPI's CDN does

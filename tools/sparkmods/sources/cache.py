@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Optional
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def cache_root() -> Path:
@@ -22,6 +25,11 @@ def cache_root() -> Path:
 def digest(text: str) -> str:
     """A file-name-safe key for any string (URLs, member paths)."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def is_sha256(text: str) -> bool:
+    """Exactly 64 lowercase hex digits: the only form a server-given hash may take as a cache name."""
+    return bool(_SHA256.fullmatch(text))
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -4,6 +4,10 @@ the one wheel per version we read.
 Pages are cached on disk so `offline=True` works. Online, a page is re-fetched unless the
 server's Cache-Control max-age still holds, or the caller pins one version that the cached
 page already lists (released files never change, so a pin needs no fresh listing).
+
+A page is input from a server we do not control: a PEP 691 document is checked key by key
+(types, required keys) and a vllm wheel's sha256 must be exactly 64 lowercase hex digits,
+because it names the wheel's cache folder. Anything else is one line naming the page URL.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import re
 import time
 from dataclasses import dataclass
 from html.parser import HTMLParser
+from pathlib import Path
 from typing import List, Optional, Tuple
 from urllib.parse import unquote, urldefrag, urljoin, urlparse
 
@@ -22,7 +27,7 @@ from packaging.version import InvalidVersion, Version
 
 from sparkmods.errors import SparkmodsError
 from sparkmods.sources import http
-from sparkmods.sources.cache import cache_root, digest, read_bytes, write_atomic
+from sparkmods.sources.cache import cache_root, digest, is_sha256, read_bytes, write_atomic
 from sparkmods.sources.fetchstats import stats
 
 log = logging.getLogger("sparkmods.sources")
@@ -58,7 +63,7 @@ def _rank(filename: str, build: Tuple, platforms: set) -> Tuple:
     return (max(score(p) for p in platforms), build, filename)
 
 
-def _index_file(filename: str, url: str, sha256: Optional[str], size: Optional[int],
+def _index_file(page_url: str, filename: str, url: str, sha256: Optional[str], size: Optional[int],
                 yanked: bool) -> Optional[IndexFile]:
     """An IndexFile for a vllm wheel; None for sdists, other projects and odd names."""
     filename = unquote(filename)
@@ -70,8 +75,68 @@ def _index_file(filename: str, url: str, sha256: Optional[str], size: Optional[i
         return None
     if name != PROJECT:
         return None
+    if sha256 is not None and not is_sha256(sha256):
+        raise SparkmodsError(f"{page_url}: {filename} (vllm {version}): sha256 {sha256[:80]!r} is not 64 "
+                             f"lowercase hex digits; refusing this index")
     rank = _rank(filename, build, {t.platform for t in tags})
     return IndexFile(filename, url, version, sha256, size, yanked, rank)
+
+
+def _kind(value: object) -> str:
+    """A JSON value's type in words (never the value: it may be huge)."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    names = {str: "a string", int: "a number", float: "a fractional number", list: "a list", dict: "an object"}
+    return names.get(type(value), type(value).__name__)
+
+
+class _Json:
+    """Reads a PEP 691 document; every type error is one line naming the page and the key."""
+
+    def __init__(self, page_url: str) -> None:
+        self.page_url = page_url
+
+    def bad(self, what: str) -> SparkmodsError:
+        return SparkmodsError(f"{self.page_url}: not a valid PEP 691 project page: {what}")
+
+    def need(self, value: object, want: type, where: str, wanted: str) -> None:
+        if not isinstance(value, want) or isinstance(value, bool) and want is not bool:
+            raise self.bad(f"{where} is {_kind(value)}, want {wanted}")
+
+    def files(self, body: bytes) -> List[IndexFile]:
+        try:
+            doc = json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise self.bad(f"not JSON ({str(exc)[:100]})") from None
+        self.need(doc, dict, "the document", "an object")
+        meta = doc.get("meta", {})
+        self.need(meta, dict, "meta", "an object")
+        api = meta.get("api-version", "1.0")
+        self.need(api, str, "meta.api-version", "a string")
+        if api.split(".")[0] != "1":
+            raise SparkmodsError(f"{self.page_url}: simple API version {api[:20]} is not supported (want 1.x)")
+        entries = doc.get("files")
+        self.need(entries, list, "files", "a list")
+        return [f for i, entry in enumerate(entries) for f in [self.entry(entry, f"files[{i}]")] if f]
+
+    def entry(self, entry: object, where: str) -> Optional[IndexFile]:
+        self.need(entry, dict, where, "an object")
+        for key in ("filename", "url"):
+            self.need(entry.get(key), str, f"{where}.{key}", "a string")
+        hashes = entry.get("hashes")
+        self.need(hashes, dict, f"{where}.hashes", "an object")
+        for name, value in hashes.items():
+            self.need(value, str, f"{where}.hashes.{str(name)[:20]}", "a string")
+        size = entry.get("size")
+        if size is not None:
+            self.need(size, int, f"{where}.size", "a number of bytes")
+            if size < 0:
+                raise self.bad(f"{where}.size is negative")
+        yanked = entry.get("yanked", False)
+        if not isinstance(yanked, (bool, str)):
+            raise self.bad(f"{where}.yanked is {_kind(yanked)}, want true, false or a reason")
+        return _index_file(self.page_url, entry["filename"], urljoin(self.page_url, entry["url"]),
+                           hashes.get("sha256"), size, yanked is not False)
 
 
 class _Anchors(HTMLParser):
@@ -102,23 +167,9 @@ class _Anchors(HTMLParser):
 
 def parse_page(body: bytes, content_type: str, page_url: str) -> List[IndexFile]:
     """The vllm wheels a simple-API page lists, JSON (PEP 691) or HTML (PEP 503)."""
-    files: List[IndexFile] = []
     if "json" in content_type:
-        try:
-            doc = json.loads(body)
-            major = str(doc.get("meta", {}).get("api-version", "1.0")).split(".")[0]
-            entries = doc["files"]
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise SparkmodsError(f"{page_url}: not a PEP 691 project page ({exc})") from None
-        if major != "1":
-            raise SparkmodsError(f"{page_url}: simple API version {major} is not supported (want 1.x)")
-        for entry in entries:
-            found = _index_file(entry.get("filename", ""), urljoin(page_url, entry.get("url", "")),
-                                (entry.get("hashes") or {}).get("sha256"), entry.get("size"),
-                                entry.get("yanked", False) not in (False, None))
-            if found:
-                files.append(found)
-        return files
+        return _Json(page_url).files(body)
+    files: List[IndexFile] = []
     parser = _Anchors()
     parser.feed(body.decode("utf-8", errors="replace"))
     base = urljoin(page_url, parser.base) if parser.base else page_url
@@ -129,7 +180,7 @@ def parse_page(body: bytes, content_type: str, page_url: str) -> List[IndexFile]
         url, fragment = urldefrag(urljoin(base, href))
         sha = fragment[len("sha256="):] if fragment.startswith("sha256=") else None
         name = text or urlparse(url).path.rsplit("/", 1)[-1]
-        found = _index_file(name, url, sha, None, "data-yanked" in attrs)
+        found = _index_file(page_url, name, url, sha, None, "data-yanked" in attrs)
         if found:
             files.append(found)
     return files
@@ -160,12 +211,24 @@ class ProjectPage:
         return max(choices, key=lambda f: (not f.yanked, f.rank))
 
 
+def _cached_entry(path: Path) -> Optional[dict]:
+    """The cached page record, or None when absent or unreadable (then it is fetched again)."""
+    raw = read_bytes(path)
+    try:
+        entry = json.loads(raw) if raw else None
+    except (ValueError, RecursionError):
+        return None
+    keys = {"fetched": (int, float), "max_age": int, "body": str, "content_type": str, "final_url": str}
+    if not isinstance(entry, dict) or not all(isinstance(entry.get(k), t) for k, t in keys.items()):
+        return None
+    return entry
+
+
 def fetch_page(index_url: str, *, offline: bool, pinned: Optional[Version] = None) -> ProjectPage:
     """The vllm page of index_url: from the cache when offline/fresh/pinned-and-listed, else fetched."""
     url = project_url(index_url)
     entry_path = cache_root() / "index" / f"{digest(url)}.json"
-    raw = read_bytes(entry_path)
-    entry = json.loads(raw) if raw else None
+    entry = _cached_entry(entry_path)
     if entry is not None:
         fresh = time.time() - entry["fetched"] < entry.get("max_age", 0)
         if offline or fresh or pinned is not None:

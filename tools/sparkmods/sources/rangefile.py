@@ -154,7 +154,7 @@ class RangeFile(io.RawIOBase):
 
 
 def _discard(exc: BaseException) -> None:
-    """Close an unread response carried by a second error (see http.RangeIgnored)."""
-    response = getattr(exc, "response", None)
-    if response is not None:
-        response.close()
+    """Close an unread body carried by a second error (see http.RangeIgnored)."""
+    stream = getattr(exc, "stream", None)
+    if stream is not None:
+        stream.close()

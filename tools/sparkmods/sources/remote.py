@@ -6,6 +6,10 @@ coalesced and fetched in parallel. Each member is CRC-checked by zipfile, then c
 disk under the wheel's sha256 together with the central directory, so a second run reads
 nothing from the network and `offline=True` works. A server that ignores Range gets one
 full download instead, verified against the index sha256 and kept in the cache.
+
+The cache entry is tied to what was read, not only to the hash the index claims: see
+wheelentry.py for the rule (size and central-directory digest recorded on the first read,
+checked on every later one; a contradiction marks the entry and it is never used again).
 """
 
 from __future__ import annotations
@@ -13,10 +17,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import struct
 import tempfile
 import threading
-from http.client import HTTPException
 from pathlib import Path
 from typing import BinaryIO, Callable, Dict, Iterable, List, Optional, Set
 
@@ -24,16 +26,16 @@ from sparkmods.errors import SparkmodsError
 from sparkmods.runtime.pep440 import InvalidVersion, Version
 from sparkmods.sources import http
 from sparkmods.sources.base import VllmSource, check_member
-from sparkmods.sources.cache import cache_root, digest, read_bytes, write_atomic
+from sparkmods.sources.cache import cache_root, read_bytes, write_atomic
 from sparkmods.sources.fetchstats import stats
 from sparkmods.sources.rangefile import RangeFile
+from sparkmods.sources.wheelentry import Identity, WheelEntry
 from sparkmods.sources.zipread import ZipMembers
 
 log = logging.getLogger("sparkmods.sources")
 
 TAIL_BYTES = 64 * 1024 + 22 + 20 + 56  # longest zip comment + EOCD + zip64 locator and record
 COALESCE_GAP = 8 * 1024  # members closer than this share one request
-_HEADER = struct.Struct("<QQ")  # cached central directory: (offset, wheel size) then the bytes
 _CHUNK = 1 << 20
 
 
@@ -55,7 +57,9 @@ class RemoteWheel(VllmSource):
         self.filename = filename
         self.size = size
         self.offline = offline
-        self._dir = cache_root() / "wheels" / (sha256 or "url-" + digest(url))
+        self._entry = WheelEntry(label, url, sha256)
+        self._opened = False
+        self._central_checked = False  # the cached central directory compared with the server's
         self._members: Dict[str, bytes] = {}
         self._absent: Set[str] = set()  # paths this wheel does not have
         self._zip: Optional[ZipMembers] = None
@@ -73,6 +77,7 @@ class RemoteWheel(VllmSource):
 
     def prefetch(self, paths: Iterable[str]) -> None:
         with self._lock:
+            self._open_entry()
             wanted = [check_member(self.label, p) for p in dict.fromkeys(paths)
                       if p not in self._members and p not in self._absent]
             wanted = [p for p in wanted if not self._from_cache(p)]
@@ -82,7 +87,7 @@ class RemoteWheel(VllmSource):
             present = [p for p in wanted if p in layout]
             for path in wanted:
                 if path not in layout:
-                    write_atomic(self._member_path(path, absent=True), b"")
+                    write_atomic(self._entry.member_path(path, absent=True), b"")
                     self._absent.add(path)
             if present:
                 self._with_fallback(lambda: self._fetch_members(present))
@@ -93,29 +98,36 @@ class RemoteWheel(VllmSource):
             spans = self.layout().spans(paths)
             if any(self._file.missing(start, end) for start, end in spans):
                 self._need_network(f"{len(paths)} file(s) such as {paths[0]} are")
+                self._check_cached_central()
             self._file.ensure(spans, COALESCE_GAP)
         for path in paths:
             data = self.layout().read(path)
-            write_atomic(self._member_path(path), data)
+            write_atomic(self._entry.member_path(path), data)
             self._members[path] = data
 
     def layout(self) -> ZipMembers:
         """The parsed central directory (cache, then network); needed to know what exists."""
         with self._lock:
+            self._open_entry()
             if self._zip is None:
                 self._with_fallback(self._open_zip)
             return self._zip
 
     # -- cache ------------------------------------------------------------------------
-    def _member_path(self, path: str, absent: bool = False) -> Path:
-        return self._dir / ("absent" if absent else "members") / digest(path)
+    def _open_entry(self) -> None:
+        """Once per source: the cache entry's record, checked against the index's size."""
+        if not self._opened:
+            self._entry.open(self.size)
+            self._opened = True
 
     def _from_cache(self, path: str) -> bool:
         """Serve path from the disk cache: its content, or the note that the wheel lacks it."""
-        data = read_bytes(self._member_path(path))
+        if not self._entry.trusted:
+            return False
+        data = read_bytes(self._entry.member_path(path))
         if data is not None:
             self._members[path] = data
-        elif self._member_path(path, absent=True).is_file():
+        elif self._entry.member_path(path, absent=True).is_file():
             self._absent.add(path)
         else:
             return False
@@ -129,17 +141,15 @@ class RemoteWheel(VllmSource):
 
     # -- opening the zip --------------------------------------------------------------
     def _open_zip(self) -> None:
-        whole = self._dir / "wheel.whl"
-        if whole.is_file():
+        if self._entry.whole.is_file():
             stats.add(cache_hits=1)
-            self._use_file(whole.open("rb"))
+            self._use_file(self._entry.whole.open("rb"))
             return
-        cached = read_bytes(self._dir / "central.bin")
-        if cached is not None and len(cached) >= _HEADER.size:
-            offset, size = _HEADER.unpack_from(cached)
+        cached = self._entry.load_central()
+        if cached is not None:
             stats.add(cache_hits=1)
-            rf = self._range_file(size)
-            rf.add(offset, cached[_HEADER.size:])
+            rf = self._range_file(self._entry.identity.size)
+            rf.add(*cached)
             self._use_file(rf)
             return
         self._need_network("its central directory is")
@@ -147,15 +157,33 @@ class RemoteWheel(VllmSource):
         if self.size is not None and size != self.size:
             raise SparkmodsError(f"{self.label}: the index says {self.filename} has {self.size} bytes, "
                                  f"the server has {size}")
+        self._entry.check_size(size, self.url)
         rf = self._range_file(size)
         rf.add(start, tail)
         self._use_file(rf)  # reads the rest of the central directory if the tail missed some
         offset, data = rf.segment_at(size - 1)
-        write_atomic(self._dir / "central.bin", _HEADER.pack(offset, size) + data)
+        self._entry.bind(Identity.of(data, offset, size, self._zip.central_offset, self.url), "the central directory")
+        self._entry.store_central(offset, size, data)
+        self._central_checked = True
+
+    def _check_cached_central(self) -> None:
+        """Before the network serves members against a cached central directory, the server's
+        own central directory must be the recorded one (one request per source, at most)."""
+        ident = self._entry.identity
+        if self._central_checked or ident is None:
+            return
+        start, size, data = http.get_range(self.url, ident.central_offset, ident.size)
+        self._entry.check_size(size, self.url)
+        self._entry.bind(Identity.of(data, start, size, ident.central_offset, self.url), "the central directory")
+        self._central_checked = True
 
     def _range_file(self, size: int) -> RangeFile:
         def fetch(start: int, end: int) -> bytes:
-            return http.get_range(self.url, start, end)[2]
+            _, total, data = http.get_range(self.url, start, end)
+            if total != size:
+                self._entry.check_size(total, self.url)  # a conflict once a size is recorded
+                raise SparkmodsError(f"{self.url}: the wheel had {size} bytes, now {total}")
+            return data
         return RangeFile(size, fetch, name=self.filename, submit=http.pool().submit)
 
     def _use_file(self, fileobj: BinaryIO) -> None:
@@ -177,16 +205,16 @@ class RemoteWheel(VllmSource):
         """Stream the full body the server sent into the cache, verifying its sha256."""
         log.warning("%s: %s ignores HTTP Range; downloading the whole wheel (%s) once",
                     self.label, exc.url.split("/")[2], f"{self.size} bytes" if self.size else "size unknown")
-        self._dir.mkdir(parents=True, exist_ok=True)
+        self._entry.dir.mkdir(parents=True, exist_ok=True)
         hasher = hashlib.sha256()
         total = 0
-        fd, tmp = tempfile.mkstemp(dir=self._dir, prefix=".wheel.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=self._entry.dir, prefix=".wheel.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as out:
                 while True:
                     try:
-                        chunk = exc.response.read(_CHUNK)
-                    except (OSError, HTTPException) as error:
+                        chunk = exc.stream.read(_CHUNK)
+                    except SparkmodsError as error:
                         raise SparkmodsError(f"{self.label}: download of {self.filename} broke off after "
                                              f"{total} bytes ({error})") from None
                     if not chunk:
@@ -202,7 +230,16 @@ class RemoteWheel(VllmSource):
             elif got != self.sha256:
                 raise SparkmodsError(f"{self.label}: {self.filename} sha256 is {got}, the index says "
                                      f"{self.sha256}; refusing the download")
-            os.replace(tmp, self._dir / "wheel.whl")
+            self._bind_download(Path(tmp), total)
+            os.replace(tmp, self._entry.whole)
         finally:
-            exc.response.close()
+            exc.stream.close()
             Path(tmp).unlink(missing_ok=True)
+
+    def _bind_download(self, path: Path, size: int) -> None:
+        """A downloaded wheel must be the one earlier range reads recorded (or becomes the record)."""
+        with path.open("rb") as fh:
+            central = ZipMembers(self.label, fh).central_offset
+            fh.seek(central)
+            data = fh.read()
+        self._entry.bind(Identity.of(data, central, size, central, self.url), "the downloaded wheel")
