@@ -1,0 +1,5 @@
+"""`python3 -m _sparkmods [apply|check|revert]` from run.sh inside a mod folder."""
+
+from .applier import main
+
+raise SystemExit(main())
