@@ -1,0 +1,452 @@
+"""Triton kernels for the TurboQuant KV cache: store (quantise), split-KV decode attention and
+dequantisation for prefill. The byte layout, codebooks and rotation are tq_format's; the
+functions here give the same results as tq_format's reference functions within float rounding.
+
+Why the decode kernel is shaped as it is: decode attention is a stream over the cache, so the
+cost is the bytes read plus the work to turn them into numbers. One program serves one
+(request, KV head, split) and all the query heads that share that KV head (GQA), so each packed
+tile is read and unpacked once, not once per query head. Keys are never rotated back: the query
+is rotated once (q @ R.T) and scores are taken against the codebook values directly, with the
+per-token length applied to the score. Values are affine (code * scale + zero), so the kernel
+multiplies the probabilities by the scale and feeds the raw integer codes to the matrix unit,
+and adds the zero points as one weighted sum per row. Only portable Triton is used (tl.dot,
+plain loads, no TMA or warp-specialised instructions): the same source runs on SM90 and SM121.
+
+CUDA graphs: tq_decode reads sequence lengths only on the device; its grid and buffers depend on
+the batch size, the head counts and the block table's width (shapes), never on the values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+try:  # installed inside vLLM next to its sibling module
+    from . import sparkmods_tq_format as fmt
+except ImportError:  # loaded from the mod folder (tests, benchmark)
+    import tq_format as fmt  # type: ignore[no-redef]
+
+_LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Tile and launch choices of the decode kernel (the benchmark sweeps them)."""
+
+    block_n: int  # tokens per tile
+    num_warps: int
+    num_stages: int
+    min_chunk: int  # fewest tokens a split is given before another split is opened
+
+
+def default_decode_config(head_size: int) -> DecodeConfig:
+    """A tile of 16 KB of unpacked keys per step; the benchmark prints how the others compare."""
+    return DecodeConfig(block_n=32 if head_size >= 256 else 64, num_warps=4, num_stages=2, min_chunk=128)
+
+
+@dataclass(frozen=True)
+class _Tables:
+    rotation_t: torch.Tensor  # [D, D] float32, R.T (keys and queries are multiplied by it)
+    rotation: torch.Tensor  # [D, D] float32, R (rotates dequantised keys back)
+    centroids: torch.Tensor  # [2^bits] float32
+    centroids_half: torch.Tensor  # [2^bits] float16 (decode feeds the matrix unit in fp16)
+    midpoints: torch.Tensor  # [2^bits - 1] float32
+
+
+_TABLES: Dict[Tuple[str, int, str], _Tables] = {}
+
+
+def tables(spec: fmt.TQSpec, head_size: int, device: Any) -> _Tables:
+    """Device copies of the rotation and codebook, built once per (preset, head size, device).
+
+    Call it once before CUDA-graph capture (vLLM's warm-up run does): the first call copies to
+    the device, which a capture would not allow.
+    """
+    key = (spec.name, head_size, str(torch.device(device)))
+    found = _TABLES.get(key)
+    if found is None:
+        rot = fmt.rotation(head_size, device)
+        bits = spec.value_bits if spec.key_fp8 else spec.key_bits  # FP8 keys use no codebook
+        centroids, midpoints = fmt.codebook(head_size, bits)
+        found = _Tables(rot.T.contiguous(), rot.contiguous(), centroids.to(device), centroids.to(device=device, dtype=torch.float16), midpoints.to(device))
+        _TABLES[key] = found
+    return found
+
+
+def _layout_constants(spec: fmt.TQSpec, layout: fmt.SlotLayout, block_size: int) -> Dict[str, int]:
+    offsets = layout.offsets(block_size)
+    return {
+        "SLOT": layout.slot_bytes,
+        "KEY_FP8": int(spec.key_fp8),
+        "KEY_BITS": spec.key_bits,
+        "VALUE_BITS": spec.value_bits,
+        "KEY_CODE_BYTES": layout.key_codes,
+        "VALUE_CODE_BYTES": layout.value_codes,
+        "OFF_VC": offsets["value_codes"],
+        "OFF_KN": offsets["key_norm"],
+        "OFF_VS": offsets["value_scale"],
+        "OFF_VZ": offsets["value_zero"],
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Bit packing helpers (device side)
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _pack_plane(ptr, codes, SHIFT: tl.constexpr, WIDTH: tl.constexpr, D: tl.constexpr):
+    """Store one bit plane of codes [D]: 8 / WIDTH fields per byte, the lowest field first."""
+    PER: tl.constexpr = 8 // WIDTH
+    fields = tl.reshape((codes >> SHIFT) & ((1 << WIDTH) - 1), [D // PER, PER])
+    packed = tl.sum(fields << (tl.arange(0, PER) * WIDTH)[None, :], axis=1)
+    tl.store(ptr + tl.arange(0, D // PER), packed.to(tl.uint8))
+
+
+@triton.jit
+def _pack_codes(ptr, codes, BITS: tl.constexpr, D: tl.constexpr):
+    """Store codes [D] as tq_format.pack_codes lays them out (4 bits: nibbles; 3 bits: 2+1 planes)."""
+    if BITS == 4:
+        _pack_plane(ptr, codes, 0, 4, D)
+    else:
+        _pack_plane(ptr, codes, 0, 2, D)
+        _pack_plane(ptr + D // 4, codes, 2, 1, D)
+
+
+@triton.jit
+def _load_plane(rows, valid, WIDTH: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Fields [BLOCK_N, D] of one bit plane; rows [BLOCK_N] are byte pointers to each token's plane."""
+    PER: tl.constexpr = 8 // WIDTH
+    raw = tl.load(rows[:, None] + tl.arange(0, D // PER)[None, :], mask=valid[:, None], other=0).to(tl.int32)
+    fields = (raw[:, :, None] >> (tl.arange(0, PER) * WIDTH)[None, None, :]) & ((1 << WIDTH) - 1)
+    return tl.reshape(fields, [BLOCK_N, D])
+
+
+@triton.jit
+def _load_codes(rows, valid, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Codes [BLOCK_N, D] (int32) of BLOCK_N tokens whose code bytes start at rows."""
+    if BITS == 4:
+        codes = _load_plane(rows, valid, 4, D, BLOCK_N)
+    else:
+        codes = _load_plane(rows, valid, 2, D, BLOCK_N) | (_load_plane(rows + D // 4, valid, 1, D, BLOCK_N) << 2)
+    return codes
+
+
+@triton.jit
+def _load_half(ptr, pos, valid):
+    """float32 of the float16 entries pos [N] of a sub-array that starts at byte pointer ptr."""
+    return tl.load(ptr.to(tl.pointer_type(tl.float16)) + pos, mask=valid, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _token_bases(cache_ptr, bt_row_ptr, offs, valid, page_stride, head_base, BLOCK_SIZE: tl.constexpr):
+    """Byte pointer to each token's head region and its position inside the page."""
+    page = tl.load(bt_row_ptr + offs // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+    return cache_ptr + page * page_stride + head_base, offs % BLOCK_SIZE
+
+
+@triton.jit
+def _round_to_e4m3(x):
+    """x clamped to +-448 and rounded to the nearest float8 e4m3 value (ties to even), in float32.
+
+    The cast to float8 that follows is then exact everywhere; Triton's CPU interpreter rounds
+    ties away and can drop a carry into the exponent, hardware rounds to even.
+    """
+    x = tl.minimum(tl.maximum(x, -448.0), 448.0)
+    exponent = ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    step = ((tl.maximum(exponent, -6) - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 3 mantissa bits
+    magic = 12582912.0  # 1.5 * 2^23: adding and removing it rounds to an integer, ties to even
+    rounded = ((x / step + magic) - magic) * step
+    return tl.where(rounded == 0.0, x * 0.0, rounded)  # keep the sign of a value that rounds to zero
+
+
+# ---------------------------------------------------------------------------------------------
+# Store
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _store_kernel(key_ptr, value_ptr, cache_ptr, slot_ptr, centroid_ptr, midpoint_ptr,
+                  stride_kt, stride_kh, stride_vt, stride_vh, page_stride,
+                  H: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr, SLOT: tl.constexpr,
+                  KEY_FP8: tl.constexpr, KEY_BITS: tl.constexpr, VALUE_BITS: tl.constexpr,
+                  KEY_CODE_BYTES: tl.constexpr, VALUE_CODE_BYTES: tl.constexpr,
+                  OFF_VC: tl.constexpr, OFF_KN: tl.constexpr, OFF_VS: tl.constexpr, OFF_VZ: tl.constexpr,
+                  NORM_CORRECTION: tl.constexpr, N_MID: tl.constexpr, N_MID_P: tl.constexpr):
+    """One program per (token, KV head): quantise its key and value into the page."""
+    pid = tl.program_id(0)
+    token = pid // H
+    head = pid % H
+    slot = tl.load(slot_ptr + token).to(tl.int64)
+    if slot >= 0:
+        region = cache_ptr + (slot // BLOCK_SIZE) * page_stride + head * (BLOCK_SIZE * SLOT)
+        pos = slot % BLOCK_SIZE
+        d = tl.arange(0, D)
+        x = tl.load(key_ptr + token * stride_kt + head * stride_kh + d).to(tl.float32)
+        if KEY_FP8:
+            k8 = _round_to_e4m3(x).to(tl.float8e4nv)
+            tl.store(region + pos * KEY_CODE_BYTES + d, k8.to(tl.uint8, bitcast=True))
+        else:
+            norm = tl.sqrt_rn(tl.sum(x * x, axis=0))
+            unit = tl.div_rn(x, norm + 1e-8)
+            j = tl.arange(0, N_MID_P)
+            mids = tl.load(midpoint_ptr + j, mask=j < N_MID, other=float("inf"))
+            codes = tl.sum((unit[:, None] > mids[None, :]).to(tl.int32), axis=1)
+            if NORM_CORRECTION:
+                c = tl.load(centroid_ptr + codes)
+                norm = tl.div_rn(norm, tl.sqrt_rn(tl.sum(c * c, axis=0)))
+            _pack_codes(region + pos * KEY_CODE_BYTES, codes, KEY_BITS, D)
+            tl.store((region + OFF_KN).to(tl.pointer_type(tl.float16)) + pos, norm.to(tl.float16))
+        v = tl.load(value_ptr + token * stride_vt + head * stride_vh + d).to(tl.float32)
+        top = (1 << VALUE_BITS) - 1
+        lo = tl.min(v, axis=0)
+        scale = tl.maximum(tl.div_rn(tl.max(v, axis=0) - lo, top * 1.0), 1e-8)
+        zero = lo.to(tl.float16)
+        q = tl.floor(tl.div_rn(v - zero.to(tl.float32), scale) + 0.5)
+        vcodes = tl.minimum(tl.maximum(q, 0.0), top * 1.0).to(tl.int32)
+        _pack_codes(region + OFF_VC + pos * VALUE_CODE_BYTES, vcodes, VALUE_BITS, D)
+        tl.store((region + OFF_VS).to(tl.pointer_type(tl.float16)) + pos, scale.to(tl.float16))
+        tl.store((region + OFF_VZ).to(tl.pointer_type(tl.float16)) + pos, zero)
+
+
+def tq_store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor, spec: fmt.TQSpec) -> None:
+    """Quantise key/value [T, Hkv, D] into the cache at slot_mapping (-1 = skip the token).
+
+    Only the first len(slot_mapping) tokens are read (vLLM pads key/value past them).
+    """
+    n = slot_mapping.shape[0]
+    head_size = key.shape[-1]
+    block_size, num_kv_heads, layout = fmt.cache_geometry(kv_cache, spec, head_size)
+    if n == 0:
+        return
+    tab = tables(spec, head_size, key.device)
+    keys = key[:n] if spec.key_fp8 else torch.matmul(key[:n].float(), tab.rotation_t)
+    values = value[:n]
+    if keys.stride(-1) != 1 or values.stride(-1) != 1:
+        raise ValueError("tq_store needs key and value with a contiguous last dimension")
+    n_mid = tab.midpoints.numel()
+    _store_kernel[(n * num_kv_heads,)](
+        keys, values, kv_cache, slot_mapping, tab.centroids, tab.midpoints,
+        keys.stride(0), keys.stride(1), values.stride(0), values.stride(1), kv_cache.stride(0),
+        H=num_kv_heads, D=head_size, BLOCK_SIZE=block_size, NORM_CORRECTION=int(spec.norm_correction),
+        N_MID=n_mid, N_MID_P=triton.next_power_of_2(n_mid), **_layout_constants(spec, layout, block_size),
+        num_warps=4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decode
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _split_range(seq_len, split, num_splits, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
+    """Splits in use for this length and the [start, end) this split covers (device-side only)."""
+    used = tl.minimum(num_splits, tl.cdiv(seq_len, MIN_CHUNK))
+    chunk = tl.cdiv(tl.cdiv(seq_len, tl.maximum(used, 1)), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    return used, start, tl.minimum(start + chunk, seq_len)
+
+
+@triton.jit
+def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_o_ptr, part_lse_ptr,
+                         stride_qb, stride_qh, stride_bt, page_stride, num_splits, sm_scale,
+                         G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                         BLOCK_SIZE: tl.constexpr, SLOT: tl.constexpr,
+                         KEY_FP8: tl.constexpr, KEY_BITS: tl.constexpr, VALUE_BITS: tl.constexpr,
+                         KEY_CODE_BYTES: tl.constexpr, VALUE_CODE_BYTES: tl.constexpr,
+                         OFF_VC: tl.constexpr, OFF_KN: tl.constexpr, OFF_VS: tl.constexpr, OFF_VZ: tl.constexpr,
+                         BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
+    """Partial attention of the G query heads of one KV head over one split of one request."""
+    split = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    req = tl.program_id(2)
+    seq_len = tl.load(lens_ptr + req)
+    used, start, end = _split_range(seq_len, split, num_splits, BLOCK_N, MIN_CHUNK)
+    if split < used:
+        rows = tl.arange(0, GP)
+        row_ok = rows < G
+        d = tl.arange(0, D)
+        q_heads = kv_head * G + rows
+        q = tl.load(q_ptr + req * stride_qb + q_heads[:, None] * stride_qh + d[None, :], mask=row_ok[:, None], other=0.0)
+        q = q.to(tl.float16)
+        m_i = tl.full([GP], float("-inf"), tl.float32)
+        l_i = tl.zeros([GP], tl.float32)
+        acc = tl.zeros([GP, D], tl.float32)
+        acc_zero = tl.zeros([GP], tl.float32)
+        head_base = kv_head * (BLOCK_SIZE * SLOT)
+        bt_row = bt_ptr + req.to(tl.int64) * stride_bt
+        qk_scale = sm_scale * 1.4426950408889634
+        for n0 in range(start, end, BLOCK_N):
+            offs = n0 + tl.arange(0, BLOCK_N)
+            valid = offs < end
+            region, pos = _token_bases(cache_ptr, bt_row, offs, valid, page_stride, head_base, BLOCK_SIZE)
+            key_rows = region + pos * KEY_CODE_BYTES
+            if KEY_FP8:
+                raw = tl.load(key_rows[:, None] + d[None, :], mask=valid[:, None], other=0)
+                k = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+                qk = tl.dot(q, tl.trans(k)) * qk_scale
+            else:
+                k = tl.load(centroid_ptr + _load_codes(key_rows, valid, KEY_BITS, D, BLOCK_N))
+                knorm = _load_half(region + OFF_KN, pos, valid)
+                qk = tl.dot(q, tl.trans(k)) * (knorm * qk_scale)[None, :]
+            qk = tl.where(valid[None, :], qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
+            vcodes = _load_codes(region + OFF_VC + pos * VALUE_CODE_BYTES, valid, VALUE_BITS, D, BLOCK_N)
+            vscale = _load_half(region + OFF_VS, pos, valid)
+            vzero = _load_half(region + OFF_VZ, pos, valid)
+            acc = acc * alpha[:, None] + tl.dot((p * vscale[None, :]).to(tl.float16), vcodes.to(tl.float16))
+            acc_zero = acc_zero * alpha + tl.sum(p * vzero[None, :], axis=1)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            m_i = m_new
+        filled = l_i > 0.0
+        safe_l = tl.where(filled, l_i, 1.0)
+        out = (acc + acc_zero[:, None]) / safe_l[:, None]
+        lse = tl.where(filled, m_i + tl.log2(safe_l), float("-inf"))
+        part = (req * tl.num_programs(1) * G + q_heads) * num_splits + split
+        tl.store(part_o_ptr + part[:, None].to(tl.int64) * D + d[None, :], out, mask=row_ok[:, None])
+        tl.store(part_lse_ptr + part, lse, mask=row_ok)
+
+
+@triton.jit
+def _decode_merge_kernel(part_o_ptr, part_lse_ptr, lens_ptr, out_ptr, stride_ob, stride_oh, num_splits,
+                         HQ: tl.constexpr, D: tl.constexpr, SPLITS_P: tl.constexpr,
+                         BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
+    """Merge the splits of one (request, query head) by their log-sum-exp weights."""
+    req = tl.program_id(0)
+    head = tl.program_id(1)
+    seq_len = tl.load(lens_ptr + req)
+    used, _, _ = _split_range(seq_len, 0, num_splits, BLOCK_N, MIN_CHUNK)
+    s = tl.arange(0, SPLITS_P)
+    part = (req * HQ + head) * num_splits + s
+    lse = tl.load(part_lse_ptr + part, mask=s < used, other=float("-inf"))
+    live = lse > float("-inf")
+    top = tl.max(tl.where(live, lse, -1e30), axis=0)
+    w = tl.where(live, tl.exp2(lse - top), 0.0)
+    d = tl.arange(0, D)
+    parts = tl.load(part_o_ptr + part[:, None].to(tl.int64) * D + d[None, :], mask=live[:, None], other=0.0)
+    total = tl.sum(w, axis=0)
+    out = tl.sum(w[:, None] * parts, axis=0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(out_ptr + req * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
+
+
+_SM_COUNT: Dict[str, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    key = str(device)
+    if key not in _SM_COUNT:
+        _SM_COUNT[key] = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    return _SM_COUNT[key]
+
+
+def num_splits_for(batch: int, num_kv_heads: int, max_context: int, device: torch.device, config: DecodeConfig) -> int:
+    """Split count from shapes only: about two programs per SM at the longest context the block
+    table can hold; fewer are used on the device when a request is short (min_chunk)."""
+    wanted = triton.cdiv(2 * _sm_count(device), max(batch * num_kv_heads, 1))
+    return max(1, min(wanted, triton.cdiv(max_context, config.min_chunk), 256))
+
+
+def tq_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+              spec: fmt.TQSpec, out: Optional[torch.Tensor] = None, *, num_splits: Optional[int] = None,
+              config: Optional[DecodeConfig] = None) -> torch.Tensor:
+    """Decode attention of query [B, Hq, D] over the packed cache; returns [B, Hq, D] (query dtype,
+    or written into ``out``). seq_lens [B] int32 and block_table [B, max_blocks] int32 on the device.
+    """
+    batch, num_q_heads, head_size = query.shape
+    block_size, num_kv_heads, layout = fmt.cache_geometry(kv_cache, spec, head_size)
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+    cfg = config or default_decode_config(head_size)
+    if out is None:
+        out = torch.empty_like(query)
+    if batch == 0:
+        return out
+    tab = tables(spec, head_size, query.device)
+    q = query if spec.key_fp8 else torch.matmul(query.float(), tab.rotation_t)
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    splits = num_splits or num_splits_for(batch, num_kv_heads, block_table.shape[1] * block_size, query.device, cfg)
+    part_o = torch.empty(batch * num_q_heads * splits, head_size, dtype=torch.float32, device=query.device)
+    part_lse = torch.empty(batch * num_q_heads * splits, dtype=torch.float32, device=query.device)
+    group = num_q_heads // num_kv_heads
+    _decode_split_kernel[(splits, num_kv_heads, batch)](
+        q, kv_cache, block_table, seq_lens, tab.centroids_half, part_o, part_lse,
+        q.stride(0), q.stride(1), block_table.stride(0), kv_cache.stride(0), splits, float(scale),
+        G=group, GP=max(16, triton.next_power_of_2(group)), D=head_size, BLOCK_SIZE=block_size,
+        BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, **_layout_constants(spec, layout, block_size),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    _decode_merge_kernel[(batch, num_q_heads)](
+        part_o, part_lse, seq_lens, out, out.stride(0), out.stride(1), splits,
+        HQ=num_q_heads, D=head_size, SPLITS_P=triton.next_power_of_2(splits),
+        BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, num_warps=4)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Dequantisation for prefill (flash-attn varlen reads the result)
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _dequant_kernel(cache_ptr, bt_ptr, cu_ptr, centroid_ptr, k_ptr, v_ptr, total, num_seqs, stride_bt, page_stride,
+                    H: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr, SLOT: tl.constexpr,
+                    KEY_FP8: tl.constexpr, KEY_BITS: tl.constexpr, VALUE_BITS: tl.constexpr,
+                    KEY_CODE_BYTES: tl.constexpr, VALUE_CODE_BYTES: tl.constexpr,
+                    OFF_VC: tl.constexpr, OFF_KN: tl.constexpr, OFF_VS: tl.constexpr, OFF_VZ: tl.constexpr,
+                    BLOCK_T: tl.constexpr, SEQS_P: tl.constexpr):
+    """Keys (rotated basis, or FP8 values) and values of BLOCK_T packed tokens of one KV head."""
+    head = tl.program_id(1)
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    valid = t < total
+    j = tl.arange(0, SEQS_P)
+    ends = tl.load(cu_ptr + 1 + j, mask=j < num_seqs, other=2147483647)
+    seq = tl.sum((ends[None, :] <= t[:, None]).to(tl.int32), axis=1)
+    seq = tl.minimum(seq, num_seqs - 1)
+    offs = t - tl.load(cu_ptr + seq, mask=valid, other=0)
+    region, pos = _token_bases(cache_ptr, bt_ptr + seq.to(tl.int64) * stride_bt, offs, valid, page_stride, head * (BLOCK_SIZE * SLOT), BLOCK_SIZE)
+    d = tl.arange(0, D)
+    key_rows = region + pos * KEY_CODE_BYTES
+    if KEY_FP8:
+        raw = tl.load(key_rows[:, None] + d[None, :], mask=valid[:, None], other=0)
+        k = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        k = tl.load(centroid_ptr + _load_codes(key_rows, valid, KEY_BITS, D, BLOCK_T)) * _load_half(region + OFF_KN, pos, valid)[:, None]
+    vcodes = _load_codes(region + OFF_VC + pos * VALUE_CODE_BYTES, valid, VALUE_BITS, D, BLOCK_T).to(tl.float32)
+    v = vcodes * _load_half(region + OFF_VS, pos, valid)[:, None] + _load_half(region + OFF_VZ, pos, valid)[:, None]
+    dst = (t.to(tl.int64) * H + head)[:, None] * D + d[None, :]
+    tl.store(k_ptr + dst, k.to(k_ptr.dtype.element_ty), mask=valid[:, None])
+    tl.store(v_ptr + dst, v.to(v_ptr.dtype.element_ty), mask=valid[:, None])
+
+
+def tq_dequant_varlen(kv_cache: torch.Tensor, block_table: torch.Tensor, cu_seqlens_k: torch.Tensor, spec: fmt.TQSpec, head_size: int,
+                      dtype: torch.dtype, total_k: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values of every request, packed [total_k, Hkv, D] in dtype (flash-attn varlen order).
+
+    Request b's tokens 0 .. cu_seqlens_k[b+1] - cu_seqlens_k[b] - 1 are read through block_table
+    row b. Pass total_k (= cu_seqlens_k[-1]) when the caller knows it; otherwise it is read from
+    the device, which waits for the GPU.
+    """
+    block_size, num_kv_heads, layout = fmt.cache_geometry(kv_cache, spec, head_size)
+    device = kv_cache.device
+    total = int(cu_seqlens_k[-1]) if total_k is None else total_k
+    num_seqs = cu_seqlens_k.shape[0] - 1
+    key_dtype = dtype if spec.key_fp8 else torch.float32
+    k = torch.empty(total, num_kv_heads, head_size, dtype=key_dtype, device=device)
+    v = torch.empty(total, num_kv_heads, head_size, dtype=dtype, device=device)
+    if total == 0 or num_seqs == 0:
+        return k.to(dtype), v
+    tab = tables(spec, head_size, device)
+    block_t = 16
+    _dequant_kernel[(triton.cdiv(total, block_t), num_kv_heads)](
+        kv_cache, block_table, cu_seqlens_k, tab.centroids, k, v, total, num_seqs, block_table.stride(0), kv_cache.stride(0),
+        H=num_kv_heads, D=head_size, BLOCK_SIZE=block_size, BLOCK_T=block_t, SEQS_P=triton.next_power_of_2(max(num_seqs, 1)),
+        **_layout_constants(spec, layout, block_size), num_warps=4)
+    if not spec.key_fp8:
+        k = torch.matmul(k, tab.rotation).to(dtype)
+    return k, v
