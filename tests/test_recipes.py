@@ -77,7 +77,8 @@ def test_each_step_adds_to_the_previous_one():
     assert mods[0] == {"mods/chat-template"}
     assert mods[1] == mods[0] | {"mods/hybrid-int4-fp8"}
     assert mods[2] == mods[3] == mods[1] | {"mods/mtp-weights"}
-    assert mods[4] == mods[5] == mods[3] | {"mods/int8-lm-head"}
+    assert mods[4] == mods[3] | {"mods/int8-lm-head"}
+    assert mods[5] == mods[4] | {"mods/turboquant"}
     # the int8-lm-head mod's on/off switch is spelled out where the mod is used, and only there
     assert [raw(f"{BIG}-{s}").get("env") for s in steps] == [None] * 4 + [{"SPARKMODS_INT8_LM_HEAD": "1"}] * 2
     assert serve(f"{BIG}-int4-autoround").model == "Intel/Qwen3.5-122B-A10B-int4-AutoRound"

@@ -21,6 +21,8 @@ _HYBRID_QWEN = re.compile(r"qwen3[._-]?(5|next)", re.IGNORECASE)
 # Whole name parts only: HF_TOKEN and OPENAI_API_KEY are secrets, TOKENIZERS_PARALLELISM is not.
 _SECRET_NAME = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|(API|ACCESS|SECRET)_?KEY)(_|$)", re.IGNORECASE)
 _SPLIT_UNSAFE = re.compile(r"[\s\"'\\*?\[\]$`]")
+# The mod that gives vLLM < 0.21 the turboquant_* KV-cache dtypes on hybrid models (mods/turboquant).
+TURBOQUANT_MOD = "turboquant"
 
 
 def _spec_config(plan: LaunchPlan) -> Optional[dict]:
@@ -148,18 +150,29 @@ def speculative_method(ctx: Context) -> Iterator[Problem]:
         yield Problem("speculative-method", f"{ctx.where} does not accept speculative method {method!r}{hint}")
 
 
+def _turboquant_mod_applies(ctx: Context) -> bool:
+    """The recipe applies the turboquant mod and it is green on the target: it brings the
+    turboquant_* dtypes to vLLM 0.18-0.19 and lifts 0.20's refusal of hybrid models."""
+    return any(r.mod == TURBOQUANT_MOD and r.green for r in ctx.mod_results)
+
+
 def kv_cache_dtype(ctx: Context) -> Iterator[Problem]:
     dtype = ctx.plan.serve.get("--kv-cache-dtype")
     if dtype is None or ctx.facts is None:
         return
     known = ctx.facts.cache_dtypes()
+    turboquant = dtype.startswith("turboquant_")
     if known is None:
         yield Problem("kv-cache-dtype", f"cannot read the cache dtypes of {ctx.where}: {dtype!r} not checked", WARNING)
+    elif turboquant and _turboquant_mod_applies(ctx):
+        return
     elif dtype not in known:
-        yield Problem("kv-cache-dtype", f"{ctx.where} has no KV-cache dtype {dtype!r}")
-    elif dtype.startswith("turboquant_") and _is_hybrid_qwen(ctx.plan) and ctx.facts.refuses_turboquant_on_hybrid():
+        hint = f": add mods/{TURBOQUANT_MOD} to the recipe's mods" if turboquant else ""
+        yield Problem("kv-cache-dtype", f"{ctx.where} has no KV-cache dtype {dtype!r}{hint}")
+    elif turboquant and _is_hybrid_qwen(ctx.plan) and ctx.facts.refuses_turboquant_on_hybrid():
         yield Problem("kv-cache-dtype", f"{ctx.where} refuses TurboQuant KV caches on hybrid models like Qwen3.5 "
-                                        "(lifted in vLLM 0.21.0): use a newer image")
+                                        f"(lifted in vLLM 0.21.0): add mods/{TURBOQUANT_MOD} to the recipe's mods "
+                                        "or use a newer image")
 
 
 def secrets(ctx: Context) -> Iterator[Problem]:
