@@ -6,6 +6,12 @@ stay runnable by those tools as they are: required `name`, `recipe_version: "1"`
 `cluster_only`, `solo_only`. `command` is filled with `str.format` over `defaults` plus the
 runner's overrides, which is why every placeholder must have a default and literal braces are
 written `{{ }}`.
+
+A recipe is input: the file is read without blocking (a FIFO is refused), at most
+MAX_RECIPE_BYTES, and the loaded document may expand to at most MAX_EXPANDED units (one per
+value, plus the length of every string) with its YAML aliases followed, so an alias bomb
+(a few lines that expand to billions of values) is one line, not minutes and gigabytes.
+Values are never formatted into a message whole: `brief()` bounds them.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 import yaml
 
 from sparkmods.errors import SparkmodsError
+from sparkmods.inputfile import read_text_file
 from sparkmods.runtime.manifest import MANIFEST_TOML
 
 __all__ = ["Recipe", "RecipeError", "load_recipe", "find_repo_root", "placeholders", "format_value", "Scalar"]
@@ -30,6 +37,9 @@ OPTIONAL = ("description", "model", "mods", "defaults", "env", "build_args", "cl
 RECIPE_VERSION = "1"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAX_RECIPE_BYTES = 1024 * 1024  # real recipes are a few KB
+MAX_EXPANDED = 1024 * 1024  # values plus string lengths, aliases followed; real recipes: a few thousand
+_BRIEF = 60
 
 
 class RecipeError(SparkmodsError):
@@ -68,10 +78,40 @@ class Recipe:
         for i, rel in enumerate(self.mods):
             folder = (root / rel).resolve()
             if not ((folder / "run.sh").is_file() or (folder / MANIFEST_TOML).is_file()):
-                raise RecipeError(f"{self.path}: mods[{i}]: {rel!r} is not a mod folder under {root} "
+                raise RecipeError(f"{self.path}: mods[{i}]: {brief(rel)} is not a mod folder under {root} "
                                   f"(no run.sh or {MANIFEST_TOML} in {folder})")
             out.append(folder)
         return out
+
+
+def brief(value: Any) -> str:
+    """A recipe value for a message, never longer than about _BRIEF characters."""
+    if isinstance(value, (list, dict)):
+        return f"a {'list' if isinstance(value, list) else 'mapping'} of {len(value)} items"
+    text = repr(value)
+    return text if len(text) <= _BRIEF else text[:_BRIEF - 3] + "..."
+
+
+def _key_text(key: Any) -> str:
+    """A mapping key for a message: a string as it is (bounded), anything else as brief() says."""
+    return (key if len(key) <= _BRIEF else key[:_BRIEF - 3] + "...") if isinstance(key, str) else brief(key)
+
+
+def _expands_past(data: Any, budget: int) -> bool:
+    """True when data, every alias followed (shared and cyclic values counted each time they
+    occur), holds more than budget units: one per value plus the length of each string."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        budget -= 1 + (len(item) if isinstance(item, str) else 0)
+        if budget < 0:
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def placeholders(command: str) -> List[str]:
@@ -112,19 +152,19 @@ class _Checker:
     def text(self, data: Mapping[str, Any], key: str) -> str:
         value = data[key]
         if not isinstance(value, str) or not value.strip():
-            raise self.fail(key, f"must be a non-empty string, got {value!r}")
+            raise self.fail(key, f"must be a non-empty string, got {brief(value)}")
         return value
 
     def flag(self, data: Mapping[str, Any], key: str) -> bool:
         value = data.get(key, False)
         if not isinstance(value, bool):
-            raise self.fail(key, f"must be true or false, got {value!r}")
+            raise self.fail(key, f"must be true or false, got {brief(value)}")
         return value
 
     def str_list(self, data: Mapping[str, Any], key: str) -> Tuple[str, ...]:
         value = data.get(key) or []
         if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-            raise self.fail(key, f"must be a list of non-empty strings, got {value!r}")
+            raise self.fail(key, f"must be a list of non-empty strings, got {brief(value)}")
         return tuple(value)
 
     def scalar_map(self, data: Mapping[str, Any], key: str) -> Dict[str, Any]:
@@ -133,7 +173,7 @@ class _Checker:
             raise self.fail(key, f"must be a mapping, got {type(value).__name__}")
         for k, v in value.items():
             if not isinstance(k, str) or not _KEY.match(k):
-                raise self.fail(f"{key}.{k}", "keys must be identifiers (letters, digits, _)")
+                raise self.fail(f"{key}.{_key_text(k)}", "keys must be identifiers (letters, digits, _)")
             if not isinstance(v, (str, int, float, bool)):
                 raise self.fail(f"{key}.{k}", f"must be a string, number or boolean, got {type(v).__name__}")
         return value
@@ -146,9 +186,10 @@ class _Checker:
                 raise self.fail(key, "missing (required)")
         for key in data:
             if key not in REQUIRED and key not in OPTIONAL:
-                raise self.fail(str(key), f"unknown key (allowed: {', '.join(REQUIRED + OPTIONAL)})")
+                raise self.fail(_key_text(key), f"unknown key (allowed: {', '.join(REQUIRED + OPTIONAL)})")
         if data["recipe_version"] != RECIPE_VERSION:
-            raise self.fail("recipe_version", f"must be the string \"{RECIPE_VERSION}\", got {data['recipe_version']!r}")
+            raise self.fail("recipe_version", f"must be the string \"{RECIPE_VERSION}\", "
+                                              f"got {brief(data['recipe_version'])}")
         defaults = self.scalar_map(data, "defaults")
         env = self.scalar_map(data, "env")
         for name in env:
@@ -157,7 +198,8 @@ class _Checker:
         mods = self.str_list(data, "mods")
         for i, rel in enumerate(mods):
             if Path(rel).is_absolute() or ".." in Path(rel).parts:
-                raise self.fail(f"mods[{i}]", f"{rel!r} must be relative to the recipe repository root, inside it")
+                raise self.fail(f"mods[{i}]", f"{brief(rel)} must be relative to the recipe repository root, "
+                                              f"inside it")
         if len(set(mods)) != len(mods):
             raise self.fail("mods", "lists a mod twice")
         cluster_only, solo_only = self.flag(data, "cluster_only"), self.flag(data, "solo_only")
@@ -192,13 +234,18 @@ def load_recipe(path: Union[str, Path]) -> Recipe:
     """Read and schema-check one recipe file; problems raise RecipeError (one line)."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise RecipeError(f"{p}: cannot read recipe: {exc.strerror}") from None
+        text = read_text_file(p, MAX_RECIPE_BYTES, "want a run-recipe.sh v1 YAML recipe")
+    except SparkmodsError as exc:
+        raise RecipeError(str(exc)) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise RecipeError(f"{p}: (syntax): not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    except RecursionError:
+        raise RecipeError(f"{p}: (syntax): the YAML nests too deeply") from None
+    if _expands_past(data, MAX_EXPANDED):
+        raise RecipeError(f"{p}: (size): the YAML expands to more than {MAX_EXPANDED} values and characters "
+                          f"with its aliases followed (an alias bomb?); write the values out")
     return _Checker(p).recipe(data)
