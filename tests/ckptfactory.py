@@ -290,11 +290,13 @@ def write_checkpoint(
     extra_files: Mapping[str, Sequence[Spec]] | None = None,
     index_extra: bool = True,
     seed: int = 0,
+    data: Mapping[str, bytes | bytearray] | None = None,
 ) -> Path:
     """A Hugging Face style folder: sharded model-XXXXX-of-YYYYY files, index, config.
 
     `extra_files` are further .safetensors files (e.g. the MTP file); `index_extra`
-    says whether the index names their tensors.
+    says whether the index names their tensors. `data` gives the bytes of any tensor by
+    name (the rest are generated), e.g. the designed weights of ci/gpu/tiny_qwen35.py.
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -303,11 +305,11 @@ def write_checkpoint(
     total = 0
     for n, group in enumerate(groups, 1):
         name = f"model-{n:05d}-of-{len(groups):05d}.safetensors"
-        write_safetensors(root / name, group, seed=seed)
+        write_safetensors(root / name, group, seed=seed, data=data)
         weight_map.update({spec.name: name for spec in group})
         total += sum(spec.nbytes for spec in group)
     for name, extra in (extra_files or {}).items():
-        write_safetensors(root / name, extra, seed=seed)
+        write_safetensors(root / name, extra, seed=seed, data=data)
         if index_extra:
             weight_map.update({spec.name: name for spec in extra})
             total += sum(spec.nbytes for spec in extra)
