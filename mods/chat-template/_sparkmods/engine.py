@@ -9,13 +9,11 @@ Per hunk the outcome is one of:
             reported so a human (or `sparkmods rebase-patch`) can act.
 
 Hunks are located against the ORIGINAL text, in order and without overlapping, then
-spliced in one pass. Writing is separate (`commit`) and all-or-nothing across files.
+spliced in one pass. Writing is separate (journal.transact) and all-or-nothing across files.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -25,13 +23,16 @@ from .udiff import FilePatch, Hunk
 __all__ = [
     "EXACT", "OFFSET", "APPLIED", "CONFLICT",
     "OK", "OK_OFFSET", "MISSING_FILE",
-    "UnsafePath", "HunkResult", "FileResult", "check_relpath", "plan_file", "plan", "commit",
+    "PACKAGE", "TMP_SUFFIX", "UnsafePath", "HunkResult", "FileResult", "check_relpath", "confine", "plan_file", "plan",
+    "safe_target",
 ]
 
 # Hunk outcomes.
 EXACT, OFFSET, APPLIED, CONFLICT = "exact", "offset", "applied", "conflict"
 # File statuses (a subset of the check vocabulary).
 OK, OK_OFFSET, MISSING_FILE = "ok", "ok-offset", "missing-file"
+PACKAGE = "vllm"  # the only top-level folder of site-packages a mod may change
+TMP_SUFFIX = ".sparkmods-tmp"  # names the runtime's temp files end with (fsops uses it)
 
 Line = Tuple[str, str]  # (content without end-of-line, end-of-line: "\n", "\r\n" or "")
 
@@ -99,13 +100,31 @@ class FileResult:
 
 
 def check_relpath(path: str) -> str:
-    """Refuse absolute paths, `..` segments and empty names in a patch or manifest path."""
+    """Refuse absolute paths, `..` segments, empty names and control characters in a path."""
+    if any(ord(c) < 32 or c == "\x7f" for c in path):
+        raise UnsafePath(f"refusing path with a control character (NUL?) {path!r}")
     if not path or path.startswith(("/", "\\")) or (len(path) > 1 and path[1] == ":"):
         raise UnsafePath(f"refusing absolute path {path!r}")
     parts = PurePosixPath(path.replace("\\", "/")).parts
     if any(p in ("..", "") for p in parts):
         raise UnsafePath(f"refusing path with '..' {path!r}")
     return "/".join(parts)
+
+
+def confine(path: str) -> str:
+    """A path a mod may write: inside the vLLM package, never a .pth file or one of our temps.
+
+    A .pth file in site-packages runs code at every interpreter start, and anything outside
+    vllm/ (another package, the .sparkmods state of other mods) is not the mod's to change.
+    """
+    rel = check_relpath(path)
+    parts = rel.split("/")
+    if parts[0] != PACKAGE or len(parts) < 2:
+        raise UnsafePath(f"refusing {rel!r}: a mod may change only files inside the {PACKAGE}/ package")
+    if rel.endswith(".pth") or parts[-1].endswith(TMP_SUFFIX):
+        raise UnsafePath(f"refusing {rel!r}: .pth files (run at interpreter start) and "
+                         f"*{TMP_SUFFIX} names (sparkmods' temp files) cannot be mod targets")
+    return rel
 
 
 def _split(data: bytes) -> List[Line]:
@@ -324,78 +343,3 @@ def safe_target(root: Path, rel: str) -> Path:
     if target != base and base not in target.parents:
         raise UnsafePath(f"refusing {rel!r}: it resolves outside {base} (symlink?)")
     return target
-
-
-def _drop_bytecode(target: Path) -> None:
-    """Remove cached bytecode of a rewritten module so Python cannot run a stale .pyc."""
-    if target.suffix != ".py":
-        return
-    cache = target.parent / "__pycache__"
-    if cache.is_dir():
-        for pyc in cache.glob(f"{target.stem}.*.pyc"):
-            try:
-                pyc.unlink()
-            except OSError:
-                pass
-
-
-def _write_temp(target: Path, data: bytes) -> Path:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".sparkmods-tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if target.exists():
-            os.chmod(tmp, target.stat().st_mode & 0o7777)
-        else:
-            os.chmod(tmp, 0o644)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return Path(tmp)
-
-
-def commit(changes: Dict[str, Optional[bytes]], root: Path) -> None:
-    """Write every change under root, all or nothing.
-
-    `changes` maps relative path -> new bytes (None deletes the file). Every new content is
-    first written to a temp file beside its target; only when all temps exist are they renamed
-    into place. If a rename fails, the files already replaced are put back from their
-    original bytes, so the tree is never left half-patched.
-    """
-    targets = {rel: safe_target(root, rel) for rel in changes}
-    originals: Dict[str, Optional[bytes]] = {
-        rel: (t.read_bytes() if t.exists() else None) for rel, t in targets.items()
-    }
-    temps: Dict[str, Path] = {}
-    try:
-        for rel, data in changes.items():
-            if data is not None:
-                temps[rel] = _write_temp(targets[rel], data)
-    except BaseException:
-        for tmp in temps.values():
-            tmp.unlink(missing_ok=True)
-        raise
-    done: List[str] = []
-    try:
-        for rel, data in changes.items():
-            target = targets[rel]
-            if data is None:
-                target.unlink()
-            else:
-                os.replace(temps[rel], target)
-                del temps[rel]
-            done.append(rel)
-            _drop_bytecode(target)
-    except BaseException:
-        for tmp in temps.values():
-            tmp.unlink(missing_ok=True)
-        for rel in done:
-            original = originals[rel]
-            if original is None:
-                targets[rel].unlink(missing_ok=True)
-            else:
-                os.replace(_write_temp(targets[rel], original), targets[rel])
-        raise

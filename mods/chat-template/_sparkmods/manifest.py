@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
-from .engine import UnsafePath, check_relpath
+from .engine import PACKAGE, UnsafePath, check_relpath, confine
 from .pep440 import InvalidRange, InvalidVersion, Range, Version
 
 __all__ = ["ManifestError", "Install", "Variant", "Upstream", "Manifest", "load_manifest", "MANIFEST_TOML", "MANIFEST_JSON"]
@@ -25,6 +25,7 @@ SCHEMA = 1
 _LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$")
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 _WORKSPACE = "workspace:"
+_SITE = "site:"
 
 
 class ManifestError(ValueError):
@@ -33,10 +34,12 @@ class ManifestError(ValueError):
 
 @dataclass(frozen=True)
 class Install:
-    """A file the mod installs: `src` inside the mod, `name` inside $WORKSPACE_DIR."""
+    """A file the mod installs: `src` inside the mod; `name` is a file name in $WORKSPACE_DIR
+    (site False) or a package path inside vllm/ (site True, journaled like a patched file)."""
 
     src: str
     name: str
+    site: bool = False
 
 
 @dataclass(frozen=True)
@@ -197,8 +200,13 @@ class _Validator:
         self.keys(table, key + ".", ["src", "dest"], [])
         src = self.relpath(table["src"], key + ".src")
         dest = self.string(table["dest"], key + ".dest")
+        if dest.startswith(_SITE):
+            try:
+                return Install(src, confine(dest[len(_SITE):]), site=True)
+            except UnsafePath as exc:
+                raise self.fail(key + ".dest", f"{exc} (site: destinations are package paths, {PACKAGE}/...)") from None
         if not dest.startswith(_WORKSPACE):
-            raise self.fail(key + ".dest", f"{dest!r} must start with {_WORKSPACE!r}")
+            raise self.fail(key + ".dest", f"{dest!r} must start with {_WORKSPACE!r} or {_SITE!r}")
         name = dest[len(_WORKSPACE):]
         if not name or "/" in name or "\\" in name or name in (".", ".."):
             raise self.fail(key + ".dest", f"{dest!r} must name one file in the workspace")
@@ -240,21 +248,35 @@ def load_manifest(mod_dir: Path) -> Manifest:
                 tomllib = None  # type: ignore[assignment]
         if tomllib is not None:
             try:
-                data = tomllib.loads(toml_path.read_text(encoding="utf-8"))
+                data = tomllib.loads(_text(toml_path))
             except tomllib.TOMLDecodeError as exc:
                 raise ManifestError(f"{toml_path}: (syntax): {exc}") from None
+            except RecursionError:
+                raise ManifestError(f"{toml_path}: (syntax): nested too deeply") from None
             manifest = Manifest.from_dict(data, str(toml_path))
             _check_name(manifest, mod_dir, toml_path)
             return manifest
     if not json_path.is_file():
         raise ManifestError(f"{mod_dir}: no {MANIFEST_TOML} or {MANIFEST_JSON}: not a mod folder")
     try:
-        data = json.loads(json_path.read_text(encoding="utf-8"))
+        data = json.loads(_text(json_path))
     except ValueError as exc:
         raise ManifestError(f"{json_path}: (syntax): {exc}") from None
+    except RecursionError:
+        raise ManifestError(f"{json_path}: (syntax): nested too deeply") from None
     manifest = Manifest.from_dict(data, str(json_path))
     _check_name(manifest, mod_dir, json_path)
     return manifest
+
+
+def _text(path: Path) -> str:
+    """A manifest's text; binary or unreadable content is a one-line ManifestError."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{path}: not UTF-8 text (byte {exc.start}): is it a binary file?") from None
+    except OSError as exc:
+        raise ManifestError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
 def _check_name(manifest: Manifest, mod_dir: Path, source: Path) -> None:

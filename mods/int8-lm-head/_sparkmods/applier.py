@@ -3,10 +3,15 @@
 Inside the container this is all that runs: stdlib only, Python >= 3.9. On the host the same
 functions back `sparkmods apply MOD --vllm dir:PATH`.
 
-Originals are kept recoverable: before the first byte of vLLM is replaced, the pristine
-files are saved under `<site-packages>/.sparkmods/<mod>/` with a state file recording what
-was written; `revert` puts them back (or, with no state, applies the reverse patch when the
-mod is fully applied).
+Every run takes the tree's lock (lock.py), then settles whatever an interrupted run left
+(journal.recover), then decides with modcheck and changes vLLM only through a journaled
+transaction (journal.transact): a killed, interrupted or failing run never leaves vLLM
+half-patched, and the pristine files, saved under `<site-packages>/.sparkmods/<mod>/orig/`,
+are kept until the tree is verified pristine again.
+
+Exit codes: 0 done (or nothing to do), 1 the mod cannot be applied or reverted here (nothing
+changed), 2 bad input (mod, paths, interpreter), 130 / 143 interrupted by SIGINT / SIGTERM
+(rolled back first).
 """
 
 from __future__ import annotations
@@ -15,21 +20,24 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import sys
-import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
-from .engine import APPLIED, CONFLICT, OK, OK_OFFSET, UnsafePath, commit, plan, safe_target
+from . import fsops
+from .engine import APPLIED, CONFLICT, OK, OK_OFFSET, UnsafePath, plan, safe_target
+from .interrupts import Interrupted, deferred, exit_code, handled
+from .journal import (JOURNAL_NAME, STATE_DIR, STATE_FILE, Entry, Journal, JournalError, applied_rel, orig_rel, recover,
+                      state_dir, sweep, temp_rel, transact)
 from .locate import LocateError, find_vllm, read_version
+from .lock import LockTimeout, ReadOnlyTree, tree_lock
 from .manifest import Manifest, ManifestError, Variant, load_manifest
-from .modcheck import GREEN, UPSTREAM, ModResult, check_mod, variant_patches
+from .modcheck import GREEN, UPSTREAM, ModResult, check_mod, install_results, mod_file, variant_patches
 from .udiff import reverse
 
-__all__ = ["main", "apply_mod", "revert_mod", "STATE_DIR"]
+__all__ = ["main", "run", "apply_mod", "revert_mod", "Printer", "STATE_DIR"]
 
-STATE_DIR = ".sparkmods"
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
@@ -48,19 +56,22 @@ def _sha256(data: Optional[bytes]) -> Optional[str]:
     return None if data is None else hashlib.sha256(data).hexdigest()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
-
-
 def _reader(site: Path):
     def read(rel: str) -> Optional[bytes]:
-        target = safe_target(site, rel)
-        return target.read_bytes() if target.is_file() else None
+        return fsops.read_regular(safe_target(site, rel))
     return read
+
+
+@contextmanager
+def _settled_tree(site: Path, say: Printer, dry_run: bool) -> Iterator[None]:
+    """Hold the tree's lock, with SIGINT/SIGTERM deferred, after settling an interrupted run.
+
+    A dry run on a read-only vLLM goes ahead unlocked unless a journal needs settling.
+    """
+    required = not dry_run or (site / STATE_DIR / JOURNAL_NAME).exists()
+    with tree_lock(site / STATE_DIR, say, required), deferred():
+        recover(site, say)
+        yield
 
 
 def _explain_failure(say: Printer, manifest: Manifest, result: ModResult) -> None:
@@ -84,42 +95,74 @@ def _explain_failure(say: Printer, manifest: Manifest, result: ModResult) -> Non
 
 def _install_files(say: Printer, mod_dir: Path, variant: Variant, workspace: Path, dry_run: bool) -> None:
     for item in variant.install:
-        src = safe_target(mod_dir, item.src)
-        data = src.read_bytes()
+        if item.site:
+            continue  # installed into vLLM with the patches, through the journal
+        data = mod_file(mod_dir, item.src, "install source")
         dest = workspace / item.name
-        if dest.is_file() and dest.read_bytes() == data:
+        if fsops.read_regular(dest) == data:
             say(f"{item.name} already installed in {workspace}")
             continue
         if dry_run:
             say(f"would install {item.name} into {workspace}")
             continue
-        _atomic_write(dest, data)
+        fsops.remove(fsops.temp_path(dest))  # left by a killed run
+        fsops.write_file(dest, data)
         say(f"installed {item.name} into {workspace}")
 
 
-def _save_state(state_dir: Path, manifest: Manifest, result: ModResult) -> None:
-    """Save pristine copies and the record of what we are about to write, atomically."""
-    parent = state_dir.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{manifest.name}.", dir=parent))
+def _load_state(site: Path, mod: str) -> Optional[dict]:
+    path = state_dir(site, mod) / STATE_FILE
+    if not path.is_file():
+        return None
     try:
-        files = {}
-        for f in result.files:
-            if not f.changes:
-                continue
-            if f.before is not None:
-                orig = staging / "orig" / f.path
-                orig.parent.mkdir(parents=True, exist_ok=True)
-                orig.write_bytes(f.before)
-            files[f.path] = {"before": _sha256(f.before), "after": _sha256(f.after)}
-        state = {"mod": manifest.name, "variant": result.variant, "vllm": result.version, "files": files}
-        (staging / "state.json").write_text(json.dumps(state, indent=1, sort_keys=True), encoding="utf-8")
-        if state_dir.exists():
-            shutil.rmtree(state_dir)
-        os.replace(staging, state_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        state = json.loads(path.read_text(encoding="utf-8"))
+        files = state["files"]
+        if not all(isinstance(k, str) and set(v) == {"before", "after"} for k, v in files.items()):
+            raise ValueError("bad files table")
+        return state
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise JournalError(f"{path}: unreadable saved state ({exc}); the originals are in "
+                           f"{state_dir(site, mod) / 'orig'}") from None
+
+
+def _drop_stale_state(site: Path, manifest: Manifest, say: Printer) -> None:
+    """Before applying to a tree the mod is not on, forget an earlier apply's leftover state.
+
+    Only when none of its files still holds what that apply wrote (vLLM was reinstalled or
+    reverted by other means); its originals are then copies of files no longer there.
+    """
+    folder = state_dir(site, manifest.name)
+    if not folder.exists():
+        return
+    state = _load_state(site, manifest.name)
+    if state is not None:
+        current = {rel: fsops.digest(safe_target(site, rel)) for rel in state["files"]}
+        kept = [rel for rel, sums in state["files"].items()
+                if sums["after"] is not None and current[rel] == sums["after"]]
+        if kept:
+            raise JournalError(f"{kept[0]} still holds what an earlier apply of {manifest.name} wrote, but the "
+                               f"rest of that apply is gone; run `./run.sh revert` first")
+        say("removed the saved state of an earlier apply that this vLLM no longer has")
+    fsops.remove_tree(folder)
+
+
+def _apply_journal(manifest: Manifest, result: ModResult, site: Path) -> "tuple[Journal, Dict[str, bytes]]":
+    entries, payload, files = [], {}, {}
+    for f in result.files:
+        if not f.changes:
+            continue
+        target = safe_target(site, f.path)
+        mode = target.stat().st_mode & 0o7777 if f.before is not None else 0o644
+        old = orig_rel(manifest.name, f.path) if f.before is not None else None
+        new = temp_rel(f.path) if f.after is not None else None
+        entries.append(Entry(f.path, _sha256(f.before), _sha256(f.after), new, old, mode))
+        if old is not None:
+            payload[old] = f.before  # type: ignore[assignment]
+        if new is not None:
+            payload[new] = f.after  # type: ignore[assignment]
+        files[f.path] = {"before": _sha256(f.before), "after": _sha256(f.after)}
+    state = {"mod": manifest.name, "variant": result.variant, "vllm": result.version, "files": files}
+    return Journal("apply", manifest.name, entries, state), payload
 
 
 def apply_mod(mod_dir: Path, site: Path, workspace: Path, dry_run: bool = False, say: Optional[Printer] = None) -> int:
@@ -127,82 +170,176 @@ def apply_mod(mod_dir: Path, site: Path, workspace: Path, dry_run: bool = False,
     manifest = load_manifest(mod_dir)
     say = say or Printer(manifest.name)
     version = read_version(site)
-    result = check_mod(manifest, mod_dir, version, _reader(site))
-    if result.status not in GREEN:
-        _explain_failure(say, manifest, result)
-        return EXIT_FAIL
-    if result.status == UPSTREAM:
-        say(f"not needed: {result.reason}")
-        return EXIT_OK
-    variant = next(v for v in manifest.variants if v.label == result.variant)
-    if result.status == APPLIED:
-        say(f"already applied (variant {variant.label}) to vLLM {version}")
-    elif dry_run:
-        for f in result.files:
-            say(f"would patch {f.path}: {f.status}")
-        say(f"dry run: variant {variant.label} applies cleanly to vLLM {version}; nothing written")
-    else:
-        _save_state(site / STATE_DIR / manifest.name, manifest, result)
-        try:
-            commit(result.changes(), site)
-        except BaseException:
-            shutil.rmtree(site / STATE_DIR / manifest.name, ignore_errors=True)
-            raise
-        for f in result.files:
-            if f.changes:
-                moved = [h for h in f.hunks if h.offset]
-                extra = f" ({len(moved)} hunk(s) at an offset)" if moved else ""
-                say(f"patched {f.path}{extra}")
-        say(f"applied variant {variant.label} to vLLM {version} in {site}")
-    _install_files(say, mod_dir, variant, workspace, dry_run)
+    check_mod(manifest, mod_dir, version, _reader(site))  # bad mod input: an error before any write
+    with _settled_tree(site, say, dry_run):
+        result = check_mod(manifest, mod_dir, version, _reader(site))
+        if result.status not in GREEN:
+            _explain_failure(say, manifest, result)
+            return EXIT_FAIL
+        if result.status == UPSTREAM:
+            say(f"not needed: {result.reason}")
+            return EXIT_OK
+        variant = next(v for v in manifest.variants if v.label == result.variant)
+        if not dry_run:
+            sweep(site, [f.path for f in result.files])
+        if result.status == APPLIED:
+            say(f"already applied (variant {variant.label}) to vLLM {version}")
+        elif dry_run:
+            for f in result.files:
+                say(f"would patch {f.path}: {f.status}")
+            say(f"dry run: variant {variant.label} applies cleanly to vLLM {version}; nothing written")
+        elif result.changes():
+            _drop_stale_state(site, manifest, say)
+            transact(site, *_apply_journal(manifest, result, site))
+            for f in result.files:
+                if f.changes:
+                    moved = [h for h in f.hunks if h.offset]
+                    extra = f" ({len(moved)} hunk(s) at an offset)" if moved else ""
+                    say(f"{'installed' if f.path in _site_installs(variant) else 'patched'} {f.path}{extra}")
+            say(f"applied variant {variant.label} to vLLM {version} in {site}")
+        else:
+            say(f"variant {variant.label} changes no vLLM file (vLLM {version})")
+        _install_files(say, mod_dir, variant, workspace, dry_run)
     if variant.notes:
         say(variant.notes)
     return EXIT_OK
+
+
+def _site_installs(variant: Variant) -> List[str]:
+    return [item.name for item in variant.install if item.site]
+
+
+def _revert_from_state(site: Path, manifest: Manifest, mod_dir: Path, state: dict, say: Printer
+                       ) -> "Optional[tuple[Journal, Dict[str, bytes]]]":
+    """The revert journal from the saved originals; None when the tree is already pristine."""
+    name = manifest.name
+    current = {rel: fsops.read_regular(safe_target(site, rel)) for rel in sorted(state["files"])}
+    sums = state["files"]
+    if all(_sha256(current[rel]) == s["before"] for rel, s in sums.items()):
+        return None
+    if not all(_sha256(current[rel]) == s["after"] for rel, s in sums.items()):
+        if _forward_status(manifest, mod_dir, site) in (OK, OK_OFFSET):
+            return None  # the mod is not on this vLLM (reinstalled): the state is stale
+        bad = next(rel for rel, s in sums.items() if _sha256(current[rel]) != s["after"])
+        raise JournalError(f"{bad} changed since the mod was applied; not reverting anything "
+                           f"(originals are kept in {state_dir(site, name) / 'orig'})")
+    entries, payload = [], {}
+    for rel, s in sums.items():
+        new = orig_rel(name, rel) if s["before"] is not None else None
+        if new is not None and fsops.digest(site / new) != s["before"]:
+            raise JournalError(f"{site / new}: the saved original of {rel} is missing or corrupt; reinstall vLLM")
+        old = applied_rel(name, rel) if s["after"] is not None else None
+        if old is not None:
+            payload[old] = current[rel]  # type: ignore[assignment]
+        mode = safe_target(site, rel).stat().st_mode & 0o7777 if current[rel] is not None else 0o644
+        entries.append(Entry(rel, s["after"], s["before"], new, old, mode))
+    return Journal("revert", name, entries), payload
+
+
+def _forward_status(manifest: Manifest, mod_dir: Path, site: Path) -> str:
+    return check_mod(manifest, mod_dir, read_version(site), _reader(site)).status
+
+
+def _revert_by_reverse_patch(site: Path, manifest: Manifest, mod_dir: Path, say: Printer
+                             ) -> "Optional[tuple[Journal, Dict[str, bytes]]]":
+    """No saved originals: undo an applied mod with its reverse patch; None if not applied."""
+    read = _reader(site)
+    version = read_version(site)
+    chosen = manifest.select(version)
+    if not isinstance(chosen, Variant):
+        say(f"nothing to revert: no variant of this mod for vLLM {version}")
+        return None
+    forward = check_mod(manifest, mod_dir, version, read)
+    if forward.status != APPLIED:
+        if forward.status not in (OK, OK_OFFSET):
+            raise JournalError(f"the mod is neither applied nor cleanly applicable to vLLM {version} "
+                               f"({forward.status}: {forward.reason}); nothing reverted")
+        say(f"nothing to revert: the mod is not applied to vLLM {version} ({forward.status})")
+        return None
+    files = plan([reverse(fp) for fp in variant_patches(mod_dir, chosen)], read)
+    if any(f.status not in (OK, OK_OFFSET) for f in files):
+        raise JournalError("no saved originals and the reverse patch does not apply cleanly; reinstall vLLM")
+    changes: Dict[str, Optional[bytes]] = {f.path: f.after for f in files}
+    changes.update({rel: None for rel in _site_installs(chosen)})
+    entries, payload = [], {}
+    for rel, after in sorted(changes.items()):
+        before = read(rel)
+        new = temp_rel(rel) if after is not None else None
+        old = applied_rel(manifest.name, rel)
+        payload[old] = before  # type: ignore[assignment]
+        if new is not None:
+            payload[new] = after
+        mode = safe_target(site, rel).stat().st_mode & 0o7777
+        entries.append(Entry(rel, _sha256(before), _sha256(after), new, old, mode))
+    return Journal("revert", manifest.name, entries), payload
 
 
 def revert_mod(mod_dir: Path, site: Path, dry_run: bool = False, say: Optional[Printer] = None) -> int:
     """Restore the pristine files of a mod applied to site."""
     manifest = load_manifest(mod_dir)
     say = say or Printer(manifest.name)
-    state_dir = site / STATE_DIR / manifest.name
-    state_file = state_dir / "state.json"
-    read = _reader(site)
-    if state_file.is_file():
-        state = json.loads(state_file.read_text(encoding="utf-8"))
-        changes: Dict[str, Optional[bytes]] = {}
-        for rel, sums in sorted(state["files"].items()):
-            current = read(rel)
-            if _sha256(current) != sums["after"]:
-                say(f"ERROR: {rel} changed since the mod was applied; not reverting anything "
-                    f"(originals are kept in {state_dir / 'orig'})")
-                return EXIT_FAIL
-            orig = safe_target(state_dir / "orig", rel)
-            changes[rel] = orig.read_bytes() if sums["before"] is not None else None
-    else:
-        version = read_version(site)
-        chosen = manifest.select(version)
-        if not isinstance(chosen, Variant):
-            say(f"nothing to revert: no variant of this mod for vLLM {version}")
+    chosen = manifest.select(read_version(site))
+    if isinstance(chosen, Variant):  # bad mod input: an error before any write
+        variant_patches(mod_dir, chosen)
+        install_results(mod_dir, chosen, _reader(site))
+    with _settled_tree(site, say, dry_run):
+        state = _load_state(site, manifest.name)
+        if state is not None:
+            todo = _revert_from_state(site, manifest, mod_dir, state, say)
+            if todo is None:
+                if not dry_run:
+                    fsops.remove_tree(state_dir(site, manifest.name))
+                say("nothing to revert: vLLM is pristine; " + ("would remove" if dry_run else "removed")
+                    + " the stale saved state")
+                return EXIT_OK
+        else:
+            if not dry_run and state_dir(site, manifest.name).exists():
+                fsops.remove_tree(state_dir(site, manifest.name))  # leftovers without a state file
+            todo = _revert_by_reverse_patch(site, manifest, mod_dir, say)
+            if todo is None:
+                return EXIT_OK
+        journal, payload = todo
+        if dry_run:
+            for e in journal.entries:
+                say(f"would restore {e.path}")
             return EXIT_OK
-        forward = check_mod(manifest, mod_dir, version, read)
-        if forward.status != APPLIED:
-            say(f"nothing to revert: the mod is not applied to vLLM {version} ({forward.status})")
-            return EXIT_OK if forward.status in (OK, OK_OFFSET) else EXIT_FAIL
-        files = plan([reverse(fp) for fp in variant_patches(mod_dir, chosen)], read)
-        if any(f.status not in (OK, OK_OFFSET) for f in files):
-            say("ERROR: no saved originals and the reverse patch does not apply cleanly; reinstall vLLM")
-            return EXIT_FAIL
-        changes = {f.path: f.after for f in files}
-    if dry_run:
-        for rel in changes:
-            say(f"would restore {rel}")
-        return EXIT_OK
-    commit(changes, site)
-    shutil.rmtree(state_dir, ignore_errors=True)
-    for rel in changes:
-        say(f"restored {rel}")
+        sweep(site, [e.path for e in journal.entries])
+        transact(site, journal, payload)
+    for e in journal.entries:
+        say(f"restored {e.path}")
     say("reverted")
     return EXIT_OK
+
+
+def run(action: str, mod_dir: Path, site: Optional[Path], workspace: Path, dry_run: bool, say: Printer) -> int:
+    """One run.sh action with every failure turned into one line and an exit code."""
+    try:
+        with handled():
+            site = site or find_vllm().site
+            if action == "revert":
+                return revert_mod(mod_dir, site, dry_run, say)
+            return apply_mod(mod_dir, site, workspace, dry_run or action == "check", say)
+    except (LocateError, ManifestError, UnsafePath, ValueError) as exc:
+        say(f"ERROR: {exc}")
+        return EXIT_USAGE
+    except (JournalError, LockTimeout) as exc:
+        say(f"ERROR: {exc}")
+        return EXIT_FAIL
+    except ReadOnlyTree as exc:
+        say(f"ERROR: cannot write to this vLLM ({exc}); nothing was changed")
+        return EXIT_FAIL
+    except OSError as exc:
+        say(f"ERROR: {exc.filename or 'a file'}: {exc.strerror or exc}; rolled back, nothing was changed")
+        return EXIT_FAIL
+    except Interrupted as exc:
+        if not exc.during_change:
+            what = "outside a change to vLLM's files: nothing is half-done (the lines above say what was done)"
+        elif exc.completed:
+            what = "it came after the last step, so the change was completed"
+        else:
+            what = "rolled back, vLLM is as it was before this run"
+        say(f"interrupted by {exc}: {what}")
+        return exit_code(exc.signum)
 
 
 def main(argv: Optional[Sequence[str]] = None, mod_dir: Optional[Path] = None) -> int:
@@ -213,17 +350,7 @@ def main(argv: Optional[Sequence[str]] = None, mod_dir: Optional[Path] = None) -
     parser.add_argument("--workspace", help="where installed files go (default: $WORKSPACE_DIR, then the cwd)")
     args = parser.parse_args(argv)
     mod_dir = mod_dir or Path(__file__).resolve().parent.parent
-    name = mod_dir.name
-    say = Printer(name)
-    try:
-        site = Path(args.site).resolve() if args.site else find_vllm().site
-        if args.action == "revert":
-            return revert_mod(mod_dir, site, args.dry_run, say)
-        workspace = Path(args.workspace or os.environ.get("WORKSPACE_DIR") or os.getcwd())
-        return apply_mod(mod_dir, site, workspace, args.dry_run or args.action == "check", say)
-    except (LocateError, ManifestError, UnsafePath) as exc:
-        say(f"ERROR: {exc}")
-        return EXIT_USAGE
-    except OSError as exc:
-        say(f"ERROR: {exc.filename or ''}: {exc.strerror or exc}; nothing was changed")
-        return EXIT_FAIL
+    fsops.arm_from_env()
+    workspace = Path(args.workspace or os.environ.get("WORKSPACE_DIR") or os.getcwd())
+    return run(args.action, mod_dir, Path(args.site).resolve() if args.site else None, workspace, args.dry_run,
+               Printer(mod_dir.name))

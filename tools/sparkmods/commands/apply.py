@@ -1,4 +1,7 @@
-"""`sparkmods apply MOD --vllm dir:PATH [--dry-run] [--revert]`: run.sh's code, on the host."""
+"""`sparkmods apply MOD --vllm dir:PATH [--dry-run] [--revert]`: run.sh's code, on the host.
+
+Exit codes are run.sh's: 0 done, 1 cannot apply or revert here, 2 bad input, 130/143 interrupted.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,9 @@ from pathlib import Path
 
 from sparkmods.errors import SparkmodsError
 from sparkmods.modsdir import resolve_mods
-from sparkmods.runtime.applier import Printer, apply_mod, revert_mod
+from sparkmods.runtime import fsops
+from sparkmods.runtime.applier import Printer
+from sparkmods.runtime.applier import run as run_action
 from sparkmods.runtime.locate import LocateError, find_vllm
 
 
@@ -33,8 +38,8 @@ def run(args: argparse.Namespace) -> int:
         site = find_vllm(args.vllm[4:]).site
     except LocateError as exc:
         raise SparkmodsError(str(exc)) from None
-    say = Printer(mod_dir.name)
-    if args.revert:
-        return revert_mod(mod_dir, site, args.dry_run, say)
     workspace = Path(args.workspace or os.environ.get("WORKSPACE_DIR") or os.getcwd())
-    return apply_mod(mod_dir, site, workspace, args.dry_run, say)
+    fsops.arm_from_env()
+    # run.sh's own entry point: same lock, journal recovery, signal handling, messages and exit codes
+    return run_action("revert" if args.revert else "apply", mod_dir, site, workspace, args.dry_run,
+                      Printer(mod_dir.name))

@@ -6,16 +6,19 @@ installed site-packages. Same code, same answer: a green matrix cell means run.s
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from .engine import APPLIED, CONFLICT, MISSING_FILE, OK, OK_OFFSET, FileResult, plan
-from .manifest import Manifest, ManifestError, Upstream, Variant
+from .engine import APPLIED, CONFLICT, EXACT, MISSING_FILE, OK, OK_OFFSET, FileResult, HunkResult, UnsafePath, confine, plan
+from .manifest import Install, Manifest, ManifestError, Upstream, Variant
 from .pep440 import InvalidVersion, Version
 from .udiff import FilePatch, PatchParseError, parse_patch
 
-__all__ = ["UPSTREAM", "NO_VARIANT", "DRIFT", "GREEN", "STATUSES", "ModResult", "aggregate", "check_mod", "variant_patches"]
+__all__ = ["UPSTREAM", "NO_VARIANT", "DRIFT", "GREEN", "STATUSES", "ModResult", "aggregate", "check_mod", "variant_patches",
+           "mod_file", "install_results"]
 
 UPSTREAM, NO_VARIANT = "upstream", "no-variant"
 # Set only on the host (sparkmods check): the patch applies, but the patched code would not
@@ -52,19 +55,45 @@ class ModResult:
         return out
 
 
+def mod_file(mod_dir: Path, rel: str, what: str) -> bytes:
+    """The bytes of a regular file inside the mod; anything else is a one-line ManifestError.
+
+    Checked with stat before opening: a FIFO is never opened (reading one blocks forever), and
+    a symlink may not lead out of the mod folder.
+    """
+    path = mod_dir / rel
+    base = mod_dir.resolve()
+    try:
+        real = path.resolve()
+        if real != base and base not in real.parents:
+            raise ManifestError(f"{path}: {what} leads outside the mod folder (to {real}); refusing to read it")
+        if not stat.S_ISREG(os.stat(real).st_mode):
+            raise ManifestError(f"{path}: {what} is not a regular file")
+        return real.read_bytes()
+    except OSError as exc:
+        raise ManifestError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+    except RuntimeError as exc:  # a symlink loop
+        raise ManifestError(f"{path}: cannot read {what}: {exc}") from None
+
+
 def variant_patches(mod_dir: Path, variant: Variant) -> List[FilePatch]:
-    """Parse every patch file of a variant; a bad patch is a ManifestError naming the file."""
+    """Parse every patch file of a variant; a bad patch is a ManifestError naming the file.
+
+    Patches must be UTF-8 text inside the mod, and may change only files inside vllm/.
+    """
     patches: List[FilePatch] = []
     seen: Dict[str, str] = {}
     for rel in variant.patches:
         path = mod_dir / rel
         try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ManifestError(f"{path}: cannot read patch of variant {variant.label!r}: {exc.strerror}") from None
+            text = mod_file(mod_dir, rel, f"patch of variant {variant.label!r}").decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ManifestError(f"{path}: not UTF-8 text (byte {exc.start}): a binary file is not a patch") from None
         try:
             parsed = parse_patch(text)
-        except PatchParseError as exc:
+            for fp in parsed:
+                confine(fp.path)
+        except (PatchParseError, UnsafePath) as exc:
             raise ManifestError(f"{path}: {exc}") from None
         for fp in parsed:
             if fp.path in seen:
@@ -72,6 +101,25 @@ def variant_patches(mod_dir: Path, variant: Variant) -> List[FilePatch]:
             seen[fp.path] = rel
         patches.extend(parsed)
     return patches
+
+
+def install_results(mod_dir: Path, variant: Variant, read: Reader) -> List[FileResult]:
+    """Check every install source; plan the `site:` installs like new-file patches."""
+    out = []
+    for item in variant.install:
+        data = mod_file(mod_dir, item.src, f"install source of variant {variant.label!r}")
+        if item.site:
+            out.append(_site_install(item, data, read(item.name)))
+    return out
+
+
+def _site_install(item: Install, data: bytes, current: Optional[bytes]) -> FileResult:
+    if current is None:
+        return FileResult(item.name, OK, [HunkResult(1, EXACT, 0, 1)], before=None, after=data)
+    if current == data:
+        return FileResult(item.name, APPLIED, [HunkResult(1, APPLIED, 0, 1)], before=current)
+    return FileResult(item.name, CONFLICT, [HunkResult(1, CONFLICT, 0, reason="file already exists with other content")],
+                      reason=f"installing {item.src}: the file already exists with other content", before=current)
 
 
 def aggregate(files: List[FileResult]) -> "tuple[str, str]":
@@ -114,6 +162,11 @@ def check_mod(manifest: Manifest, mod_dir: Path, version: str, read: Reader) -> 
     if chosen is None:
         return ModResult(manifest.name, version, NO_VARIANT, None,
                          f"no variant covers vLLM {Version(version).public}; variants: {manifest.describe_variants()}")
-    files = plan(variant_patches(mod_dir, chosen), read)
+    patches = variant_patches(mod_dir, chosen)
+    installs = install_results(mod_dir, chosen, read)
+    twice = {fp.path for fp in patches} & {f.path for f in installs}
+    if twice:
+        raise ManifestError(f"{manifest.source}: variant {chosen.label!r} both patches and installs {sorted(twice)[0]}")
+    files = plan(patches, read) + installs
     status, reason = aggregate(files)
     return ModResult(manifest.name, version, status, chosen.label, reason, files)

@@ -1,0 +1,95 @@
+"""One lock per vLLM tree, so overlapping run.sh / `sparkmods apply` runs take turns.
+
+Without it a revert and an apply started together both succeed and the tree ends unpatched
+although the apply said "already applied". The lock is an flock on
+`<site-packages>/.sparkmods/.lock`: the kernel drops it when its holder dies, so a killed run
+never leaves it held. A waiting run says so once and gives up after a bounded time.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from . import fsops
+
+__all__ = ["LOCK_NAME", "LOCK_TIMEOUT", "DEFAULT_TIMEOUT_S", "LockTimeout", "ReadOnlyTree", "tree_lock", "timeout_s"]
+
+LOCK_NAME = ".lock"
+LOCK_TIMEOUT = "SPARKMODS_LOCK_TIMEOUT"
+DEFAULT_TIMEOUT_S = 120.0
+_READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+class LockTimeout(RuntimeError):
+    """Another run held the tree's lock for longer than we wait."""
+
+
+class ReadOnlyTree(RuntimeError):
+    """The state folder cannot be created or written (a read-only vLLM)."""
+
+
+def timeout_s() -> float:
+    """$SPARKMODS_LOCK_TIMEOUT seconds (default 120); an unreadable value is an input error."""
+    raw = os.environ.get(LOCK_TIMEOUT, "")
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValueError(f"{LOCK_TIMEOUT}={raw!r}: give the seconds to wait for another run, e.g. 120")
+    return value
+
+
+@contextmanager
+def tree_lock(state_root: Path, say: Callable[[str], None], required: bool = True) -> Iterator[None]:
+    """Hold the tree's lock for the body; waits up to timeout_s() for another holder.
+
+    On a read-only tree the lock cannot be created: ReadOnlyTree, or, when not `required`
+    (a dry run, which nobody else can disturb there either), the body runs unlocked.
+    """
+    path = state_root / LOCK_NAME
+    try:
+        fsops.make_dirs(state_root)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as exc:
+        if exc.errno not in _READ_ONLY:
+            raise
+        if required:
+            raise ReadOnlyTree(f"{exc.filename or path}: {exc.strerror}") from None
+        yield
+        return
+    try:
+        _acquire(fd, path, timeout_s(), say)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock
+
+
+def _acquire(fd: int, path: Path, limit: float, say: Callable[[str], None]) -> None:
+    deadline = time.monotonic() + limit
+    delay = 0.02
+    told = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise
+        if time.monotonic() >= deadline:
+            raise LockTimeout(
+                f"another sparkmods run has held {path} for over {limit:g} s; nothing was changed "
+                f"(wait for it, or raise {LOCK_TIMEOUT})")
+        if not told:
+            say(f"waiting for another sparkmods run on this vLLM (lock {path}, up to {limit:g} s)")
+            told = True
+        time.sleep(delay)
+        delay = min(delay * 2, 0.25)

@@ -1,0 +1,197 @@
+"""Kill apply and revert at every disk step, for every mod: the next run always repairs the tree.
+
+The runtime counts its disk steps (fsops.step); SPARKMODS_FAULT_AFTER=N (here fsops.arm, in a
+forked child) stops it before step N+1 with os._exit(137), exactly what SIGKILL leaves, or
+with SIGINT / SIGTERM sent to itself. For every N until the run completes:
+  KILL       the next run of the same action ends at its goal (applied, or byte-identical to
+             pristine), says once that it settled an interrupted run, leaves no temp, journal
+             or debris; then the opposite action works too (the saved originals are right);
+  INT, TERM  the interrupted run itself leaves the tree consistent (as before, or done), exits
+             130 / 143, and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Dict, Iterator, List, Tuple
+
+import pytest
+
+import realtree
+from sparkmods.runtime import applier, fsops
+from sparkmods.runtime.journal import JOURNAL_NAME, STATE_DIR, Entry, Journal, transact
+from sparkmods.runtime.manifest import load_manifest
+
+MODS = realtree.repo_mods()
+MAX_STEPS = 400  # far above any mod's step count: a run that never completes is a failure
+
+
+def run_quietly(action: str, mod: Path, site: Path, workspace: Path) -> Tuple[int, str]:
+    out = io.StringIO()
+    rc = applier.run(action, mod, site, workspace, False, applier.Printer(mod.name, out))
+    return rc, out.getvalue()
+
+
+def forked_run(action: str, mod: Path, site: Path, workspace: Path, limit: int, kind: str) -> Tuple[int, str]:
+    """The action in a child process armed to fault after `limit` steps: (exit status, output)."""
+    log = site.parent / "child.log"
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 99
+        try:
+            fsops.arm(limit, kind)
+            with open(log, "w") as sink:
+                code = applier.run(action, mod, site, workspace, False, applier.Printer(mod.name, sink))
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), log.read_text() if log.exists() else ""
+
+
+class Trees:
+    """Per mod: a pristine and an applied tree to copy, their snapshots, a scratch folder."""
+
+    def __init__(self, base: Path, mod: Path, site_factory) -> None:
+        self.mod = mod
+        self.base = base
+        self.pristine = site_factory(base / "pristine", [mod])
+        self.applied = realtree.copy_tree(self.pristine, base / "applied")
+        (base / "ws-pristine").mkdir()
+        realtree.copy_tree(base / "ws-pristine", base / "ws-applied")
+        rc, out = run_quietly("apply", mod, self.applied, base / "ws-applied")
+        assert rc == 0, out
+        self.snap = {"pristine": realtree.snapshot(self.pristine), "applied": realtree.snapshot(self.applied)}
+        assert mod.name == "chat-template" or self.snap["pristine"] != self.snap["applied"]
+
+    def fresh(self, start: str) -> Tuple[Path, Path]:
+        """Copies of the start tree and workspace at base/work and base/ws."""
+        site = realtree.copy_tree(self.pristine if start == "pristine" else self.applied, self.base / "work")
+        return site, realtree.copy_tree(self.base / f"ws-{start}", self.base / "ws")
+
+    def assert_at(self, site: Path, workspace: Path, state: str) -> None:
+        assert realtree.snapshot(site) == self.snap[state], f"tree is not {state}"
+        assert realtree.strays(site, [self.mod.name] if state == "applied" else []) == []
+        assert not list(workspace.glob(f".*{fsops.TMP_SUFFIX}"))
+
+
+GOAL = {"apply": "applied", "revert": "pristine"}
+START = {"apply": "pristine", "revert": "applied"}
+OPPOSITE = {"apply": "revert", "revert": "apply"}
+
+
+def kill_every_step(trees: Trees, action: str, kind: str) -> Iterator[Tuple[int, str]]:
+    """Yield the child's (exit status, output) for N = 0, 1, ... until the action completes."""
+    for limit in range(MAX_STEPS):
+        site, workspace = trees.fresh(START[action])
+        status, out = forked_run(action, trees.mod, site, workspace, limit, kind)
+        yield status, out
+        if status == 0:
+            return
+    pytest.fail(f"{trees.mod.name} {action} still faulting after {MAX_STEPS} steps")
+
+
+@pytest.fixture(scope="module", params=[m.name for m in MODS])
+def trees(request, tmp_path_factory) -> Iterator[Trees]:
+    """Trees on tmpfs when there is one: hundreds of runs, and fsync costs nothing there."""
+    mod = next(m for m in MODS if m.name == request.param)
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        base = Path(tempfile.mkdtemp(prefix=f"sparkmods-{mod.name}-", dir=shm))
+        yield Trees(base, mod, realtree.synthesized_site)
+        shutil.rmtree(base, ignore_errors=True)
+    else:
+        yield Trees(tmp_path_factory.mktemp(mod.name), mod, realtree.synthesized_site)
+
+
+@pytest.mark.parametrize("action", ["apply", "revert"])
+def test_sigkill_at_every_step_is_repaired_by_the_next_run(trees: Trees, action: str) -> None:
+    assert_kills_repaired(trees, action)
+
+
+def assert_kills_repaired(trees: Trees, action: str) -> None:
+    statuses = []
+    for status, _ in kill_every_step(trees, action, "KILL"):
+        statuses.append(status)
+        site, workspace = trees.base / "work", trees.base / "ws"
+        if status == 0:
+            trees.assert_at(site, workspace, GOAL[action])
+            continue
+        assert status == 137, status
+        interrupted = (site / STATE_DIR / JOURNAL_NAME).exists()
+        rc, out = run_quietly(action, trees.mod, site, workspace)
+        assert rc == 0, out
+        assert out.count("found an interrupted") == (1 if interrupted else 0), out
+        trees.assert_at(site, workspace, GOAL[action])
+        rc, out = run_quietly(OPPOSITE[action], trees.mod, site, workspace)
+        assert rc == 0, out
+        trees.assert_at(site, workspace, START[action])
+    changes_vllm = trees.snap["pristine"] != trees.snap["applied"]
+    assert len(statuses) > (10 if changes_vllm else 0), statuses  # it did stop inside the transaction
+
+
+@pytest.mark.parametrize("kind,code", [("INT", 130), ("TERM", 143)])
+@pytest.mark.parametrize("action", ["apply", "revert"])
+@pytest.mark.parametrize("trees", ["mtp-weights", "hybrid-int4-fp8"], indirect=True)  # SIGKILL: every mod
+def test_sigint_and_sigterm_roll_back_at_once(trees: Trees, action: str, kind: str, code: int) -> None:
+    seen = set()
+    for status, out in kill_every_step(trees, action, kind):
+        seen.add(status)
+        site = trees.base / "work"
+        assert status in (0, code), (status, out)
+        snap = realtree.snapshot(site)
+        state = next((s for s, v in trees.snap.items() if v == snap), None)
+        assert state is not None, "interrupted run left the tree half-changed"
+        if status == code:  # one line says which: rolled back, finished, or nothing was under way
+            assert out.count(f"interrupted by SIG{kind}") == 1, out
+            if "rolled back" in out:
+                assert state == START[action], out
+            elif "completed" in out:
+                assert state == GOAL[action], out
+            else:
+                assert "outside a change" in out, out
+        assert realtree.strays(site, [trees.mod.name] if state == "applied" else []) == []
+    assert code in seen
+
+
+def test_failure_mid_rename_rolls_back_and_names_the_file(tmp_path: Path, monkeypatch) -> None:
+    """A rename that fails (full disk, EIO) after others succeeded: all put back, the file named."""
+    site = realtree.write_site(tmp_path, "0.33.0", {"vllm/a.py": b"A\n", "vllm/b.py": b"B\n"})
+    real_replace = os.replace
+
+    def failing(src, dst):
+        if str(dst).endswith("vllm/b.py"):
+            raise OSError(28, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(fsops.os, "replace", failing)
+    entries = [Entry(f"vllm/{n}.py", *_sums(n), f"vllm/.{n}.py{fsops.TMP_SUFFIX}", f"{STATE_DIR}/m/orig/vllm/{n}.py")
+               for n in ("a", "b")]
+    payload: Dict[str, bytes] = {}
+    for n, e in zip("ab", entries):
+        payload[e.old] = n.upper().encode() + b"\n"
+        payload[e.new] = n.upper().encode() + b"2\n"
+    with pytest.raises(OSError) as err:
+        transact(site, Journal("apply", "m", entries, {"files": {}}), payload)
+    assert err.value.filename.endswith("vllm/b.py") and "No space" in err.value.strerror
+    assert (site / "vllm/a.py").read_bytes() == b"A\n" and (site / "vllm/b.py").read_bytes() == b"B\n"
+    assert realtree.strays(site, []) == []
+
+
+def _sums(name: str) -> List[str]:
+    import hashlib
+    return [hashlib.sha256(name.upper().encode() + s).hexdigest() for s in (b"\n", b"2\n")]
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("action", ["apply", "revert"])
+@pytest.mark.parametrize("mod_name", [m.name for m in MODS])
+def test_sigkill_on_a_real_release(tmp_path: Path, mod_name: str, action: str) -> None:
+    """The same on the real files of the newest release each mod was verified on."""
+    mod = next(m for m in MODS if m.name == mod_name)
+    version = realtree.newest_verified(load_manifest(mod))
+    trees = Trees(tmp_path, mod, lambda root, mods: realtree.release_site(root, mods, version))
+    assert_kills_repaired(trees, action)
