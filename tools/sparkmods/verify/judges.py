@@ -89,7 +89,7 @@ def _lines_judge(ctx: Context, mod: str, active: str, why_missing: str) -> Verdi
         return Verdict(mod, NOT_IN_EFFECT, said[-1])
     if ctx.requested(mod):
         return Verdict(mod, NOT_IN_EFFECT, why_missing)
-    return Verdict(mod, NOT_REQUESTED, f"no `sparkmods {mod}:` or `[{mod}]` line in {ctx.ev.log.source}")
+    return Verdict(mod, NOT_REQUESTED, f"no `sparkmods {mod}:` or `[{mod}]` line in the log")
 
 
 def hybrid(ctx: Context) -> Verdict:
