@@ -3,8 +3,9 @@
 vLLM hands the template to transformers' `apply_chat_template`, which compiles it in an
 ImmutableSandboxedEnvironment(trim_blocks, lstrip_blocks, loopcontrols) with its own `tojson`
 (json.dumps, ensure_ascii=False, key order kept) and a `raise_exception` global
-(transformers/utils/chat_template_utils.py, `_compile_jinja_template`). `hf_environment` builds the
-same; test_chat_template_vllm.py checks it against the real transformers inside vLLM's venvs.
+(transformers/utils/chat_template_utils.py, `_compile_jinja_template`). `hf_environment`
+(sparkmods.verify.template, which `sparkmods verify` renders with) builds the same;
+test_chat_template_vllm.py checks it against the real transformers inside vLLM's venvs.
 
 `CASES` are whole conversations. For each one the text the model writes is derived from the template
 itself: the rendered history with the assistant turn, minus the generation prompt, minus the closing
@@ -18,12 +19,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import jinja2
-import jinja2.ext
 import pytest
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from sparkmods.runtime.manifest import Install, load_manifest
 from sparkmods.runtime.pep440 import Version
+from sparkmods.verify.template import hf_environment
 
 MOD_DIR = Path(__file__).resolve().parent.parent / "mods" / "chat-template"
 TEMPLATE_NAME = "qwen3.5-sparkmods.jinja"
@@ -33,23 +33,6 @@ GEN_THINK = "<|im_start|>assistant\n<think>\n"
 GEN_NO_THINK = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 
 Message = Dict[str, Any]
-
-
-def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _raise_exception(message: str) -> None:
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def hf_environment() -> ImmutableSandboxedEnvironment:
-    """The Jinja environment transformers' apply_chat_template compiles chat templates in."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    return env
 
 
 _TEMPLATE = hf_environment().from_string(TEMPLATE_PATH.read_text(encoding="utf-8"))

@@ -145,6 +145,8 @@ def mtp(ctx: Context) -> Verdict:
         seen = counts.draft_tokens if counts else 0
         traffic = (f"not enough traffic to judge acceptance ({seen} draft tokens, {MIN_DRAFT_TOKENS} needed): "
                    "send a few requests")
+        if ctx.ev.probes_sent:
+            traffic += f" (verify sent {ctx.ev.probes_sent} itself)"
         if ctx.ev.probe_problem:
             traffic += f" (probe failed: {ctx.ev.probe_problem})"
         if loaded:
