@@ -10,7 +10,8 @@ removes every container it started; a re-run first removes what an earlier run l
 Environment and secrets reach the containers through `docker run --env-file /dev/stdin`, so
 values are never split, never on a command line, and never written into the script.
 
-Node access: the script runs on the head; other nodes are reached with `ssh` (SPARKMODS_SSH).
+Node access: the script runs on the head; other nodes are reached with `ssh` (SPARKMODS_SSH),
+whose remote command is quoted for any POSIX login shell there (dash included), not bash only.
 For tests without real machines, SPARKMODS_DOCKER_NETWORK=NET makes every node a container on
 the local Docker network NET whose address is the node's IP (no ssh): a stand-in, not production.
 """
@@ -54,6 +55,15 @@ is_local() {
     return 1
 }
 
+# posix_words WORD...: one string that any POSIX shell (dash as well as bash) reads back as
+# exactly these words: each in single quotes, an embedded ' written '\''. The login shell
+# on the far side of ssh may be dash, and printf %q output ($'\n' for a newline) is bash-only.
+posix_words() {
+    local word quoted='' sq="'" esc="'\\''"
+    for word in "$@"; do quoted+="'${word//$sq/$esc}' "; done
+    printf '%s' "$quoted"
+}
+
 # on_node IP CMD [ARG...]: run CMD on the node's host, through ssh unless the node is local.
 on_node() {
     local ip=$1
@@ -61,7 +71,7 @@ on_node() {
     if is_local "$ip"; then
         "$@"
     else
-        "${ssh_cmd[@]}" -- "$ip" "$(printf '%q ' "$@")"
+        "${ssh_cmd[@]}" -- "$ip" "$(posix_words "$@")"
     fi
 }
 
