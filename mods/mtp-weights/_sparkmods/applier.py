@@ -209,22 +209,29 @@ def _site_installs(variant: Variant) -> List[str]:
     return [item.name for item in variant.install if item.site]
 
 
-def _revert_from_state(site: Path, manifest: Manifest, mod_dir: Path, state: dict, say: Printer
+def _revert_from_state(site: Path, manifest: Manifest, mod_dir: Path, state: dict
                        ) -> "Optional[tuple[Journal, Dict[str, bytes]]]":
-    """The revert journal from the saved originals; None when the tree is already pristine."""
+    """The revert journal from the saved originals; None when the tree is already pristine.
+
+    Files still holding what the apply wrote are restored; files already back at their
+    pristine bytes (vLLM reinstalled over the mod) are left alone; any other content is
+    someone else's change and stops the revert.
+    """
     name = manifest.name
-    current = {rel: fsops.read_regular(safe_target(site, rel)) for rel in sorted(state["files"])}
     sums = state["files"]
-    if all(_sha256(current[rel]) == s["before"] for rel, s in sums.items()):
-        return None
-    if not all(_sha256(current[rel]) == s["after"] for rel, s in sums.items()):
+    current = {rel: fsops.read_regular(safe_target(site, rel)) for rel in sorted(sums)}
+    patched = [rel for rel, s in sums.items() if _sha256(current[rel]) == s["after"]]
+    foreign = [rel for rel, s in sums.items() if _sha256(current[rel]) not in (s["before"], s["after"])]
+    if foreign:
         if _forward_status(manifest, mod_dir, site) in (OK, OK_OFFSET):
-            return None  # the mod is not on this vLLM (reinstalled): the state is stale
-        bad = next(rel for rel, s in sums.items() if _sha256(current[rel]) != s["after"])
-        raise JournalError(f"{bad} changed since the mod was applied; not reverting anything "
+            return None  # another vLLM is installed and the mod is not on it: the state is stale
+        raise JournalError(f"{foreign[0]} changed since the mod was applied; not reverting anything "
                            f"(originals are kept in {state_dir(site, name) / 'orig'})")
+    if not patched:
+        return None
     entries, payload = [], {}
-    for rel, s in sums.items():
+    for rel in sorted(patched):
+        s = sums[rel]
         new = orig_rel(name, rel) if s["before"] is not None else None
         if new is not None and fsops.digest(site / new) != s["before"]:
             raise JournalError(f"{site / new}: the saved original of {rel} is missing or corrupt; reinstall vLLM")
@@ -285,7 +292,7 @@ def revert_mod(mod_dir: Path, site: Path, dry_run: bool = False, say: Optional[P
     with _settled_tree(site, say, dry_run):
         state = _load_state(site, manifest.name)
         if state is not None:
-            todo = _revert_from_state(site, manifest, mod_dir, state, say)
+            todo = _revert_from_state(site, manifest, mod_dir, state)
             if todo is None:
                 if not dry_run:
                     fsops.remove_tree(state_dir(site, manifest.name))
@@ -306,7 +313,7 @@ def revert_mod(mod_dir: Path, site: Path, dry_run: bool = False, say: Optional[P
         sweep(site, [e.path for e in journal.entries])
         transact(site, journal, payload)
     for e in journal.entries:
-        say(f"restored {e.path}")
+        say(f"{'restored' if e.after is not None else 'removed'} {e.path}")
     say("reverted")
     return EXIT_OK
 
