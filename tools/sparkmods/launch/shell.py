@@ -1,7 +1,9 @@
 """Bash text helpers: every value that reaches a script goes through shlex.quote here.
 
 Nothing user-supplied is ever interpolated raw into bash: not JSON with braces, not paths with
-spaces, not node names. Secrets never reach these helpers as values, only as names.
+spaces, not node names. Secrets never reach these helpers as values, only as names. shlex.quote
+writes POSIX single quotes (`'"'"'` for a quote), read alike by bash and dash; words the script
+sends over ssh are quoted again at run time by the script's posix_words (standalone.py).
 """
 
 from __future__ import annotations
