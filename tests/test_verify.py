@@ -22,8 +22,9 @@ import pytest
 
 from sparkmods.cli import main
 from sparkmods.errors import SparkmodsError
-from sparkmods.verify import metrics, serverlog
+from sparkmods.verify import judges, metrics, serverlog
 from sparkmods.verify.capture import Scenario, load_scenario
+from sparkmods.verify.facts import Evidence, TemplateCheck
 from sparkmods.verify.judges import JUDGES
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "verify"
@@ -230,3 +231,18 @@ def test_log_colours_restarts_and_odd_args() -> None:
     assert facts.backends == ["TURBOQUANT"]
     assert facts.said("int8-lm-head") == []
     assert facts.runsh("int8-lm-head") == ["already applied (variant get-logits) to vLLM 0.21.0"]
+
+
+def test_turboquant_startup_line_without_metrics() -> None:
+    """The 0.18-0.20 variants' start-up line (mods/turboquant, `startup_line`) proves the mod when /metrics is off."""
+    log = serverlog.parse(
+        "(APIServer pid=1) INFO 11-24 10:00:00 [utils.py:233] non-default args: {'kv_cache_dtype': 'turboquant_k3v4_nc'}\n"
+        "(EngineCore_DP0 pid=2) INFO 11-24 10:00:02 [arg_utils.py:1] [turboquant] KV cache turboquant_k3v4_nc on 10 "
+        "of 12 attention layers (boundary: 3, 47); K 3 bit, V 4 bit, 400 bytes/token/layer (2048 in bf16)\n",
+        "x.log", JUDGES)
+    ev = Evidence("http://x", "m", None, None, "GET /metrics answered HTTP 404", log, TemplateCheck(None, "-"))
+    got = judges.turboquant(judges.Context(ev, set()))
+    assert got.verdict == "in effect" and got.detail.startswith("KV cache turboquant_k3v4_nc on 10 of 12")
+    no_line = serverlog.parse("[turboquant] applied variant v0.18.0 to vLLM 0.19.1 in /x\n", "y.log", JUDGES)
+    ev = Evidence("http://x", "m", None, None, "GET /metrics answered HTTP 404", no_line, TemplateCheck(None, "-"))
+    assert judges.turboquant(judges.Context(ev, set())).verdict == "unknown"

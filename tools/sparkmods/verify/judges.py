@@ -187,13 +187,17 @@ def turboquant(ctx: Context) -> Verdict:
         return Verdict(mod, NOT_IN_EFFECT, failure)
     flag = ctx.arg("kv_cache_dtype")
     asked = isinstance(flag, str) and flag.startswith("turboquant_")
-    requested = ctx.requested(mod) or asked
+    # The mod's start-up line (0.18-0.20 variants): `[turboquant] KV cache DTYPE on N of M attention layers ...`.
+    active = [line for line in ctx.said(mod) + (ctx.ev.log.runsh(mod) if ctx.ev.log else [])
+              if line.startswith("KV cache turboquant_")]
+    requested = ctx.requested(mod) or asked or bool(active)
     backends = ctx.ev.log.backends if ctx.ev.log else []
     cache = (ctx.ev.metrics.cache if ctx.ev.metrics else None) or {}
     dtype = cache.get("cache_dtype")
     if dtype is None:
-        if asked and "TURBOQUANT" in backends:
-            return Verdict(mod, IN_EFFECT, f"--kv-cache-dtype {flag}, attention backend TURBOQUANT (log; no /metrics)")
+        if active or (asked and "TURBOQUANT" in backends):
+            return Verdict(mod, IN_EFFECT, (active[-1] if active else f"--kv-cache-dtype {flag}, attention backend "
+                                            "TURBOQUANT") + " (log; /metrics has no vllm:cache_config_info)")
         if not requested and (ctx.ev.metrics or ctx.ev.log):
             return Verdict(mod, NOT_REQUESTED, "no TurboQuant KV cache asked for")
         return Verdict(mod, UNKNOWN, "the KV cache dtype is not known: /metrics has no vllm:cache_config_info"
@@ -204,7 +208,7 @@ def turboquant(ctx: Context) -> Verdict:
     if unused:
         return Verdict(mod, NOT_IN_EFFECT, f"{unused[-1]}; {where}")
     if dtype.startswith("turboquant_"):
-        return Verdict(mod, IN_EFFECT, where)
+        return Verdict(mod, IN_EFFECT, where + (f"; {active[-1]}" if active else ""))
     if requested:
         return Verdict(mod, NOT_IN_EFFECT, where + (f" although --kv-cache-dtype {flag}" if flag else ""))
     return Verdict(mod, NOT_REQUESTED, where)
