@@ -139,7 +139,9 @@ def mtp(ctx: Context) -> Verdict:
             return Verdict(mod, NOT_IN_EFFECT, "the server runs without speculative decoding "
                                                "(--speculative-config '{\"method\":\"mtp\",...}')")
         return Verdict(mod, NOT_REQUESTED, "no speculative decoding on this server")
-    loaded = [line for line in ctx.said(mod) if line.startswith("loading ")]
+    # `loading N MTP tensors from FILE ...` (the mod added an unindexed file); `MTP head loaded: ...` is
+    # the line proposed for check_mtp_head_loaded when the index already lists the head.
+    loaded = [line for line in ctx.said(mod) if line.startswith(("loading ", "MTP head loaded"))]
     head = f"; {loaded[-1]}" if loaded else ""
     if counts is None or counts.draft_tokens < MIN_DRAFT_TOKENS:
         seen = counts.draft_tokens if counts else 0
