@@ -562,16 +562,14 @@ def ref_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.T
     batch, num_q_heads, head_size = query.shape
     fields, valid = _gather_fields(kv_cache, block_table, seq_lens, spec, head_size)
     k, v = decode_fields(fields, spec, head_size, rotated=True)  # [B, L, Hkv, D]
-    group = num_q_heads // k.shape[2]
     q = query.float()
     if not spec.key_fp8:
         q = q @ rotation(head_size, q.device).T
-    k = k.repeat_interleave(group, dim=2)
-    v = v.repeat_interleave(group, dim=2)
-    scores = torch.einsum("bhd,blhd->bhl", q, k) * scale
-    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    q = q.reshape(batch, k.shape[2], num_q_heads // k.shape[2], head_size)  # [B, Hkv, G, D]
+    scores = torch.einsum("bhgd,blhd->bhgl", q, k) * scale
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     probs = torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0)
-    return torch.einsum("bhl,blhd->bhd", probs, v).to(query.dtype)
+    return torch.einsum("bhgl,blhd->bhgd", probs, v).reshape(batch, num_q_heads, head_size).to(query.dtype)
 
 
 def unit_vector_mse(head_size: int, bits: int, count: int, norm_correction: bool = False, seed: int = 0) -> float:

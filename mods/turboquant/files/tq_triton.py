@@ -99,22 +99,24 @@ def _layout_constants(spec: fmt.TQSpec, layout: fmt.SlotLayout, block_size: int)
 
 
 @triton.jit
-def _pack_plane(ptr, codes, SHIFT: tl.constexpr, WIDTH: tl.constexpr, D: tl.constexpr):
-    """Store one bit plane of codes [D]: 8 / WIDTH fields per byte, the lowest field first."""
+def _pack_plane(rows, valid, codes, SHIFT: tl.constexpr, WIDTH: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Store one bit plane of codes [BLOCK_T, D] at byte pointers rows [BLOCK_T]: 8 / WIDTH fields
+    per byte, the lowest field first."""
     PER: tl.constexpr = 8 // WIDTH
-    fields = tl.reshape((codes >> SHIFT) & ((1 << WIDTH) - 1), [D // PER, PER])
-    packed = tl.sum(fields << (tl.arange(0, PER) * WIDTH)[None, :], axis=1)
-    tl.store(ptr + tl.arange(0, D // PER), packed.to(tl.uint8))
+    fields = tl.reshape((codes >> SHIFT) & ((1 << WIDTH) - 1), [BLOCK_T, D // PER, PER])
+    packed = tl.sum(fields << (tl.arange(0, PER) * WIDTH)[None, None, :], axis=2)
+    tl.store(rows[:, None] + tl.arange(0, D // PER)[None, :], packed.to(tl.uint8), mask=valid[:, None])
 
 
 @triton.jit
-def _pack_codes(ptr, codes, BITS: tl.constexpr, D: tl.constexpr):
-    """Store codes [D] as tq_format.pack_codes lays them out (4 bits: nibbles; 3 bits: 2+1 planes)."""
+def _pack_codes(rows, valid, codes, BITS: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Store codes [BLOCK_T, D] as tq_format.pack_codes lays them out (4 bits: nibbles; 3 bits:
+    a plane of the low 2 bits, then one of the high bit)."""
     if BITS == 4:
-        _pack_plane(ptr, codes, 0, 4, D)
+        _pack_plane(rows, valid, codes, 0, 4, D, BLOCK_T)
     else:
-        _pack_plane(ptr, codes, 0, 2, D)
-        _pack_plane(ptr + D // 4, codes, 2, 1, D)
+        _pack_plane(rows, valid, codes, 0, 2, D, BLOCK_T)
+        _pack_plane(rows + D // 4, valid, codes, 2, 1, D, BLOCK_T)
 
 
 @triton.jit
@@ -170,47 +172,49 @@ def _round_to_e4m3(x):
 
 
 @triton.jit
-def _store_kernel(key_ptr, value_ptr, cache_ptr, slot_ptr, centroid_ptr, midpoint_ptr,
+def _store_kernel(key_ptr, value_ptr, cache_ptr, slot_ptr, centroid_ptr, midpoint_ptr, num_tokens,
                   stride_kt, stride_kh, stride_vt, stride_vh, page_stride,
-                  H: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr, SLOT: tl.constexpr,
+                  D: tl.constexpr, BLOCK_SIZE: tl.constexpr, SLOT: tl.constexpr,
                   KEY_FP8: tl.constexpr, KEY_BITS: tl.constexpr, VALUE_BITS: tl.constexpr,
                   KEY_CODE_BYTES: tl.constexpr, VALUE_CODE_BYTES: tl.constexpr,
                   OFF_VC: tl.constexpr, OFF_KN: tl.constexpr, OFF_VS: tl.constexpr, OFF_VZ: tl.constexpr,
-                  NORM_CORRECTION: tl.constexpr, N_MID: tl.constexpr, N_MID_P: tl.constexpr):
-    """One program per (token, KV head): quantise its key and value into the page."""
-    pid = tl.program_id(0)
-    token = pid // H
-    head = pid % H
-    slot = tl.load(slot_ptr + token).to(tl.int64)
-    if slot >= 0:
-        region = cache_ptr + (slot // BLOCK_SIZE) * page_stride + head * (BLOCK_SIZE * SLOT)
-        pos = slot % BLOCK_SIZE
-        d = tl.arange(0, D)
-        x = tl.load(key_ptr + token * stride_kt + head * stride_kh + d).to(tl.float32)
-        if KEY_FP8:
-            k8 = _round_to_e4m3(x).to(tl.float8e4nv)
-            tl.store(region + pos * KEY_CODE_BYTES + d, k8.to(tl.uint8, bitcast=True))
-        else:
-            norm = tl.sqrt_rn(tl.sum(x * x, axis=0))
-            unit = tl.div_rn(x, norm + 1e-8)
-            j = tl.arange(0, N_MID_P)
-            mids = tl.load(midpoint_ptr + j, mask=j < N_MID, other=float("inf"))
-            codes = tl.sum((unit[:, None] > mids[None, :]).to(tl.int32), axis=1)
-            if NORM_CORRECTION:
-                c = tl.load(centroid_ptr + codes)
-                norm = tl.div_rn(norm, tl.sqrt_rn(tl.sum(c * c, axis=0)))
-            _pack_codes(region + pos * KEY_CODE_BYTES, codes, KEY_BITS, D)
-            tl.store((region + OFF_KN).to(tl.pointer_type(tl.float16)) + pos, norm.to(tl.float16))
-        v = tl.load(value_ptr + token * stride_vt + head * stride_vh + d).to(tl.float32)
-        top = (1 << VALUE_BITS) - 1
-        lo = tl.min(v, axis=0)
-        scale = tl.maximum(tl.div_rn(tl.max(v, axis=0) - lo, top * 1.0), 1e-8)
-        zero = lo.to(tl.float16)
-        q = tl.floor(tl.div_rn(v - zero.to(tl.float32), scale) + 0.5)
-        vcodes = tl.minimum(tl.maximum(q, 0.0), top * 1.0).to(tl.int32)
-        _pack_codes(region + OFF_VC + pos * VALUE_CODE_BYTES, vcodes, VALUE_BITS, D)
-        tl.store((region + OFF_VS).to(tl.pointer_type(tl.float16)) + pos, scale.to(tl.float16))
-        tl.store((region + OFF_VZ).to(tl.pointer_type(tl.float16)) + pos, zero)
+                  NORM_CORRECTION: tl.constexpr, N_MID: tl.constexpr, N_MID_P: tl.constexpr, BLOCK_T: tl.constexpr):
+    """One program per (BLOCK_T tokens, KV head): quantise keys and values into their pages."""
+    head = tl.program_id(1)
+    token = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    slot = tl.load(slot_ptr + token, mask=token < num_tokens, other=-1).to(tl.int64)
+    valid = slot >= 0
+    page = tl.where(valid, slot // BLOCK_SIZE, 0)
+    pos = tl.where(valid, slot % BLOCK_SIZE, 0)
+    region = cache_ptr + page * page_stride + head * (BLOCK_SIZE * SLOT)
+    d = tl.arange(0, D)
+    row = token.to(tl.int64)[:, None]
+    x = tl.load(key_ptr + row * stride_kt + head * stride_kh + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+    key_rows = region + pos * KEY_CODE_BYTES
+    if KEY_FP8:
+        k8 = _round_to_e4m3(x).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        tl.store(key_rows[:, None] + d[None, :], k8, mask=valid[:, None])
+    else:
+        norm = tl.sqrt_rn(tl.sum(x * x, axis=1))
+        unit = tl.div_rn(x, norm[:, None] + 1e-8)
+        j = tl.arange(0, N_MID_P)
+        mids = tl.load(midpoint_ptr + j, mask=j < N_MID, other=float("inf"))
+        codes = tl.sum((unit[:, :, None] > mids[None, None, :]).to(tl.int32), axis=2)
+        if NORM_CORRECTION:
+            c = tl.load(centroid_ptr + codes)
+            norm = tl.div_rn(norm, tl.sqrt_rn(tl.sum(c * c, axis=1)))
+        _pack_codes(key_rows, valid, codes, KEY_BITS, D, BLOCK_T)
+        tl.store((region + OFF_KN).to(tl.pointer_type(tl.float16)) + pos, norm.to(tl.float16), mask=valid)
+    v = tl.load(value_ptr + row * stride_vt + head * stride_vh + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+    top = (1 << VALUE_BITS) - 1
+    lo = tl.min(v, axis=1)
+    scale = tl.maximum(tl.div_rn(tl.max(v, axis=1) - lo, top * 1.0), 1e-8)
+    zero = lo.to(tl.float16)
+    q = tl.floor(tl.div_rn(v - zero.to(tl.float32)[:, None], scale[:, None]) + 0.5)
+    vcodes = tl.minimum(tl.maximum(q, 0.0), top * 1.0).to(tl.int32)
+    _pack_codes(region + OFF_VC + pos * VALUE_CODE_BYTES, valid, vcodes, VALUE_BITS, D, BLOCK_T)
+    tl.store((region + OFF_VS).to(tl.pointer_type(tl.float16)) + pos, scale.to(tl.float16), mask=valid)
+    tl.store((region + OFF_VZ).to(tl.pointer_type(tl.float16)) + pos, zero, mask=valid)
 
 
 def tq_store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor, spec: fmt.TQSpec) -> None:
@@ -229,12 +233,13 @@ def tq_store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
     if keys.stride(-1) != 1 or values.stride(-1) != 1:
         raise ValueError("tq_store needs key and value with a contiguous last dimension")
     n_mid = tab.midpoints.numel()
-    _store_kernel[(n * num_kv_heads,)](
-        keys, values, kv_cache, slot_mapping, tab.centroids, tab.midpoints,
+    block_t = 4
+    _store_kernel[(triton.cdiv(n, block_t), num_kv_heads)](
+        keys, values, kv_cache, slot_mapping, tab.centroids, tab.midpoints, n,
         keys.stride(0), keys.stride(1), values.stride(0), values.stride(1), kv_cache.stride(0),
-        H=num_kv_heads, D=head_size, BLOCK_SIZE=block_size, NORM_CORRECTION=int(spec.norm_correction),
-        N_MID=n_mid, N_MID_P=triton.next_power_of_2(n_mid), **_layout_constants(spec, layout, block_size),
-        num_warps=4)
+        D=head_size, BLOCK_SIZE=block_size, NORM_CORRECTION=int(spec.norm_correction),
+        N_MID=n_mid, N_MID_P=triton.next_power_of_2(n_mid), BLOCK_T=block_t,
+        **_layout_constants(spec, layout, block_size), num_warps=4)
 
 
 # ---------------------------------------------------------------------------------------------
