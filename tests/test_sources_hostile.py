@@ -186,7 +186,7 @@ def test_a_gzip_bomb_is_refused_after_the_cap_not_decoded_to_the_end(loopback_in
     member = gzip.compress(bytes(1 << 20))
     bomb = member * 1024  # 1 GiB decoded from about 1 MB on the wire
     loopback_index.routes["/simple/vllm/"] = page_route(bomb, encoding="gzip")
-    done, seconds = check_cli(loopback_index, tmp_path)
+    done, _ = check_cli(loopback_index, tmp_path)
     assert one_line_error(done) == (f"sparkmods: error: {simple(loopback_index)}/vllm/: the gzip body decodes "
                                     f"to more than {MAX_PAGE_BYTES} bytes; refusing it")
     assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < 512 * 1024  # KiB: never near 1 GiB
