@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""GPU end-to-end proof: vLLM serves the tiny Qwen3.5-MoE with and without each mod.
+
+    python3 ci/gpu/e2e.py --vllm-site SITE --out OUT [--only hybrid-int4-fp8,mtp-weights,...]
+
+SITE is a site-packages folder holding vllm/ (and its requirements, e.g. from
+`pip install --target SITE`). For every scenario the run builds the models it needs
+(tiny_qwen35.py, peaked), makes a hardlink overlay of SITE per patched server, applies the mods
+with their own run.sh, serves with the OpenAI server, sends requests, runs `sparkmods verify`
+against the live server (recording the exchange under OUT/fixtures/<server>/), stops the server
+and asserts against an unmodified server of the same call. Writes OUT/<scenario>.json, appends
+to OUT/summary.md, prints one line per failed assertion; exit 1 when any failed, 2 on bad input.
+See ci/gpu/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO / "tools"))  # sparkmods.verify: metrics and log parsing
+
+from e2e_checks import Report, summary_lines  # noqa: E402
+from e2e_scenarios import SCENARIOS, chat, greedy  # noqa: E402
+from e2e_serve import ServeError, Server, apply_mod, free_port, overlay, server_command, server_env  # noqa: E402
+
+# Model key -> builder arguments (variant, MTP head); every model is peaked, seed 0.
+MODELS = {
+    "bf16": ("bf16", "extra"),
+    "bf16-nomtp": ("bf16", "none"),
+    "hybrid": ("hybrid", "none"),
+    "dequant": ("dequant", "none"),
+}
+VERIFY_TIMEOUT_S = 300
+
+
+class Run:
+    """One call of the script: its folders, the models built so far, the servers started."""
+
+    def __init__(self, site: Path, out: Path, python: str) -> None:
+        self.site, self.out, self.python = site, out, python
+        self.servers: dict[str, Server] = {}
+        self.manifests: dict[str, dict[str, Any]] = {}
+        self.baseline_report = Report("baseline")
+        self._baseline: dict[str, Any] | None = None
+
+    def model_dir(self, key: str) -> Path:
+        return self.out / "models" / key
+
+    def model(self, key: str) -> dict[str, Any]:
+        """The manifest of model `key`, building it first unless an identical build is there."""
+        if key not in self.manifests:
+            from tiny_qwen35 import MANIFEST, build
+
+            variant, mtp = MODELS[key]
+            path = self.model_dir(key)
+            found = path / MANIFEST
+            manifest = json.loads(found.read_text()) if found.is_file() else {}
+            if (manifest.get("variant"), manifest.get("mtp"), manifest.get("peaked")) != (variant, mtp, True):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                manifest = build(path, variant, mtp, peaked=True)
+            self.manifests[key] = manifest
+        return self.manifests[key]
+
+    def workspace(self, name: str) -> Path:
+        return self.out / "workspace" / name
+
+    def has_mod(self, mod: str) -> bool:
+        return (REPO / "mods" / mod / "run.sh").is_file()
+
+    def serve(self, name: str, model_key: str, mods: Sequence[str], extra: Sequence[str],
+              work: Callable[[Server], Any], report: Report, expect: Sequence[str] = (),
+              must_start: bool = True) -> Any:
+        """Start server `name`, run `work` on it, capture and verify, stop; work's result or None."""
+        self.model(model_key)
+        folder = self.out / "servers" / name
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        log_path = folder / "server.log"
+        paths = [self.site]
+        if mods:
+            patched = overlay(self.site, self.out / "overlays" / name)
+            paths = [patched, self.site]
+            with open(log_path, "a") as log:
+                for mod in mods:
+                    done = apply_mod(REPO / "mods" / mod, patched, self.workspace(name), self.python)
+                    log.write(done.stdout + done.stderr)
+                    said = (done.stdout + done.stderr).strip().splitlines() or ["no output"]
+                    if not report.check(f"{name}: run.sh of {mod} succeeds", done.returncode == 0, said[-1]):
+                        return None
+        port = free_port()
+        server = Server(name, server_command(self.python, self.model_dir(model_key), port, extra),
+                        server_env(paths, os.environ), log_path, port)
+        self.servers[name] = server
+        server.start()
+        try:
+            healthy = server.wait_healthy()
+            tail = server.log_text().strip().splitlines()[-3:]
+            if must_start:
+                report.check(f"{name}: server starts", healthy,
+                             f"healthy after {server.start_seconds} s" if healthy else f"exit {server.exit_code}: {tail}")
+            if not healthy:
+                return None
+            try:
+                result = work(server)
+            except (ServeError, KeyError, ValueError, OSError) as exc:
+                report.check(f"{name}: requests", False, str(exc)[:300])
+                result = None
+            self._capture(server, folder)
+            self._verify(server, expect, report)
+            return result
+        finally:
+            server.stop()
+            report.data.setdefault("servers", {})[name] = {
+                "command": server.command, "start_seconds": server.start_seconds, "exit_code": server.exit_code,
+                "log": str(log_path.relative_to(self.out))}
+
+    def _capture(self, server: Server, folder: Path) -> None:
+        for path, file in (("/v1/models", "models.json"), ("/metrics", "metrics.txt")):
+            try:
+                (folder / file).write_text(server.get(path))
+            except OSError as exc:
+                (folder / file).write_text(f"could not read {path}: {exc}\n")
+
+    def _verify(self, server: Server, expect: Sequence[str], report: Report) -> None:
+        """`sparkmods verify` against the live server; its JSON and a recorded fixture are kept."""
+        fixture = self.out / "fixtures" / server.name
+        shutil.rmtree(fixture, ignore_errors=True)
+        cmd = [self.python, "-m", "sparkmods", "verify", "--url", server.url, "--log", str(server.log_path),
+               "--json", "--record", str(fixture), "--mods-dir", str(REPO / "mods"), "--timeout", "60"]
+        cmd += [a for mod in expect for a in ("--expect", mod)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tools"), str(self.site)])}
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=VERIFY_TIMEOUT_S, check=False)
+        (self.out / "servers" / server.name / "verify.json").write_text(done.stdout + done.stderr)
+        try:
+            verdicts = {v["mod"]: v for v in json.loads(done.stdout).get("verdicts", [])}
+        except (ValueError, AttributeError):
+            verdicts = {}
+        report.data.setdefault("verify", {})[server.name] = {"exit": done.returncode, "verdicts": verdicts}
+        if expect:
+            said = "; ".join(f"{m}: {verdicts.get(m, {}).get('verdict', '?')}" for m in expect)
+            report.check(f"{server.name}: sparkmods verify says {', '.join(expect)} in effect", done.returncode == 0,
+                         said if verdicts else (done.stderr.strip().splitlines() or ["no output"])[-1])
+
+    def baseline(self) -> dict[str, Any]:
+        """The unmodified server on the bf16 model, started once per call."""
+        if self._baseline is None:
+            manifest = self.model("bf16")
+            self._baseline = self.serve(
+                "baseline", "bf16", [], [],
+                lambda s: {**greedy(s, manifest), "chat": chat(s, tools_reply=False)}, self.baseline_report) or {}
+        if not self._baseline:
+            raise ServeError("the baseline server did not serve; see servers/baseline/server.log")
+        return self._baseline
+
+    def spec_counts(self, metrics_text: str):
+        from sparkmods.verify import metrics
+
+        return metrics.facts(metrics.parse(metrics_text)).spec
+
+    def head_absmax(self, key: str) -> float:
+        from safetensors import safe_open
+
+        index = json.loads((self.model_dir(key) / "model.safetensors.index.json").read_text())
+        with safe_open(str(self.model_dir(key) / index["weight_map"]["lm_head.weight"]), "pt") as f:
+            return float(f.get_tensor("lm_head.weight").float().abs().max())
+
+    def top_logit(self) -> float:
+        from tiny_weights import TOP_LOGIT
+
+        return TOP_LOGIT
+
+
+def _device() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=30, check=False).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown (no nvidia-smi)"
+
+
+def _vllm_version(site: Path) -> str:
+    found = sorted(site.glob("vllm-*.dist-info"))
+    return found[0].name[len("vllm-"):-len(".dist-info")] if found else "unknown"
+
+
+def write_results(out: Path, reports: list[Report], header: dict[str, Any]) -> None:
+    for report in reports:
+        doc = {"scenario": report.scenario, **header, "checks": report.checks, "data": report.data}
+        (out / f"{report.scenario}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    lines = [f"## {time.strftime('%Y-%m-%d %H:%M:%S')} vLLM {header['vllm']} on {header['device']}", "",
+             *summary_lines(reports), ""]
+    with open(out / "summary.md", "a") as summary:
+        summary.write("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vllm-site", type=Path, required=True, help="site-packages folder holding vllm/")
+    parser.add_argument("--out", type=Path, required=True, help="results folder (created)")
+    parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios: " + ", ".join(SCENARIOS))
+    parser.add_argument("--python", default=sys.executable, help="interpreter for the servers (default: this one)")
+    args = parser.parse_args(argv)
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = [s for s in only if s not in SCENARIOS]
+    if unknown:
+        print(f"e2e.py: unknown scenario {', '.join(unknown)}; known: {', '.join(SCENARIOS)}", file=sys.stderr)
+        return 2
+    site = args.vllm_site.resolve()
+    if not (site / "vllm" / "__init__.py").is_file():
+        print(f"e2e.py: {site} holds no vllm/ package; pass the site-packages folder vLLM is installed in",
+              file=sys.stderr)
+        return 2
+    sys.path.append(str(site))  # the builder's torch/safetensors/tokenizers, after the machine's own
+    args.out.mkdir(parents=True, exist_ok=True)
+    run = Run(site, args.out.resolve(), args.python)
+    reports = []
+    for name in only:
+        started = time.monotonic()
+        try:
+            report = SCENARIOS[name](run)
+        except ServeError as exc:
+            report = Report(name)
+            report.check("scenario ran", False, str(exc))
+        report.data["seconds"] = round(time.monotonic() - started, 1)
+        reports.append(report)
+        print(f"e2e.py: {name}: {sum(c['passed'] for c in report.checks)}/{len(report.checks)} checks passed "
+              f"in {report.data['seconds']} s", flush=True)
+    if run.baseline_report.checks:
+        reports.insert(0, run.baseline_report)
+    write_results(run.out, reports, {"vllm": _vllm_version(site), "device": _device()})
+    failures = [line for report in reports for line in report.failures]
+    for line in failures:
+        print(f"FAIL {line}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
