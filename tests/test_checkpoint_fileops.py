@@ -60,9 +60,11 @@ def test_backup_copies_content_and_picks_a_free_name(tmp_path: Path) -> None:
     link = tmp_path / "index.json"
     link.symlink_to(blob)
     first = fileops.backup_file(link)
+    assert fileops.backup_file(link) == first  # same bytes: reused, retries pile nothing up
+    blob.write_text("v2")
     second = fileops.backup_file(link)
     assert (first.name, second.name) == ("index.json.bak", "index.json.bak.1")
-    assert not first.is_symlink() and first.read_text() == "v1" == second.read_text()
+    assert not first.is_symlink() and first.read_text() == "v1" and second.read_text() == "v2"
 
 
 def test_place_file_outcomes(tmp_path: Path) -> None:

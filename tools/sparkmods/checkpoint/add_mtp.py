@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sparkmods.checkpoint.fileops import atomic_write_text, backup_file, place_file
+from sparkmods.checkpoint.fileops import atomic_write_text, backup_file, place_file, remove_stale_temps
 from sparkmods.checkpoint.header import read_header
 from sparkmods.checkpoint.layout import INDEX_NAME, Index
 from sparkmods.checkpoint.names import MTP_FILE
@@ -52,6 +52,8 @@ def add_mtp(
     if not index_path.is_file():
         raise SparkmodsError(f"{index_path} does not exist: --target must be a sharded checkpoint with an index")
     index = Index.load(index_path)
+    for written in (index_path, target / file_name):  # what a killed earlier run may have left
+        remove_stale_temps(written)
     clash = sorted(n for n in header.tensors if index.weight_map.get(n, file_name) != file_name)
     if clash:
         raise SparkmodsError(

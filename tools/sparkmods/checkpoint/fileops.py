@@ -9,7 +9,9 @@ folder and is renamed over the destination: a symlink is replaced, its target un
 from __future__ import annotations
 
 import errno
+import glob
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -29,24 +31,58 @@ def temp_sibling(path: Path) -> Path:
     return path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
 
 
+def remove_stale_temps(path: Path) -> list[Path]:
+    """Remove temp siblings of `path` (and of its backups) that a killed run left; returns them.
+
+    Only names temp_sibling makes match, so nothing of the user's is touched.
+    """
+    pattern = re.compile(rf"\.{re.escape(path.name)}(\.bak(\.\d+)?)?\.[0-9a-f]{{12}}\.tmp")
+    stale = [p for p in path.parent.glob(f".{glob.escape(path.name)}*.tmp") if pattern.fullmatch(p.name)]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
+def _fsync(path: Path, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.EROFS):  # a folder some filesystems cannot sync
+            raise
+    finally:
+        os.close(fd)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` via temp file + rename; a symlink at `path` is replaced."""
+    """Write `text` to `path` via temp file + fsync + rename; a symlink at `path` is replaced.
+
+    Readers (vLLM) see the old file or the complete new one, also after a crash.
+    """
     tmp = temp_sibling(path)
     try:
         tmp.write_text(text, encoding="utf-8")
+        _fsync(tmp)
         os.replace(tmp, path)
+        _fsync(path.parent, directory=True)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
 
 def backup_file(path: Path) -> Path:
-    """Copy the content of `path` (through a symlink) to the first free `.bak` name."""
+    """Copy the content of `path` (through a symlink) to the first free `.bak` name.
+
+    An existing backup with the same bytes is reused, so retries (after a kill, say) never
+    pile up `.bak.N` copies of one file.
+    """
     n = 0
     while True:
         candidate = path.with_name(path.name + (".bak" if n == 0 else f".bak.{n}"))
         if not os.path.lexists(candidate):
             break
+        if candidate.is_file() and not candidate.is_symlink() and files_identical(path, candidate):
+            return candidate
         n += 1
     tmp = temp_sibling(candidate)
     try:

@@ -104,6 +104,8 @@ def read_header(path: Path) -> ShardHeader:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise HeaderError(f"{path}: header is not valid JSON ({exc})") from exc
+    except RecursionError:
+        raise HeaderError(f"{path}: header JSON is nested too deeply (not a safetensors header)") from None
     if not isinstance(doc, dict):
         raise HeaderError(f"{path}: header is not a JSON object")
     return _validate(path, size, file_size, doc)

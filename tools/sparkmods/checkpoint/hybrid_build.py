@@ -7,6 +7,7 @@ only with `force`, and only after the new one is complete.
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import tempfile
@@ -48,6 +49,7 @@ def build_hybrid(plan: HybridPlan, out: Path, *, force: bool = False, progress: 
         more = f" (and {len(plan.errors) - 1} more; see --dry-run)" if len(plan.errors) > 1 else ""
         raise SparkmodsError(f"cannot build: {plan.errors[0]}{more}")
     out = Path(out)
+    clean_leftovers(out)
     check_target(plan, out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
@@ -63,6 +65,25 @@ def build_hybrid(plan: HybridPlan, out: Path, *, force: bool = False, progress: 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return result
+
+
+def clean_leftovers(out: Path) -> None:
+    """Undo what a killed earlier build left beside `out`.
+
+    `.OUT.partial-*` folders are unfinished outputs: removed. `.OUT.old-*` is a previous
+    output moved aside for the swap: put back if the swap never finished, else removed.
+    """
+    if not out.parent.is_dir():
+        return
+    for leftover in sorted(out.parent.glob(f".{glob.escape(out.name)}.partial-*")):
+        shutil.rmtree(leftover, ignore_errors=True)
+    for old in sorted(out.parent.glob(f".{glob.escape(out.name)}.old-*")):
+        if not os.path.lexists(out):
+            os.rename(old, out)
+        elif old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old)
+        else:
+            old.unlink()
 
 
 def _write_all(plan: HybridPlan, tmp: Path, progress: bool, result: BuildResult) -> None:

@@ -19,6 +19,11 @@ INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
 
 
+def _plain_name(name: str) -> bool:
+    """A file name inside the checkpoint folder: what vLLM joins to the folder it loads."""
+    return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0")
+
+
 @dataclass
 class Index:
     """`model.safetensors.index.json`: tensor name -> file name, plus metadata we keep."""
@@ -38,11 +43,17 @@ class Index:
             doc = json.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise SparkmodsError(f"{path}: cannot read the index: {exc}") from exc
+        except RecursionError:
+            raise SparkmodsError(f"{path}: cannot read the index: JSON nested too deeply") from None
         weight_map = doc.pop("weight_map", None) if isinstance(doc, dict) else None
         if not isinstance(weight_map, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
         ):
             raise SparkmodsError(f"{path}: not a safetensors index (no weight_map of name -> file)")
+        outside = next((f for f in weight_map.values() if not _plain_name(f)), None)
+        if outside is not None:
+            raise SparkmodsError(f"{path}: weight_map names {outside!r}: an index may name only files in its own "
+                                 "folder (no '/', '..' or absolute paths); fix the index")
         metadata = doc.pop("metadata", None) or {}
         if not isinstance(metadata, dict):
             raise SparkmodsError(f"{path}: 'metadata' must be an object")
@@ -148,4 +159,6 @@ def _load_config(root: Path) -> dict[str, Any] | None:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SparkmodsError(f"{path}: not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise SparkmodsError(f"{path}: not valid JSON: nested too deeply") from None
     return doc if isinstance(doc, dict) else None
