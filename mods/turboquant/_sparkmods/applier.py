@@ -27,7 +27,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 from . import fsops
 from .engine import APPLIED, CONFLICT, OK, OK_OFFSET, UnsafePath, plan, safe_target
-from .interrupts import Interrupted, deferred, exit_code
+from .interrupts import Interrupted, deferred, exit_code, handled
 from .journal import (JOURNAL_NAME, STATE_DIR, STATE_FILE, Entry, Journal, JournalError, applied_rel, orig_rel, recover,
                       state_dir, sweep, temp_rel, transact)
 from .locate import LocateError, find_vllm, read_version
@@ -36,7 +36,7 @@ from .manifest import Manifest, ManifestError, Variant, load_manifest
 from .modcheck import GREEN, UPSTREAM, ModResult, check_mod, install_results, mod_file, variant_patches
 from .udiff import reverse
 
-__all__ = ["main", "apply_mod", "revert_mod", "STATE_DIR"]
+__all__ = ["main", "run", "apply_mod", "revert_mod", "Printer", "STATE_DIR"]
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -209,22 +209,29 @@ def _site_installs(variant: Variant) -> List[str]:
     return [item.name for item in variant.install if item.site]
 
 
-def _revert_from_state(site: Path, manifest: Manifest, mod_dir: Path, state: dict, say: Printer
+def _revert_from_state(site: Path, manifest: Manifest, mod_dir: Path, state: dict
                        ) -> "Optional[tuple[Journal, Dict[str, bytes]]]":
-    """The revert journal from the saved originals; None when the tree is already pristine."""
+    """The revert journal from the saved originals; None when the tree is already pristine.
+
+    Files still holding what the apply wrote are restored; files already back at their
+    pristine bytes (vLLM reinstalled over the mod) are left alone; any other content is
+    someone else's change and stops the revert.
+    """
     name = manifest.name
-    current = {rel: fsops.read_regular(safe_target(site, rel)) for rel in sorted(state["files"])}
     sums = state["files"]
-    if all(_sha256(current[rel]) == s["before"] for rel, s in sums.items()):
-        return None
-    if not all(_sha256(current[rel]) == s["after"] for rel, s in sums.items()):
+    current = {rel: fsops.read_regular(safe_target(site, rel)) for rel in sorted(sums)}
+    patched = [rel for rel, s in sums.items() if _sha256(current[rel]) == s["after"]]
+    foreign = [rel for rel, s in sums.items() if _sha256(current[rel]) not in (s["before"], s["after"])]
+    if foreign:
         if _forward_status(manifest, mod_dir, site) in (OK, OK_OFFSET):
-            return None  # the mod is not on this vLLM (reinstalled): the state is stale
-        bad = next(rel for rel, s in sums.items() if _sha256(current[rel]) != s["after"])
-        raise JournalError(f"{bad} changed since the mod was applied; not reverting anything "
+            return None  # another vLLM is installed and the mod is not on it: the state is stale
+        raise JournalError(f"{foreign[0]} changed since the mod was applied; not reverting anything "
                            f"(originals are kept in {state_dir(site, name) / 'orig'})")
+    if not patched:
+        return None
     entries, payload = [], {}
-    for rel, s in sums.items():
+    for rel in sorted(patched):
+        s = sums[rel]
         new = orig_rel(name, rel) if s["before"] is not None else None
         if new is not None and fsops.digest(site / new) != s["before"]:
             raise JournalError(f"{site / new}: the saved original of {rel} is missing or corrupt; reinstall vLLM")
@@ -285,7 +292,7 @@ def revert_mod(mod_dir: Path, site: Path, dry_run: bool = False, say: Optional[P
     with _settled_tree(site, say, dry_run):
         state = _load_state(site, manifest.name)
         if state is not None:
-            todo = _revert_from_state(site, manifest, mod_dir, state, say)
+            todo = _revert_from_state(site, manifest, mod_dir, state)
             if todo is None:
                 if not dry_run:
                     fsops.remove_tree(state_dir(site, manifest.name))
@@ -306,7 +313,7 @@ def revert_mod(mod_dir: Path, site: Path, dry_run: bool = False, say: Optional[P
         sweep(site, [e.path for e in journal.entries])
         transact(site, journal, payload)
     for e in journal.entries:
-        say(f"restored {e.path}")
+        say(f"{'restored' if e.after is not None else 'removed'} {e.path}")
     say("reverted")
     return EXIT_OK
 
@@ -314,10 +321,11 @@ def revert_mod(mod_dir: Path, site: Path, dry_run: bool = False, say: Optional[P
 def run(action: str, mod_dir: Path, site: Optional[Path], workspace: Path, dry_run: bool, say: Printer) -> int:
     """One run.sh action with every failure turned into one line and an exit code."""
     try:
-        site = site or find_vllm().site
-        if action == "revert":
-            return revert_mod(mod_dir, site, dry_run, say)
-        return apply_mod(mod_dir, site, workspace, dry_run or action == "check", say)
+        with handled():
+            site = site or find_vllm().site
+            if action == "revert":
+                return revert_mod(mod_dir, site, dry_run, say)
+            return apply_mod(mod_dir, site, workspace, dry_run or action == "check", say)
     except (LocateError, ManifestError, UnsafePath, ValueError) as exc:
         say(f"ERROR: {exc}")
         return EXIT_USAGE
@@ -331,11 +339,14 @@ def run(action: str, mod_dir: Path, site: Optional[Path], workspace: Path, dry_r
         say(f"ERROR: {exc.filename or 'a file'}: {exc.strerror or exc}; rolled back, nothing was changed")
         return EXIT_FAIL
     except Interrupted as exc:
-        say(f"interrupted by {exc}: rolled back, vLLM is as it was before this run")
+        if not exc.during_change:
+            what = "outside a change to vLLM's files: nothing is half-done (the lines above say what was done)"
+        elif exc.completed:
+            what = "it came after the last step, so the change was completed"
+        else:
+            what = "rolled back, vLLM is as it was before this run"
+        say(f"interrupted by {exc}: {what}")
         return exit_code(exc.signum)
-    except KeyboardInterrupt:
-        say("interrupted by SIGINT; vLLM is consistent")
-        return exit_code(2)
 
 
 def main(argv: Optional[Sequence[str]] = None, mod_dir: Optional[Path] = None) -> int:

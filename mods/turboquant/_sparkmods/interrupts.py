@@ -6,7 +6,8 @@ is. Instead, while vLLM's files are being changed the two signals are blocked; e
 step (fsops.step) polls for one pending and raises `Interrupted` there, so the failure path
 (roll back, originals kept until the rollback is complete) always starts at a step boundary.
 While `shielded()` code runs (a rollback, a recovery) nothing is raised; a signal that came
-meanwhile is delivered normally once the tree is consistent again.
+meanwhile is delivered once the tree is consistent again. Outside those sections `handled()`
+turns both signals into the same exception (SIGTERM would otherwise end the run silently).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Iterator
 
 from . import fsops
 
-__all__ = ["Interrupted", "deferred", "shielded", "poll", "exit_code"]
+__all__ = ["Interrupted", "handled", "deferred", "shielded", "poll", "exit_code"]
 
 _SIGNALS = {signal.SIGINT, signal.SIGTERM}
 _CAN_BLOCK = hasattr(signal, "pthread_sigmask") and hasattr(signal, "sigtimedwait")
@@ -28,9 +29,11 @@ _state = {"blocked": 0, "shield": 0}
 class Interrupted(BaseException):
     """SIGINT or SIGTERM arrived while vLLM was being changed (BaseException: like Ctrl-C)."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, during_change: bool) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+        self.during_change = during_change  # raised at a disk step of a change (else: between changes)
+        self.completed = False  # set when the change was past rolling back and was finished
 
 
 def exit_code(signum: int) -> int:
@@ -46,7 +49,25 @@ def poll() -> None:
     if pending:
         signum = min(pending)
         signal.sigtimedwait({signum}, 0)  # consume it: it is handled here, not again later
-        raise Interrupted(signum)
+        raise Interrupted(signum, during_change=True)
+
+
+def _raise(signum: int, frame: object) -> None:
+    raise Interrupted(signum, during_change=False)
+
+
+@contextmanager
+def handled() -> Iterator[None]:
+    """SIGINT and SIGTERM raise Interrupted (in the main thread; elsewhere nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, _raise) for signum in _SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 @contextmanager

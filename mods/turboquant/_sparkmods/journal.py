@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional
 
 from . import fsops
 from .engine import check_relpath, safe_target
-from .interrupts import shielded
+from .interrupts import Interrupted, shielded
 
 __all__ = ["STATE_DIR", "JOURNAL_NAME", "STATE_FILE", "FORWARD", "BACK", "Entry", "Journal", "JournalError",
            "state_dir", "orig_rel", "applied_rel", "temp_rel", "transact", "recover", "sweep", "drop_bytecode"]
@@ -217,12 +217,15 @@ def transact(site: Path, journal: Journal, payload: Dict[str, bytes]) -> None:
         for rel in sorted(r for r in payload if r in staged):
             fsops.stage(safe_target(site, staged[rel].path), payload[rel], staged[rel].mode)
         settle(site, journal, FORWARD)
-    except BaseException:
+    except BaseException as exc:
         with shielded():
+            side = BACK
             if _journal_path(site).exists():
-                settle(site, Journal.load(site), BACK)
+                side = settle(site, Journal.load(site), BACK)
             else:
                 sweep(site, [e.path for e in journal.entries])
+        if isinstance(exc, Interrupted):
+            exc.completed = side == FORWARD  # too late to roll back: the change was finished instead
         raise
 
 
