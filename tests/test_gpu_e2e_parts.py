@@ -1,0 +1,165 @@
+"""ci/gpu/e2e*.py without a GPU: judging logic, command lines, the server process handling,
+and (vllm_runtime) overlays patched by the mods' own run.sh on a real vLLM 0.21.0."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "ci" / "gpu"))
+
+import e2e  # noqa: E402
+import e2e_checks as checks  # noqa: E402
+import e2e_serve as serve  # noqa: E402
+
+
+def test_chain_and_follows():
+    f = [2, 0, 3, 1]
+    assert checks.chain(f, 1, 5) == [0, 2, 3, 1, 0]
+    assert checks.follows([[1, 2, 3]], [[1, 2, 3]])[0]
+    ok, detail = checks.follows([[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 9]])
+    assert not ok and detail.startswith("prompt 1: token 1")
+    assert checks.first_mismatch([1, 2], [1, 2, 3]) == 2
+    assert checks.prompts(range(100), 3, 4, seed=5) == checks.prompts(range(100), 3, 4, seed=5)
+
+
+def test_completion_parsing_and_logprob_gap():
+    choice = {"logprobs": {"tokens": ["token_id:7", "token_id:9"],
+                           "top_logprobs": [{"token_id:7": -0.01, "token_id:3": -5.0}, {"token_id:9": 0.0}]}}
+    assert checks.completion_tokens(choice) == [7, 9]
+    top = checks.completion_top(choice)
+    assert top == [{7: -0.01, 3: -5.0}, {9: 0.0}]
+    other = [{7: -0.02, 3: -4.5, 4: -6.0}, {9: 0.0}]
+    assert checks.max_logprob_gap(top, other) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="return-tokens-as-token-ids"):
+        checks.completion_tokens({"logprobs": {"tokens": ["hello"]}})
+
+
+def test_kv_cache_tokens_reads_the_last_line():
+    log = ("(EngineCore pid=1) INFO 11-23 10:00:00 [kv_cache_utils.py:1710] GPU KV cache size: 11,060,224 tokens\n"
+           "INFO 11-23 10:05:00 [kv_cache_utils.py:1710] GPU KV cache size: 45,350,912 tokens\n")
+    assert checks.kv_cache_tokens(log) == 45_350_912
+    assert checks.kv_cache_tokens("nothing") is None
+
+
+def test_int8_bound_holds_for_the_real_head_and_is_not_vacuous(tmp_path):
+    """The bound e2e asserts, against the INT8 error of the peaked model's own head on CPU."""
+    import tiny_qwen35
+    from tiny_weights import TOP_LOGIT
+
+    manifest = tiny_qwen35.build(tmp_path / "m", "bf16", "none", peaked=True)
+    from safetensors import safe_open
+
+    where = json.loads((tmp_path / "m" / "model.safetensors.index.json").read_text())["weight_map"]
+
+    def tensor(name: str) -> torch.Tensor:
+        with safe_open(str(tmp_path / "m" / where[name]), "pt") as f:
+            return f.get_tensor(name).float()
+
+    head, embed = tensor("lm_head.weight"), tensor("model.language_model.embed_tokens.weight")
+    x = embed[: manifest["tokenizer_size"]]
+    x = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True))).to(torch.bfloat16).float()
+    scale = head.abs().amax(1, keepdim=True) / 127
+    q = torch.clamp(torch.round(head / scale), -127, 127) * scale
+    exact = torch.log_softmax(x @ head.T, -1)
+    quant = torch.log_softmax(x @ q.T, -1)
+    bound = checks.int8_logprob_bound(float(head.abs().max()), manifest["shape"]["hidden"], 1.1 * TOP_LOGIT)
+    error = float((exact - quant).abs().max())
+    assert 0 < error <= bound < 2.0
+
+
+def test_server_command_and_environment():
+    cmd = serve.server_command("/usr/bin/python3", Path("/m"), 8123, ["--kv-cache-dtype", "fp8"])
+    assert cmd[:3] == ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server"]
+    joined = " ".join(cmd)
+    for flag in ("--enforce-eager", "--language-model-only", "--return-tokens-as-token-ids", "--port 8123",
+                 '{"gdn_prefill_backend": "triton"}', "--kv-cache-dtype fp8"):
+        assert flag in joined, flag
+    env = serve.server_env([Path("/overlay"), Path("/site")], {"PYTHONPATH": "/old", "HOME": "/root"})
+    assert env["PYTHONPATH"] == os.pathsep.join(["/overlay", "/site"])
+    assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "0" and env["HF_HUB_OFFLINE"] == "1" and env["HOME"] == "/root"
+
+
+def test_server_health_wait_and_group_stop(tmp_path):
+    """A real child process group: healthy once /health answers, stopped with its children."""
+    (tmp_path / "health").write_text("ok")
+    child = tmp_path / "child.py"
+    child.write_text(textwrap.dedent(f"""
+        import http.server, subprocess, sys, functools
+        subprocess.Popen([sys.executable, "-c", "import time; open({str(tmp_path / 'grandchild.pid')!r}, 'w').write(str(__import__('os').getpid())); time.sleep(600)"])
+        handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory={str(tmp_path)!r})
+        http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), handler).serve_forever()
+    """))
+    port = serve.free_port()
+    server = serve.Server("t", [sys.executable, str(child), str(port)], dict(os.environ), tmp_path / "log", port)
+    server.start()
+    try:
+        assert server.wait_healthy(deadline_s=30)
+        assert server.get("/health") == "ok"
+    finally:
+        server.stop()
+    grandchild = int((tmp_path / "grandchild.pid").read_text())
+    for _ in range(50):
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        import time
+        time.sleep(0.1)
+    else:
+        pytest.fail("the server's child outlived stop()")
+
+
+def test_server_that_exits_is_reported(tmp_path):
+    port = serve.free_port()
+    server = serve.Server("t", [sys.executable, "-c", "print('boom'); raise SystemExit(3)"], dict(os.environ),
+                          tmp_path / "log", port)
+    server.start()
+    assert not server.wait_healthy(deadline_s=30)
+    assert server.exit_code == 3 and "boom" in server.log_text()
+
+
+def test_results_files_and_exit_lines(tmp_path):
+    report = checks.Report("int8-lm-head")
+    report.check("tokens equal", True, "8 prompts")
+    report.check("bound", False, "largest difference 3.0")
+    e2e.write_results(tmp_path, [report], {"vllm": "0.21.0", "device": "H100"})
+    doc = json.loads((tmp_path / "int8-lm-head.json").read_text())
+    assert doc["vllm"] == "0.21.0" and [c["passed"] for c in doc["checks"]] == [True, False]
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| int8-lm-head | bound | FAIL | largest difference 3.0 |" in summary
+    assert report.failures == ["int8-lm-head: bound: largest difference 3.0"]
+
+
+def test_cli_input_errors(tmp_path, capsys):
+    assert e2e.main(["--vllm-site", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert "holds no vllm/ package" in capsys.readouterr().err
+    assert e2e.main(["--vllm-site", str(tmp_path), "--out", str(tmp_path / "o"), "--only", "nope"]) == 2
+    assert "unknown scenario nope" in capsys.readouterr().err
+
+
+@pytest.mark.vllm_runtime
+@pytest.mark.parametrize("mod", ["hybrid-int4-fp8", "mtp-weights", "int8-lm-head"])
+def test_overlay_patched_by_run_sh_leaves_the_site_alone(tmp_path, mod):
+    from vllmenv import vllm_env
+
+    env = vllm_env("0.21.0")
+    target = {"hybrid-int4-fp8": "vllm/model_executor/layers/quantization/inc.py",
+              "mtp-weights": "vllm/model_executor/model_loader/default_loader.py",
+              "int8-lm-head": "vllm/model_executor/layers/logits_processor.py"}[mod]
+    before = (env.site / target).read_bytes()
+    patched = serve.overlay(env.site, tmp_path / "overlay")
+    done = serve.apply_mod(REPO / "mods" / mod, patched, tmp_path / "ws", sys.executable)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "applied variant" in done.stdout
+    assert (patched / target).read_bytes() != before
+    assert (env.site / target).read_bytes() == before
+    probe = env.run(["-c", "import vllm, sys; print(vllm.__file__)"], pythonpath=patched)
+    assert probe.stdout.strip().startswith(str(patched)), probe.stderr[-300:]
