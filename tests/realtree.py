@@ -12,11 +12,13 @@ Two kinds, one layout (`vllm/...` plus `vllm-<version>.dist-info/METADATA`):
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import shutil
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from sparkmods.runtime import applier
 from sparkmods.runtime.fsops import TMP_SUFFIX
 from sparkmods.runtime.journal import STATE_DIR
 from sparkmods.runtime.manifest import Manifest, Variant, load_manifest
@@ -131,3 +133,52 @@ def copy_tree(src: Path, dest: Path) -> Path:
         shutil.rmtree(dest)
     shutil.copytree(src, dest, symlinks=True)
     return dest
+
+
+GOAL = {"apply": "applied", "revert": "pristine"}
+START = {"apply": "pristine", "revert": "applied"}
+OPPOSITE = {"apply": "revert", "revert": "apply"}
+
+
+def run_quietly(action: str, mod: Path, site: Path, workspace: Path) -> Tuple[int, str]:
+    """run.sh's entry point in this process; (exit code, what it printed)."""
+    out = io.StringIO()
+    rc = applier.run(action, mod, site, workspace, False, applier.Printer(mod.name, out))
+    return rc, out.getvalue()
+
+
+class Trees:
+    """Per mod: a pristine and an applied tree (and workspace) to copy, with their snapshots."""
+
+    def __init__(self, base: Path, mod: Path, site_factory: Callable[[Path, List[Path]], Path]) -> None:
+        self.mod = mod
+        self.base = base
+        self.pristine = site_factory(base / "pristine", [mod])
+        self.applied = copy_tree(self.pristine, base / "applied")
+        (base / "ws-pristine").mkdir()
+        copy_tree(base / "ws-pristine", base / "ws-applied")
+        rc, out = run_quietly("apply", mod, self.applied, base / "ws-applied")
+        assert rc == 0, out
+        self.snap = {"pristine": snapshot(self.pristine), "applied": snapshot(self.applied)}
+
+    def fresh(self, start: str) -> Tuple[Path, Path]:
+        """Copies of the start tree and workspace at base/work and base/ws."""
+        site = copy_tree(self.pristine if start == "pristine" else self.applied, self.base / "work")
+        return site, copy_tree(self.base / f"ws-{start}", self.base / "ws")
+
+    def at(self, site: Path, state: str) -> bool:
+        """Is the tree byte-identical to `state` ("pristine" or "applied")?"""
+        return snapshot(site) == self.snap[state]
+
+    def state_of(self, site: Path) -> Optional[str]:
+        """"pristine" or "applied" when the tree is byte-identical to one of them, else None."""
+        return next((name for name in self.snap if self.at(site, name)), None)
+
+    def leftovers(self, site: Path, workspace: Path) -> List[str]:
+        """strays() for the tree's state, plus our temps in the workspace."""
+        found = strays(site, [self.mod.name] if self.state_of(site) == "applied" else [])
+        return found + [p.name for p in workspace.glob(f".*{TMP_SUFFIX}")]
+
+    def assert_at(self, site: Path, workspace: Path, state: str) -> None:
+        assert self.at(site, state), f"tree is not {state}"
+        assert self.leftovers(site, workspace) == []

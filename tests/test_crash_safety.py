@@ -12,7 +12,6 @@ with SIGINT / SIGTERM sent to itself. For every N until the run completes:
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import tempfile
@@ -22,18 +21,13 @@ from typing import Dict, Iterator, List, Tuple
 import pytest
 
 import realtree
+from realtree import GOAL, OPPOSITE, START, Trees, run_quietly
 from sparkmods.runtime import applier, fsops
 from sparkmods.runtime.journal import JOURNAL_NAME, STATE_DIR, Entry, Journal, transact
 from sparkmods.runtime.manifest import load_manifest
 
 MODS = realtree.repo_mods()
 MAX_STEPS = 400  # far above any mod's step count: a run that never completes is a failure
-
-
-def run_quietly(action: str, mod: Path, site: Path, workspace: Path) -> Tuple[int, str]:
-    out = io.StringIO()
-    rc = applier.run(action, mod, site, workspace, False, applier.Printer(mod.name, out))
-    return rc, out.getvalue()
 
 
 def forked_run(action: str, mod: Path, site: Path, workspace: Path, limit: int, kind: str) -> Tuple[int, str]:
@@ -52,35 +46,6 @@ def forked_run(action: str, mod: Path, site: Path, workspace: Path, limit: int, 
     return os.waitstatus_to_exitcode(status), log.read_text() if log.exists() else ""
 
 
-class Trees:
-    """Per mod: a pristine and an applied tree to copy, their snapshots, a scratch folder."""
-
-    def __init__(self, base: Path, mod: Path, site_factory) -> None:
-        self.mod = mod
-        self.base = base
-        self.pristine = site_factory(base / "pristine", [mod])
-        self.applied = realtree.copy_tree(self.pristine, base / "applied")
-        (base / "ws-pristine").mkdir()
-        realtree.copy_tree(base / "ws-pristine", base / "ws-applied")
-        rc, out = run_quietly("apply", mod, self.applied, base / "ws-applied")
-        assert rc == 0, out
-        self.snap = {"pristine": realtree.snapshot(self.pristine), "applied": realtree.snapshot(self.applied)}
-        assert mod.name == "chat-template" or self.snap["pristine"] != self.snap["applied"]
-
-    def fresh(self, start: str) -> Tuple[Path, Path]:
-        """Copies of the start tree and workspace at base/work and base/ws."""
-        site = realtree.copy_tree(self.pristine if start == "pristine" else self.applied, self.base / "work")
-        return site, realtree.copy_tree(self.base / f"ws-{start}", self.base / "ws")
-
-    def assert_at(self, site: Path, workspace: Path, state: str) -> None:
-        assert realtree.snapshot(site) == self.snap[state], f"tree is not {state}"
-        assert realtree.strays(site, [self.mod.name] if state == "applied" else []) == []
-        assert not list(workspace.glob(f".*{fsops.TMP_SUFFIX}"))
-
-
-GOAL = {"apply": "applied", "revert": "pristine"}
-START = {"apply": "pristine", "revert": "applied"}
-OPPOSITE = {"apply": "revert", "revert": "apply"}
 
 
 def kill_every_step(trees: Trees, action: str, kind: str) -> Iterator[Tuple[int, str]]:
@@ -142,18 +107,17 @@ def test_sigint_and_sigterm_roll_back_at_once(trees: Trees, action: str, kind: s
         seen.add(status)
         site = trees.base / "work"
         assert status in (0, code), (status, out)
-        snap = realtree.snapshot(site)
-        state = next((s for s, v in trees.snap.items() if v == snap), None)
+        state = trees.state_of(site)
         assert state is not None, "interrupted run left the tree half-changed"
         if status == code:  # one line says which: rolled back, finished, or nothing was under way
             assert out.count(f"interrupted by SIG{kind}") == 1, out
             if "rolled back" in out:
-                assert state == START[action], out
+                assert trees.at(site, START[action]), out
             elif "completed" in out:
-                assert state == GOAL[action], out
+                assert trees.at(site, GOAL[action]), out
             else:
                 assert "outside a change" in out, out
-        assert realtree.strays(site, [trees.mod.name] if state == "applied" else []) == []
+        assert trees.leftovers(site, trees.base / "ws") == []
     assert code in seen
 
 
