@@ -71,20 +71,41 @@ def _fix_interpreter_scalars() -> None:
 def load_modules(interpret: bool) -> Tuple[ModuleType, ModuleType]:
     """(tq_format, tq_triton) from the mod folder.
 
-    interpret=True sets TRITON_INTERPRET=1 for the rest of the process: Triton reads it when a
-    kernel is defined and again when its lazily imported parts load at the first launch. Only
-    a process without a GPU (the CPU tests, --smoke) asks for it.
+    interpret=True runs the kernels on Triton's CPU interpreter. Triton reads TRITON_INTERPRET
+    when a kernel is defined, including its own library kernels (tl.sum, tl.cdiv, ...) when
+    triton is first imported, and once more when it lazily imports its gluon package at the
+    first launch; so the variable is set around the first import of all of them and removed
+    afterwards, and subprocesses started later do not inherit it. RuntimeError if triton was
+    already imported for real kernels in this process.
     """
+    previous = os.environ.get("TRITON_INTERPRET")
     if interpret:
+        if "triton" in sys.modules and not _interpreted(sys.modules["triton"]):
+            raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set; load the TurboQuant modules first")
         os.environ["TRITON_INTERPRET"] = "1"
-        _fix_interpreter_scalars()
     sys.path.insert(0, str(MOD_FILES))
     try:
+        import triton.experimental.gluon  # noqa: F401  (imported lazily at the first launch otherwise)
         import tq_format
         import tq_triton
     finally:
         sys.path.remove(str(MOD_FILES))
+        if previous is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
+    if interpret:
+        if not _interpreted(sys.modules["triton"]):
+            raise RuntimeError("tq_triton was imported for real kernels earlier in this process; the CPU interpreter cannot run them")
+        _fix_interpreter_scalars()
     return tq_format, tq_triton
+
+
+def _interpreted(triton: ModuleType) -> bool:
+    """Whether triton's own library kernels (and so ours) were defined for the CPU interpreter."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(triton.language.standard.sum, InterpretedFunction)
 
 
 @dataclass

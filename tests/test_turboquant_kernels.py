@@ -1,0 +1,386 @@
+"""turboquant: the KV format, the PyTorch reference and the Triton kernels, on the CPU.
+
+The kernels run under Triton's interpreter (TRITON_INTERPRET=1, set by the benchmark's
+load_modules before the kernels are defined; no other test in this suite launches Triton). The
+files are the mod's own (mods/turboquant/files), the ones its variant installs into vLLM. The
+benchmark script's CPU-runnable parts are checked here too, its --smoke run as a real
+subprocess, so the GPU command cannot rot. Realistic shapes and timings: ci/bench/bench_turboquant.py
+on the GPU machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Dict, Tuple
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if importlib.util.find_spec("triton") is None:  # importing it here would define its kernels for the GPU
+    pytest.skip("triton is not installed (pip install -e '.[test]' on Linux)", allow_module_level=True)
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH_PATH = REPO / "ci" / "bench" / "bench_turboquant.py"
+HKV, HQ, BLOCK, PAGES = 2, 8, 16, 6
+DTYPES = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")
+
+
+def _load_bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_turboquant", BENCH_PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+BENCH = _load_bench()
+# at collection, before any test runs: triton must first be imported with TRITON_INTERPRET=1
+FORMAT, KERNELS = BENCH.load_modules(interpret=True)
+
+
+@pytest.fixture(scope="module")
+def fmt() -> ModuleType:
+    return FORMAT
+
+
+@pytest.fixture(scope="module")
+def tq() -> ModuleType:
+    return KERNELS
+
+
+def rel(a: Any, b: Any) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+# ---- spec table, layout, boundary layers ----
+
+
+def _upstream_slot(key_bits: int, value_bits: int, d: int) -> int:
+    """Upstream 0.21's slot size (config.py: key D or ceil(D*b/8)+2, value ceil(D*b/8)+4, even)."""
+    key = d if key_bits == 8 else math.ceil(d * key_bits / 8) + 2
+    slot = key + math.ceil(d * value_bits / 8) + 4
+    return slot + slot % 2
+
+
+@pytest.mark.parametrize("name,bits,fp8,nc", [("turboquant_k8v4", (8, 4), True, False), ("turboquant_4bit_nc", (4, 4), False, True),
+                                              ("turboquant_k3v4_nc", (3, 4), False, True), ("turboquant_3bit_nc", (3, 3), False, True)])
+def test_presets_match_upstream_and_take_no_more_bytes(fmt: ModuleType, name: str, bits: Tuple[int, int], fp8: bool, nc: bool) -> None:
+    spec = fmt.tq_spec(name)
+    assert (spec.key_bits, spec.value_bits, spec.key_fp8, spec.norm_correction) == (*bits, fp8, nc)
+    assert fmt.is_turboquant(name)
+    for d in (128, 256):
+        assert fmt.slot_bytes(spec, d) <= _upstream_slot(*bits, d)
+        assert fmt.page_bytes(spec, 32, HKV, d) == 32 * HKV * fmt.slot_bytes(spec, d)
+        assert fmt.cache_shape(7, 32, HKV, d, spec) == (7, 32, HKV, fmt.slot_bytes(spec, d))
+
+
+def test_bytes_per_token_of_qwen35_attention(fmt: ModuleType) -> None:
+    # head 256, 2 KV heads: bf16 2048 bytes; turboquant_k3v4_nc 2 x (96 + 2 + 128 + 4) = 460 (4.45x)
+    assert fmt.kv_bytes_per_token("bf16", 256, 2) == 2048
+    assert fmt.kv_bytes_per_token("fp8", 256, 2) == 1024
+    assert fmt.kv_bytes_per_token("turboquant_k3v4_nc", 256, 2) == 460
+    assert fmt.kv_bytes_per_token("turboquant_3bit_nc", 128, 2) == 204
+
+
+def test_bad_names_and_shapes_are_refused(fmt: ModuleType) -> None:
+    with pytest.raises(ValueError, match="turboquant_k3v4_nc"):
+        fmt.tq_spec("turboquant_2bit")
+    assert not fmt.is_turboquant("fp8") and not fmt.is_turboquant("auto")
+    spec = fmt.tq_spec("turboquant_4bit_nc")
+    with pytest.raises(ValueError, match="head sizes"):
+        fmt.slot_bytes(spec, 96)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        fmt.cache_shape(4, 24, 2, 128, spec)
+    wrong = torch.zeros(4, 16, 2, 100, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="slot of 100 bytes"):
+        fmt.cache_geometry(wrong, spec, 128)
+
+
+def test_boundary_layers_follow_upstream_0_21(fmt: ModuleType) -> None:
+    assert fmt.boundary_layers(48) == {0, 1, 46, 47}
+    assert fmt.boundary_layers(3) == {0, 2}  # n capped at half the layers
+    assert fmt.boundary_layers(48, n=0) == set()
+    qwen35 = {"layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 12}
+    ids = fmt.full_attention_layer_ids(qwen35)
+    assert ids == list(range(3, 48, 4))
+    assert fmt.boundary_layers(48, ids) == set()  # hybrids keep every attention layer quantised
+    assert fmt.full_attention_layer_ids({"layers_block_type": ["mamba", "attention", "hybrid"]}) == [1, 2]
+    assert fmt.full_attention_layer_ids({"attn_type_list": [0, 1, 0, 1]}) == [1, 3]
+    assert fmt.full_attention_layer_ids({"num_hidden_layers": 4}) is None
+    with pytest.raises(ValueError, match="names none"):
+        fmt.boundary_layers(48, fmt.full_attention_layer_ids({"layer_types": ["linear_attention"] * 4}))
+
+
+def test_rotation_is_orthogonal_deterministic_and_seeded(fmt: ModuleType) -> None:
+    for d in (128, 256):
+        r = fmt.rotation(d).double()
+        assert torch.allclose(r @ r.T, torch.eye(d, dtype=torch.float64), atol=1e-6)
+        assert torch.equal(fmt.rotation(d), fmt.rotation(d))
+    assert not torch.equal(fmt.rotation(128), fmt.rotation(128, seed=1))
+    # a constant vector (all channels equal) is spread over every coordinate, unlike a bare Hadamard
+    y = torch.ones(128) @ fmt.rotation(128).T
+    assert float(y.abs().max()) < 0.5 * math.sqrt(128)
+
+
+# ---- codebook and distortion against the TurboQuant paper ----
+
+
+@pytest.mark.parametrize("d", [128, 256])
+def test_codebook_is_symmetric_and_sorted(fmt: ModuleType, d: int) -> None:
+    for bits in (3, 4):
+        c, mid = fmt.codebook(d, bits)
+        assert c.numel() == 2 ** bits and mid.numel() == 2 ** bits - 1
+        assert bool((c[1:] > c[:-1]).all())
+        assert torch.allclose(c, -c.flip(0), atol=1e-7)
+        assert torch.allclose(mid, (c[1:] + c[:-1]) / 2)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4])
+def test_unit_vector_mse_is_the_papers(fmt: ModuleType, bits: int) -> None:
+    # the paper rounds (0.36, 0.117, 0.03, 0.009); the exact Gaussian Lloyd-Max values are Max's
+    for d in (128, 256):
+        integral = fmt.codebook_mse(d, bits)
+        assert abs(integral - fmt.PAPER_MSE[bits]) <= 0.16 * fmt.PAPER_MSE[bits]
+        assert abs(integral - BENCH.GAUSSIAN_LLOYD_MAX[bits]) <= 0.03 * BENCH.GAUSSIAN_LLOYD_MAX[bits]
+    measured = fmt.unit_vector_mse(256, bits, 3000)
+    assert abs(measured - fmt.codebook_mse(256, bits)) <= 0.03 * fmt.codebook_mse(256, bits)
+
+
+def test_norm_correction_keeps_unit_length_and_distortion(fmt: ModuleType) -> None:
+    for bits in (3, 4):
+        plain = fmt.unit_vector_mse(128, bits, 2000)
+        corrected = fmt.unit_vector_mse(128, bits, 2000, norm_correction=True)
+        assert corrected <= 1.05 * plain  # same distortion class at the bit widths the dtypes use
+
+
+# ---- bit packing ----
+
+
+def test_packing_of_hand_checked_codes(fmt: ModuleType) -> None:
+    four = torch.tensor([1, 2, 3, 4, 5, 6, 7, 15])
+    assert fmt.pack_codes(four, 4).tolist() == [0x21, 0x43, 0x65, 0xF7]
+    three = torch.arange(8)
+    # low 2 bits 0,1,2,3,0,1,2,3 four to a byte; high bits 0,0,0,0,1,1,1,1 eight to a byte
+    assert fmt.pack_codes(three, 3).tolist() == [0xE4, 0xE4, 0xF0]
+
+
+@pytest.mark.parametrize("bits", [3, 4])
+def test_packing_round_trips(fmt: ModuleType, bits: int) -> None:
+    codes = torch.randint(0, 2 ** bits, (5, 3, 256), generator=torch.Generator().manual_seed(bits))
+    packed = fmt.pack_codes(codes, bits)
+    assert packed.shape == (5, 3, 256 * bits // 8) and packed.dtype == torch.uint8
+    assert torch.equal(fmt.unpack_codes(packed, bits, 256), codes)
+
+
+# ---- store: kernel against reference, and what the bytes mean ----
+
+_CACHES: Dict[Tuple[str, int], Dict[str, Any]] = {}
+
+
+def stored(fmt: ModuleType, tq: ModuleType, name: str, d: int) -> Dict[str, Any]:
+    """Keys/values written into a kernel cache and a reference cache (built once per dtype and size).
+
+    90 of the 96 slots are written in random order, 4 slot_mapping entries are -1 and their rows
+    (and the padding rows past slot_mapping) are NaN: any read of them would show.
+    """
+    if (name, d) not in _CACHES:
+        spec = fmt.tq_spec(name)
+        gen = torch.Generator().manual_seed(d + len(name))
+        slots = torch.randperm(PAGES * BLOCK, generator=gen)[:90]
+        mapping = torch.cat([slots[:30], torch.full((2,), -1), slots[30:], torch.full((2,), -1)])
+        n = mapping.numel()
+        key = (torch.randn(n + 3, HKV, d, generator=gen) * torch.exp(torch.randn(HKV, d, generator=gen))).to(torch.bfloat16)
+        value = torch.randn(n + 3, HKV, d, generator=gen).to(torch.bfloat16)
+        skipped = torch.cat([mapping < 0, torch.ones(3, dtype=torch.bool)])
+        key[skipped] = float("nan")
+        value[skipped] = float("nan")
+        kernel = torch.zeros(fmt.cache_shape(PAGES, BLOCK, HKV, d, spec), dtype=torch.uint8)
+        reference = kernel.clone()
+        tq.tq_store(key, value, kernel, mapping, spec)
+        fmt.ref_store(key, value, reference, mapping, spec)
+        _CACHES[(name, d)] = {"spec": spec, "key": key, "value": value, "mapping": mapping, "kernel": kernel, "reference": reference}
+    return _CACHES[(name, d)]
+
+
+def _by_slot(fmt: ModuleType, case: Dict[str, Any], d: int) -> Tuple[Any, Any, Any, Any]:
+    """Dequantised kernel cache read back one slot per token, next to the original key/value."""
+    keep = case["mapping"] >= 0
+    slots = case["mapping"][keep]
+    table = torch.arange(PAGES, dtype=torch.int32)[None, :]
+    k, v = fmt.ref_dequant(case["kernel"], table, [PAGES * BLOCK], case["spec"], d, torch.float32)
+    n = case["mapping"].numel()
+    return k[0, slots], v[0, slots], case["key"][:n][keep].float(), case["value"][:n][keep].float()
+
+
+@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("name", DTYPES)
+def test_store_kernel_writes_the_reference_bytes(fmt: ModuleType, tq: ModuleType, name: str, d: int) -> None:
+    case = stored(fmt, tq, name, d)
+    assert torch.equal(case["kernel"], case["reference"])
+    # the 6 slots never named stay untouched (all zero bytes) in every sub-array of their head
+    written = set(case["mapping"][case["mapping"] >= 0].tolist())
+    free = [s for s in range(PAGES * BLOCK) if s not in written]
+    table = torch.arange(PAGES, dtype=torch.int32)[None, :]
+    k, v = fmt.ref_dequant(case["kernel"], table, [PAGES * BLOCK], case["spec"], d, torch.float32)
+    assert len(free) == 6 and float(k[0, free].abs().sum() + v[0, free].abs().sum()) == 0.0
+
+
+@pytest.mark.parametrize("name", DTYPES)
+def test_values_are_within_half_a_step(fmt: ModuleType, tq: ModuleType, name: str) -> None:
+    case = stored(fmt, tq, name, 128)
+    _, v_hat, _, v = _by_slot(fmt, case, 128)
+    step = (v.amax(-1) - v.amin(-1)) / (2 ** case["spec"].value_bits - 1)
+    # half a step, plus the float16 rounding of scale (x code <= 15) and zero point
+    slack = step * (0.5 + 16 * 2 ** -11) + v.abs().amax(-1) * 2 ** -10
+    assert bool(((v_hat - v).abs() <= slack[..., None]).all())
+
+
+@pytest.mark.parametrize("name", DTYPES)
+def test_keys_keep_their_length_and_codebook_distortion(fmt: ModuleType, tq: ModuleType, name: str) -> None:
+    case = stored(fmt, tq, name, 256)
+    spec = case["spec"]
+    k_hat, _, k, _ = _by_slot(fmt, case, 256)
+    if spec.key_fp8:
+        assert torch.equal(k_hat, k.to(torch.float8_e4m3fn).float())
+        return
+    # norm correction: the rebuilt key has the original length up to float16 rounding
+    assert torch.allclose(k_hat.norm(dim=-1), k.norm(dim=-1), rtol=2e-3)
+    err = float((((k_hat - k) ** 2).sum(-1) / (k ** 2).sum(-1)).mean())
+    expected = fmt.unit_vector_mse(256, spec.key_bits, 2000, norm_correction=True)
+    assert 0.7 * expected <= err <= 1.3 * expected
+
+
+# ---- decode and dequant: kernel, reference from the codes, plain attention on the dequantised cache ----
+
+LENS = [1, 21, 48]  # one token, a partial page, exactly three pages
+TABLE = torch.tensor([[5, 2, 0], [1, 4, 2], [3, 0, 1]], dtype=torch.int32)
+
+
+def plain_attention(fmt: ModuleType, case: Dict[str, Any], query: Any, d: int) -> Any:
+    """float64 softmax attention over ref_dequant's keys and values (un-rotated), one query head at a time."""
+    k, v = fmt.ref_dequant(case["kernel"], TABLE, LENS, case["spec"], d, torch.float64)
+    out = torch.empty(query.shape, dtype=torch.float64)
+    group = HQ // HKV
+    for b, length in enumerate(LENS):
+        for h in range(HQ):
+            scores = (k[b, :length, h // group] @ query[b, h].double()) * d ** -0.5
+            out[b, h] = torch.softmax(scores, 0) @ v[b, :length, h // group]
+    return out
+
+
+@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("name", DTYPES)
+def test_decode_matches_reference_and_plain_attention(fmt: ModuleType, tq: ModuleType, name: str, d: int) -> None:
+    case = stored(fmt, tq, name, d)
+    query = torch.randn(len(LENS), HQ, d, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+    lens = torch.tensor(LENS, dtype=torch.int32)
+    plain = plain_attention(fmt, case, query, d)
+    ref = fmt.ref_decode(query, case["kernel"], TABLE, lens, d ** -0.5, case["spec"])
+    assert rel(ref, plain) < 1e-2  # bf16 output rounding only
+    out = tq.tq_decode(query, case["kernel"], TABLE, lens, d ** -0.5, case["spec"])
+    assert out.dtype == torch.bfloat16 and out.shape == query.shape
+    assert rel(out, plain) < 1e-2
+    # several splits per request, merged by log-sum-exp; 21 tokens make splits of 16, 5 and none
+    cfg = tq.DecodeConfig(block_n=16, num_warps=4, num_stages=1, min_chunk=8)
+    split = tq.tq_decode(query, case["kernel"], TABLE, lens, d ** -0.5, case["spec"], num_splits=3, config=cfg)
+    assert rel(split, plain) < 1e-2
+    # the one-token request attends to exactly its value
+    assert torch.allclose(out[0].float(), plain[0].float(), atol=2e-2, rtol=2e-2)
+
+
+def test_decode_writes_into_out_and_gives_zeros_for_an_empty_request(fmt: ModuleType, tq: ModuleType) -> None:
+    case = stored(fmt, tq, "turboquant_k3v4_nc", 128)
+    query = torch.randn(2, HQ, 128, generator=torch.Generator().manual_seed(3)).to(torch.float16)
+    out = torch.full_like(query, float("nan"))
+    lens = torch.tensor([0, 20], dtype=torch.int32)
+    got = tq.tq_decode(query, case["kernel"], TABLE[:2], lens, 0.1, case["spec"], out=out)
+    assert got.data_ptr() == out.data_ptr() and got.dtype == torch.float16
+    assert float(out[0].abs().max()) == 0.0
+    ref = fmt.ref_decode(query, case["kernel"], TABLE[:2], lens, 0.1, case["spec"])
+    assert rel(out[1], ref[1]) < 1e-2
+
+
+def test_decode_refuses_heads_that_do_not_group(fmt: ModuleType, tq: ModuleType) -> None:
+    case = stored(fmt, tq, "turboquant_k3v4_nc", 128)
+    with pytest.raises(ValueError, match="not a multiple"):
+        tq.tq_decode(torch.zeros(1, 3, 128), case["kernel"], TABLE[:1], torch.tensor([4], dtype=torch.int32), 0.1, case["spec"])
+
+
+@pytest.mark.parametrize("name", DTYPES)
+def test_dequant_varlen_packs_the_reference(fmt: ModuleType, tq: ModuleType, name: str) -> None:
+    case = stored(fmt, tq, name, 128)
+    cu = torch.tensor([0, 1, 22, 70], dtype=torch.int32)
+    k_ref, v_ref = fmt.ref_dequant(case["kernel"], TABLE, LENS, case["spec"], 128, torch.float32)
+    want_k = torch.cat([k_ref[b, :n] for b, n in enumerate(LENS)])
+    want_v = torch.cat([v_ref[b, :n] for b, n in enumerate(LENS)])
+    k, v = tq.tq_dequant_varlen(case["kernel"], TABLE, cu, case["spec"], 128, torch.float32)
+    assert k.shape == v.shape == (70, HKV, 128)
+    assert torch.allclose(k, want_k, atol=1e-5, rtol=1e-5) and torch.equal(v, want_v)
+    k16, v16 = tq.tq_dequant_varlen(case["kernel"], TABLE, cu, case["spec"], 128, torch.bfloat16, total_k=70)
+    assert k16.dtype == v16.dtype == torch.bfloat16
+    # within one bfloat16 step (the interpreter truncates where the GPU rounds)
+    assert torch.allclose(v16.float(), want_v, rtol=2 ** -7, atol=0) and torch.allclose(k16.float(), want_k, rtol=2 ** -7, atol=1e-6)
+
+
+# ---- the GPU benchmark script's CPU-runnable parts ----
+
+
+def test_bench_arguments_have_gpu_and_smoke_defaults() -> None:
+    args = BENCH.parse_args(["--out", "x"])
+    assert (args.head_size, args.kv_heads, args.q_heads, args.contexts, args.batches) == (256, 2, 32, [4096, 32768, 131072], [1, 8])
+    smoke = BENCH.parse_args(["--out", "x", "--smoke", "--contexts", "5,9"])
+    assert (smoke.head_size, smoke.q_heads, smoke.contexts) == (128, 4, [5, 9])
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--out", "x", "--contexts", "4k"], "comma-separated integers"),
+    (["--out", "x", "--batches", "0"], "positive integers"),
+    (["--out", "x", "--block-size", "24"], "multiple of 16"),
+    (["--out", "x", "--q-heads", "5"], "not a multiple"),
+    (["--out", "x", "--upstream-site", "/nonexistent"], "site-packages of a vLLM"),
+    (["--contexts", "4"], "--out"),
+])
+def test_bench_bad_arguments_are_one_line_and_exit_2(argv: list, message: str, capsys: pytest.CaptureFixture) -> None:
+    assert BENCH.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_bench_goal_check_reads_the_timings() -> None:
+    timings = [{"kind": "ours turboquant_k3v4_nc", "batch": 1, "context": 32768, "us": 10.0},
+               {"kind": "upstream turboquant_k3v4_nc", "batch": 1, "context": 32768, "us": 12.0},
+               {"kind": "bf16 sdpa", "batch": 1, "context": 32768, "us": 9.0},
+               {"kind": "ours turboquant_k3v4_nc", "batch": 1, "context": 4096, "us": 5.0},
+               {"kind": "upstream turboquant_k3v4_nc", "batch": 1, "context": 4096, "us": 4.0},
+               {"kind": "bf16 sdpa", "batch": 1, "context": 4096, "us": 3.0}]
+    lines = BENCH.verdicts(timings)
+    assert lines == ["turboquant_k3v4_nc b1 ctx 4096: SLOWER vs upstream (5.0 vs 4.0 us)",
+                     "turboquant_k3v4_nc b1 ctx 32768: OK vs upstream (10.0 vs 12.0 us); SLOWER vs bf16 sdpa (10.0 vs 9.0 us)"]
+    matrix = BENCH.timing_matrix(timings)
+    assert matrix[0] == {"kind": "ours turboquant_k3v4_nc", "b1 32k": 10.0, "b1 4k": 5.0}
+    table = BENCH.markdown_table(matrix, ["kind", "b1 4k", "b1 32k"]).splitlines()
+    assert table[2] == "| ours turboquant_k3v4_nc | 5 | 10 |" and table[3] == "| upstream turboquant_k3v4_nc | 4 | 12 |"
+
+
+def test_bench_smoke_run_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, str(BENCH_PATH), "--smoke", "--out", str(out), "--contexts", "1,37", "--batches", "2",
+                           "--dtypes", "turboquant_k3v4_nc"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads((out / "turboquant_bench.json").read_text())
+    rows = results["correctness"]
+    assert [(r["batch"], r["context"]) for r in rows] == [(2, 1), (2, 37)]
+    assert all(r["ours_vs_reference"] < BENCH.REL_TOLERANCE for r in rows)
+    assert all(r["ours_vs_exact"] < 0.5 for r in rows)  # 3-bit keys, 4-bit values: noisy, not broken
+    assert [r["bits"] for r in results["distortion"]] == [1, 2, 3, 4]
+    assert {r["kind"]: r["ours"] for r in results["kv_bytes"]} == {"bf16": 1024, "fp8": 512, "turboquant_k3v4_nc": 236}
+    assert results["failures"] == [] and results["meta"]["device"].startswith("cpu")
+    report = (out / "turboquant_bench.md").read_text()
+    assert "## Unit-vector MSE per bit width" in report and "| turboquant_k3v4_nc | 2 | 37 |" in report
