@@ -17,6 +17,7 @@ import sys
 from typing import Sequence
 
 from sparkmods import __version__, commands
+from sparkmods.closedpipe import ClosedPipeGuard
 from sparkmods.errors import SparkmodsError
 from sparkmods.runtime.engine import UnsafePath
 from sparkmods.runtime.locate import LocateError
@@ -41,11 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    stdout = sys.stdout
+    sys.stdout = guard = ClosedPipeGuard(stdout)  # `sparkmods check | head -2`: no traceback
     try:
         return int(args.func(args))
     except _INPUT_ERRORS as exc:
@@ -54,3 +55,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("sparkmods: interrupted", file=sys.stderr)
         return 130
+    finally:
+        guard.flush()  # inside the guard, so a reader gone before the last buffer is no error either
+        sys.stdout = stdout

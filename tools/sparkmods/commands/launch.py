@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import List, Tuple
 
 from sparkmods.errors import SparkmodsError
+from sparkmods.launch.ontargets import validate_on
 from sparkmods.launch.plan import CLUSTER, STANDALONE, LaunchOptions, build_plan, describe
 from sparkmods.launch.recipe import load_recipe
 from sparkmods.launch.render import about, find_launcher, render, write_script
-from sparkmods.launch.rules import validate
 from sparkmods.launch.target import TargetFacts
-from sparkmods.launch.target_open import check_with_engine, open_target
+from sparkmods.launch.target_open import check_with_engine, open_launch_targets
+from sparkmods.modsdir import mods_root
+from sparkmods.targets import add_target_args
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -36,10 +38,10 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--standalone", action="store_true",
                    help="a script that needs only docker and ssh instead of launch-cluster.sh")
     p.add_argument("--image", help="container image (default: the recipe's container)")
-    p.add_argument("--vllm", metavar="SPEC",
-                   help="the image's vLLM when the local Docker engine does not have the image (e.g. 0.19.1)")
-    p.add_argument("--index-url", help="package index for --vllm (default: $SPARKMODS_INDEX_URL or PyPI)")
-    p.add_argument("--offline", action="store_true", help="read --vllm from the on-disk cache only")
+    add_target_args(p, default=None)
+    p.add_argument("--mods-dir", metavar="DIR",
+                   help="where the recipe's mods/<name> folders are (default: the mods/ folder above the "
+                        "recipe, else $SPARKMODS_MODS_DIR, ./mods or this collection's)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a placeholder of the recipe's command (repeatable)")
     p.add_argument("--pass-env", action="append", default=[], metavar="NAME",
@@ -79,25 +81,26 @@ def options_from(args: argparse.Namespace) -> LaunchOptions:
 
 def run_launch(args: argparse.Namespace) -> int:
     path = Path(args.recipe)
-    plan = build_plan(load_recipe(path), options_from(args))
-    facts = TargetFacts(open_target(plan.image, args.vllm, index_url=args.index_url, offline=args.offline))
-    checked = validate(plan, facts, check_with_engine)
+    plan = build_plan(load_recipe(path), options_from(args), mods_dir=mods_root(args.mods_dir) if args.mods_dir else None)
+    sources = open_launch_targets(plan.image, args.vllm or [], index_url=args.index_url, offline=args.offline)
+    checked = validate_on(plan, [TargetFacts(s) for s in sources], check_with_engine)
     text = None
     if not checked.errors:
         launcher = None if plan.form == STANDALONE else find_launcher(args.launch_cluster, plan.root)
-        text = render(plan, about(plan, facts.label, checked.mod_results), launcher)
+        text = render(plan, about(plan, checked.checked), launcher)
         if args.output:
             write_script(text, Path(args.output))
     if args.json:
-        doc = {"plan": describe(plan), "target": facts.label, "mods": [r.to_dict() for r in checked.mod_results],
-               "problems": [p.to_dict() for p in checked.problems], "output": args.output}
+        doc = {"plan": describe(plan), "target": "; ".join(label for label, _ in checked.checked),
+               "mods": [r.to_dict() for _, results in checked.checked for r in results],
+               "problems": [f.to_dict() for f in checked.findings], "output": args.output}
         if text is not None and not args.output:
             doc["script"] = text
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        for problem in checked.problems:
-            print(f"{path.name}: {problem}", file=sys.stderr)
+        for finding in checked.findings:
+            print(f"{path.name}: {finding}", file=sys.stderr)
         if text is not None and not args.output:
             sys.stdout.write(text)
     return 1 if checked.errors else 0

@@ -15,6 +15,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from sparkmods.errors import SparkmodsError
 from sparkmods.launch.recipe import Recipe, Scalar, find_repo_root, format_value, placeholders
 from sparkmods.launch.servecmd import ServeCommand, ServeCommandError
+from sparkmods.modsdir import mods_root
 
 __all__ = ["LaunchOptions", "LaunchPlan", "build_plan", "CLUSTER", "STANDALONE"]
 
@@ -86,16 +87,22 @@ def _check_nodes(nodes: Sequence[str]) -> None:
         raise SparkmodsError("--nodes: one node is a solo launch: use --solo")
 
 
-def build_plan(recipe: Recipe, opts: LaunchOptions, root: Optional[Path] = None) -> LaunchPlan:
+def build_plan(recipe: Recipe, opts: LaunchOptions, root: Optional[Path] = None,
+               mods_dir: Optional[Path] = None) -> LaunchPlan:
     """Resolve everything the scripts need; bad input raises SparkmodsError (one line).
 
     root is the recipe repository that `mods/...` paths are relative to (default: found).
+    mods_dir (--mods-dir) is where `mods/<name>` entries live instead; without it, a recipe
+    with no `mods/` folder above it uses the collection's (see modsdir.mods_root).
     """
     _check_nodes(opts.nodes)
     for name in opts.pass_env:
         if not _ENV_NAME.match(name):
             raise SparkmodsError(f"--pass-env: {name!r} is not an environment variable name")
     repo = root or find_repo_root(recipe.path)
+    mods = mods_dir
+    if mods is None and recipe.mods and not (repo / "mods").is_dir():
+        mods = mods_root()  # a recipe kept outside any collection (~/my.yaml): the collection's mods
     values: Dict[str, Scalar] = dict(recipe.defaults)
     sets = _parse_sets(recipe, opts.sets)
     if TP_KEY in values and TP_KEY not in sets:
@@ -109,7 +116,7 @@ def build_plan(recipe: Recipe, opts: LaunchOptions, root: Optional[Path] = None)
     return LaunchPlan(
         recipe=recipe, root=repo, form=opts.form, image=opts.image or recipe.container,
         nodes=tuple(opts.nodes), ray=bool(opts.nodes) and opts.ray, serve=serve,
-        env=recipe.env_map, pass_env=tuple(dict.fromkeys(opts.pass_env)), mod_dirs=recipe.mod_dirs(repo),
+        env=recipe.env_map, pass_env=tuple(dict.fromkeys(opts.pass_env)), mod_dirs=recipe.mod_dirs(repo, mods),
         gpus_per_node=opts.gpus_per_node,
     )
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import string
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import yaml
@@ -69,17 +69,23 @@ class Recipe:
     def env_map(self) -> Dict[str, str]:
         return dict(self.env)
 
-    def mod_dirs(self, root: Path) -> List[Path]:
+    def mod_dirs(self, root: Path, mods: Optional[Path] = None) -> List[Path]:
         """The mods' folders, absolute (launch-cluster.sh wants them so); unknown mods fail.
 
+        `mods/<name>` entries resolve in `mods` when given (--mods-dir, or the collection's
+        folder for a recipe kept outside any repository), else under root like every other entry.
         A mod is known when its folder holds run.sh (what --apply-mod needs) or our mod.toml.
         """
         out = []
         for i, rel in enumerate(self.mods):
-            folder = (root / rel).resolve()
+            parts = PurePosixPath(rel).parts
+            base, tail = (mods, parts[1:]) if mods is not None and len(parts) > 1 and parts[0] == "mods" else (root, parts)
+            folder = base.joinpath(*tail).resolve()
             if not ((folder / "run.sh").is_file() or (folder / MANIFEST_TOML).is_file()):
-                raise RecipeError(f"{self.path}: mods[{i}]: {brief(rel)} is not a mod folder under {root} "
-                                  f"(no run.sh or {MANIFEST_TOML} in {folder})")
+                where = f"in {mods}" if base is mods else f"under {root}"
+                raise RecipeError(f"{self.path}: mods[{i}]: {brief(rel)} is not a mod folder {where} "
+                                  f"(no run.sh or {MANIFEST_TOML} in {folder}); say where the mods are "
+                                  f"with --mods-dir DIR")
             out.append(folder)
         return out
 

@@ -2,7 +2,7 @@
 
 The image's own vLLM is the truth, so we read it with `image:NAME` when the local Docker engine
 has the image; otherwise the user tells us the version with `--vllm SPEC` (any target spec
-`sparkmods check` accepts, as long as it names exactly one vLLM).
+`sparkmods check` accepts; repeated, or a range, every vLLM it names is checked).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence
 from sparkmods.errors import SparkmodsError
 from sparkmods.runtime.modcheck import ModResult
 
-__all__ = ["image_present", "open_target", "check_with_engine"]
+__all__ = ["image_present", "open_launch_targets", "check_with_engine"]
 
 log = logging.getLogger("sparkmods.launch")
 
@@ -39,24 +39,22 @@ def image_present(image: str) -> bool:
         return False
 
 
-def open_target(image: str, vllm: Optional[str], *, index_url: Optional[str] = None, offline: bool = False):
-    """The one VllmSource to check against: `image:IMAGE` if the engine has it, else `--vllm`."""
+def open_launch_targets(image: str, vllm: Sequence[str], *, index_url: Optional[str] = None,
+                offline: bool = False) -> List:
+    """The VllmSources to check against: `image:IMAGE` if the engine has it, else every --vllm
+    (repeatable, as for `sparkmods check`; a range names each release in it)."""
     from sparkmods.sources import open_targets
 
     if image_present(image):
-        spec = f"image:{image}"
-    elif vllm:
-        spec = vllm
-    else:
+        (source,) = open_targets(f"image:{image}")
+        for spec in vllm:
+            if not _same_release(spec, source.version):
+                log.warning("image %s holds vLLM %s, not %s: checking the image", image, source.version, spec)
+        return [source]
+    if not vllm:
         raise SparkmodsError(f"image {image!r} is not in the local Docker engine, so its vLLM cannot be read: "
                              "pass --vllm VERSION (the vLLM inside that image)")
-    sources = open_targets(spec, index_url=index_url, offline=offline)
-    if len(sources) != 1:
-        raise SparkmodsError(f"--vllm {spec!r} names {len(sources)} vLLM releases; name exactly one")
-    source = sources[0]
-    if spec.startswith("image:") and vllm and not _same_release(vllm, source.version):
-        log.warning("image %s holds vLLM %s, not %s: checking the image", image, source.version, vllm)
-    return source
+    return [s for spec in vllm for s in open_targets(spec, index_url=index_url, offline=offline)]
 
 
 def _same_release(spec: str, version: str) -> bool:
