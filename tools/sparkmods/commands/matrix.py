@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Dict, Optional
 
 from sparkmods.errors import SparkmodsError
-from sparkmods.matrix.build import build, sort_sources
+from sparkmods.matrix.build import build_counted, sort_sources
 from sparkmods.matrix.compare import compare, stale_mods, without_timestamp
 from sparkmods.matrix.render import to_markdown, to_svg
 from sparkmods.modsdir import resolve_mods
@@ -32,6 +32,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--check", action="store_true",
                    help="change nothing; exit 1 if the committed matrix is stale for the current mods")
     p.add_argument("--against", metavar="OLD.json", help="report regressions/fixes/new releases vs an older matrix")
+    p.add_argument("--rebuild", action="store_true",
+                   help="re-check every cell, even those whose inputs (mod content, wheel sha256) are unchanged")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     add_target_args(p)
     p.set_defaults(func=run)
@@ -111,10 +113,11 @@ def run(args: argparse.Namespace) -> int:
     if bar:
         bar.start()
     try:
-        doc = build(mod_dirs, sources, previous, tick)
+        built = build_counted(mod_dirs, sources, None if args.rebuild else previous, tick)
     finally:
         if bar:
             bar.stop()
+    doc = built.doc
     if previous is not None and without_timestamp(previous) == without_timestamp(doc):
         doc = previous  # nothing changed: keep the old timestamp so git sees no diff
     _write_all(out, rendered(doc))
@@ -122,11 +125,15 @@ def run(args: argparse.Namespace) -> int:
     bad = [c for c in doc["cells"] if c["status"] not in GREEN]
     if args.json:
         summary = {"out": str(out), "mods": len(doc["mods"]), "targets": len(doc["releases"]),
-                   "cells": len(doc["cells"]), "not_green": len(bad)}
+                   "cells": len(doc["cells"]), "not_green": len(bad), "reused": built.reused,
+                   "rechecked": built.rechecked}
         if diff is not None:
             summary.update(diff.to_dict())
         print(json.dumps(summary, indent=2))
     else:
+        print(f"{len(doc['releases'])} targets x {len(doc['mods'])} mods: {built.reused} cells reused "
+              f"(inputs unchanged), {built.rechecked} re-checked"
+              + ("; --rebuild re-checks all" if built.reused else ""))
         print(f"wrote {out}/{{{JSON_NAME},{MD_NAME},{SVG_NAME}}}: {len(doc['mods'])} mods x "
               f"{len(doc['releases'])} targets, {len(bad)} cells not green")
         if diff is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -71,9 +72,25 @@ def _reusable(previous: Optional[dict], checker: str) -> Dict[Tuple[str, str], d
     return {(c["mod"], c["target"]): c for c in previous.get("cells", []) if c.get("wheel_sha256")}
 
 
+@dataclass
+class Built:
+    """The document, and how many cells were reused from the previous one or checked anew
+    (what `sparkmods matrix` tells the user, so a run that checked nothing says so)."""
+
+    doc: dict
+    reused: int
+    rechecked: int
+
+
 def build(mod_dirs: Sequence[Path], sources: Sequence, previous: Optional[dict] = None,
           on_progress: Optional[Callable[[str], None]] = None, jobs: int = 8) -> dict:
     """The matrix document for these mods on these sources (oldest first)."""
+    return build_counted(mod_dirs, sources, previous, on_progress, jobs).doc
+
+
+def build_counted(mod_dirs: Sequence[Path], sources: Sequence, previous: Optional[dict] = None,
+                  on_progress: Optional[Callable[[str], None]] = None, jobs: int = 8) -> Built:
+    """build(), counting reused and re-checked cells."""
     from concurrent.futures import ThreadPoolExecutor
 
     mods = [(d, load(d)) for d in mod_dirs]
@@ -81,7 +98,7 @@ def build(mod_dirs: Sequence[Path], sources: Sequence, previous: Optional[dict] 
     checker = checker_hash()
     old = _reusable(previous, checker)
 
-    def one(source) -> List[dict]:
+    def one(source) -> Tuple[List[dict], int]:
         cells: Dict[str, dict] = {}
         todo = []
         for mod_dir, manifest in mods:
@@ -96,13 +113,15 @@ def build(mod_dirs: Sequence[Path], sources: Sequence, previous: Optional[dict] 
                 cells[row.result.mod] = cell_from_result(row.result, source.label, hashes[row.result.mod], source.sha256)
         if on_progress:
             on_progress(source.label)
-        return [cells[m.name] for _, m in mods]
+        return [cells[m.name] for _, m in mods], len(todo)
 
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources)))) as pool:
-        per_source = list(pool.map(one, sources))
+        done = list(pool.map(one, sources))
+    per_source = [cells for cells, _ in done]
+    rechecked = sum(n for _, n in done)
     releases = [{"vllm": s.version, "target": s.label, "commit": s.commit, "wheel_sha256": s.sha256} for s in sources]
     cells = [per_source[j][i] for i in range(len(mods)) for j in range(len(sources))]
-    return {
+    doc = {
         "schema": SCHEMA,
         "generated_by": f"sparkmods {__version__}",
         "checker": checker,
@@ -111,6 +130,7 @@ def build(mod_dirs: Sequence[Path], sources: Sequence, previous: Optional[dict] 
         "mods": [_mod_entry(m, hashes[m.name]) for _, m in mods],
         "cells": cells,
     }
+    return Built(doc, len(cells) - rechecked, rechecked)
 
 
 def sort_sources(sources: Sequence) -> List:
