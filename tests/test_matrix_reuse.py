@@ -27,7 +27,6 @@ def test_reuse_is_reported_and_rebuild_rechecks_everything(loopback_index, tmp_p
                                       extra={TARGET: ORIGINAL.encode()}))
     assert matrix(tmp_path, loopback_index) == 0
     assert capsys.readouterr().out.splitlines()[0] == "2 targets x 2 mods: 0 cells reused (inputs unchanged), 4 re-checked"
-    written = {p.name: p.read_bytes() for p in (tmp_path / "matrix").iterdir()}
 
     before = len(loopback_index.file_hits())
     assert matrix(tmp_path, loopback_index) == 0
@@ -42,6 +41,7 @@ def test_reuse_is_reported_and_rebuild_rechecks_everything(loopback_index, tmp_p
     (tmp_path / "mods" / "other" / "README.md").unlink()
     assert matrix(tmp_path, loopback_index) == 0
     capsys.readouterr()
+    written = {p.name: p.read_bytes() for p in (tmp_path / "matrix").iterdir()}
     assert matrix(tmp_path, loopback_index, "--rebuild") == 0
     assert capsys.readouterr().out.splitlines()[0] == "2 targets x 2 mods: 0 cells reused (inputs unchanged), 4 re-checked"
     # the same inputs checked again give the same files, timestamp included
