@@ -54,10 +54,10 @@ def resolve_nightly(base_url: str, commit: Optional[str] = None) -> NightlyTarge
     return NightlyTarget(f"index:{folder}#{best}", str(best), best.commit or commit)
 
 
-def newer_releases(matrix: Optional[dict], index_url: Optional[str]) -> List[str]:
+def newer_releases(matrix: Optional[dict], index_url: Optional[str], offline: bool = False) -> List[str]:
     """Target specs for every release newer than the newest one the committed matrix covers."""
     covered = [Version(r["vllm"]) for r in (matrix or {}).get("releases", []) if r["target"].startswith("pypi:")]
-    page = fetch_page(default_index(index_url), offline=False)
+    page = fetch_page(default_index(index_url), offline=offline)
     newest = max(covered, default=None)
     return [f"pypi:{v}" for v in page.versions() if not v.is_prerelease and (newest is None or Version(str(v)) > newest)]
 
@@ -72,6 +72,9 @@ class Report:
 
     def markdown(self) -> str:
         out = ["## sparkmods: mods against new vLLM builds", ""]
+        if not self.rows:
+            out.append("Nothing to check: no nightly was asked for and no release is newer than the matrix.")
+            return "\n".join(out) + "\n"
         targets = []
         for row in self.rows:
             if row.target not in targets:
@@ -111,6 +114,7 @@ class Report:
         return "\n".join(out) + "\n"
 
 
-def run_job(mod_dirs: Sequence[Path], specs: Sequence[str], index_url: Optional[str] = None) -> Report:
-    sources = [s for spec in specs for s in open_targets(spec, index_url=index_url)]
+def run_job(mod_dirs: Sequence[Path], specs: Sequence[str], index_url: Optional[str] = None,
+            offline: bool = False) -> Report:
+    sources = [s for spec in specs for s in open_targets(spec, index_url=index_url, offline=offline)]
     return Report(check_mods(mod_dirs, sources))
