@@ -322,21 +322,25 @@ def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_
 def _decode_merge_kernel(part_o_ptr, part_lse_ptr, lens_ptr, out_ptr, stride_ob, stride_oh, num_splits,
                          HQ: tl.constexpr, D: tl.constexpr, SPLITS_P: tl.constexpr,
                          BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
-    """Merge the splits of one (request, query head) by their log-sum-exp weights."""
+    """Merge the splits of one (request, query head) by their log-sum-exp weights, one split's
+    partial output at a time (a whole [splits, D] tile would not fit in registers)."""
     req = tl.program_id(0)
     head = tl.program_id(1)
     seq_len = tl.load(lens_ptr + req)
     used, _, _ = _split_range(seq_len, 0, num_splits, BLOCK_N, MIN_CHUNK)
+    first = (req * HQ + head) * num_splits
     s = tl.arange(0, SPLITS_P)
-    part = (req * HQ + head) * num_splits + s
-    lse = tl.load(part_lse_ptr + part, mask=s < used, other=float("-inf"))
-    live = lse > float("-inf")
-    top = tl.max(tl.where(live, lse, -1e30), axis=0)
-    w = tl.where(live, tl.exp2(lse - top), 0.0)
+    lse = tl.load(part_lse_ptr + first + s, mask=s < used, other=float("-inf"))
+    top = tl.max(tl.where(lse > float("-inf"), lse, -1e30), axis=0)
+    total = tl.sum(tl.where(lse > float("-inf"), tl.exp2(lse - top), 0.0), axis=0)
     d = tl.arange(0, D)
-    parts = tl.load(part_o_ptr + part[:, None].to(tl.int64) * D + d[None, :], mask=live[:, None], other=0.0)
-    total = tl.sum(w, axis=0)
-    out = tl.sum(w[:, None] * parts, axis=0) / tl.where(total > 0.0, total, 1.0)
+    acc = tl.zeros([D], tl.float32)
+    for i in range(0, used):
+        lse_i = tl.load(part_lse_ptr + first + i)
+        live = (tl.zeros([D], tl.float32) + lse_i) > float("-inf")  # a split with no token wrote no output
+        part = tl.load(part_o_ptr + (first + i).to(tl.int64) * D + d, mask=live, other=0.0)
+        acc += tl.where(live, tl.exp2(lse_i - top), 0.0) * part
+    out = acc / tl.where(total > 0.0, total, 1.0)
     tl.store(out_ptr + req * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
 
 
