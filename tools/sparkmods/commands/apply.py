@@ -15,6 +15,7 @@ from sparkmods.runtime import fsops
 from sparkmods.runtime.applier import Printer
 from sparkmods.runtime.applier import run as run_action
 from sparkmods.runtime.locate import LocateError, find_vllm
+from sparkmods.runtime.pep440 import InvalidVersion, Version
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -34,12 +35,25 @@ def run(args: argparse.Namespace) -> int:
     if not args.vllm.startswith("dir:"):
         raise SparkmodsError(f"--vllm {args.vllm!r}: apply writes files, so it needs dir:PATH")
     (mod_dir,) = resolve_mods([args.mod], args.mods_dir)
+    path, _, version = args.vllm[4:].partition("#")  # dir:PATH#VERSION, as `check` takes it
     try:
-        site = find_vllm(args.vllm[4:]).site
-    except LocateError as exc:
-        raise SparkmodsError(str(exc)) from None
+        found = find_vllm(path)
+    except LocateError as exc:  # its "not installed" text speaks of PYTHON_ROOT, which run.sh users set
+        detail = f"no vllm/ in {path}" if str(exc).startswith("vllm is not installed") else str(exc)
+        raise SparkmodsError(f"--vllm {args.vllm}: {detail}; name the site-packages folder (or a prefix "
+                             "holding one) where vllm/ is installed") from None
+    if version and _public(version, args.vllm) != _public(found.version, args.vllm):
+        raise SparkmodsError(f"--vllm {args.vllm}: {found.site} holds vLLM {found.version}, not {version}")
+    site = found.site
     workspace = Path(args.workspace or os.environ.get("WORKSPACE_DIR") or os.getcwd())
     fsops.arm_from_env()
     # run.sh's own entry point: same lock, journal recovery, signal handling, messages and exit codes
     return run_action("revert" if args.revert else "apply", mod_dir, site, workspace, args.dry_run,
                       Printer(mod_dir.name))
+
+
+def _public(version: str, spec: str) -> Version:
+    try:
+        return Version(version).public
+    except InvalidVersion:
+        raise SparkmodsError(f"--vllm {spec}: {version!r} is not a vLLM version (dir:PATH#0.19.1)") from None
