@@ -28,8 +28,9 @@ class BuildResult:
     out: Path
     rewritten: int
     hardlinked: int
-    copied: int
+    copied: int  # unchanged weight files that could not be hardlinked (another filesystem)
     bytes_written: int
+    others: int = 0  # config, tokenizer and other non-weight files: always copied
 
 
 def check_target(plan: HybridPlan, out: Path, force: bool) -> None:
@@ -99,6 +100,7 @@ def _write_all(plan: HybridPlan, tmp: Path, progress: bool, result: BuildResult)
                 result.copied += 1
                 result.bytes_written += f.source.stat().st_size
     for name in plan.other_files:
+        result.others += 1
         src = plan.int4_root / name
         if src.is_dir():
             shutil.copytree(src, tmp / name)

@@ -264,8 +264,8 @@ def format_plan(plan: HybridPlan) -> str:
     rewritten = [f for f in plan.files if f.changed]
     kept = [f for f in plan.files if not f.changed]
     lines.append(
-        f"output: {len(rewritten)} files rewritten, {len(kept)} kept as they are (hardlinked when possible), "
-        f"{len(plan.other_files)} other files copied; index: {len(plan.weight_map())} tensors, "
+        f"output: {len(rewritten)} files rewritten, {len(kept)} kept (hardlinked, or copied across "
+        f"filesystems), {len(plan.other_files)} other files copied; index: {len(plan.weight_map())} tensors, "
         f"{human_bytes(plan.total_size())}"
     )
     lines.append(f"MTP head: {plan.mtp_tensors} tensors kept and indexed" if plan.mtp_tensors else "MTP head: none in --int4")

@@ -96,11 +96,12 @@ def _build_hybrid(args: argparse.Namespace) -> int:
     result = build_hybrid(plan, out, force=args.force, progress=not args.json)
     if args.json:
         print(json.dumps({**plan.to_dict(), "out": str(result.out), "bytes_written": result.bytes_written,
-                          "hardlinked": result.hardlinked, "copied": result.copied}, indent=2))
+                          "hardlinked": result.hardlinked, "copied": result.copied, "others": result.others},
+                         indent=2))
     else:
         print(
             f"{result.out}: {len(plan.swaps)} shared-expert projections now FP8; {result.rewritten} files "
-            f"rewritten, {result.hardlinked} hardlinked, {result.copied} copied "
-            f"({human_bytes(result.bytes_written)} written)"
+            f"rewritten, {result.hardlinked + result.copied} kept ({result.hardlinked} hardlinked, "
+            f"{result.copied} copied), {result.others} other files copied ({human_bytes(result.bytes_written)} written)"
         )
     return 0

@@ -18,13 +18,21 @@ def register(sub: "argparse._SubParsersAction") -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    status = 0
-    for mod_dir in resolve_mods(args.mods, args.mods_dir):
+    """One line per file written or drifted, then one summary line, so success is visible too."""
+    mod_dirs = resolve_mods(args.mods, args.mods_dir)
+    changed = 0
+    for mod_dir in mod_dirs:
         if args.check:
             for problem in drift(mod_dir):
                 print(f"{mod_dir.name}: {problem} (run: sparkmods sync {mod_dir.name})")
-                status = 1
+                changed += 1
         else:
             for rel in sync(mod_dir):
                 print(f"{mod_dir.name}: wrote {rel}")
-    return status
+                changed += 1
+    if args.check:
+        print(f"{len(mod_dirs)} mods checked: " + (f"{changed} generated files drifted" if changed
+                                                   else "run.sh and _sparkmods/ up to date"))
+        return 1 if changed else 0
+    print(f"{len(mod_dirs)} mods synced: {changed} files written" + ("" if changed else " (all up to date)"))
+    return 0
