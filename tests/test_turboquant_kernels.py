@@ -353,6 +353,16 @@ def test_bench_bad_arguments_are_one_line_and_exit_2(argv: list, message: str, c
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_bench_upstream_site_that_cannot_import_is_exit_2(tmp_path: Path) -> None:
+    marker = tmp_path / "site" / "vllm" / "v1" / "attention" / "ops" / "triton_turboquant_decode.py"
+    marker.parent.mkdir(parents=True)
+    marker.write_text("")
+    proc = subprocess.run([sys.executable, str(BENCH_PATH), "--out", str(tmp_path / "o"), "--upstream-site", str(tmp_path / "site")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "cannot import vLLM's TurboQuant ops" in proc.stderr and not (tmp_path / "o").exists()
+
+
 def test_bench_goal_check_reads_the_timings() -> None:
     timings = [{"kind": "ours turboquant_k3v4_nc", "batch": 1, "context": 32768, "us": 10.0},
                {"kind": "upstream turboquant_k3v4_nc", "batch": 1, "context": 32768, "us": 12.0},

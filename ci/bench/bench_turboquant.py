@@ -611,7 +611,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
         fmt, tq = load_modules(interpret=args.smoke)
-        up = load_upstream(args.upstream_site) if args.upstream_site is not None else None
+        try:
+            up = load_upstream(args.upstream_site) if args.upstream_site is not None else None
+        except ImportError as exc:
+            raise InputError(f"--upstream-site {args.upstream_site}: cannot import vLLM's TurboQuant ops ({exc}); install vLLM 0.21 with its dependencies there") from None
         names = [n.strip() for n in args.dtypes.split(",")] if args.dtypes else list(fmt.DTYPES)
         for name in names:
             fmt.tq_spec(name)

@@ -13,7 +13,7 @@ Names. ``--kv-cache-dtype`` accepts turboquant_k8v4, turboquant_4bit_nc, turboqu
 turboquant_3bit_nc (vllm/config/cache.py:27-30); each is stored in a uint8 tensor
 (vllm/utils/torch_utils.py:46-49).
 
-Bit budgets per preset (vllm/model_executor/layers/quantization/turboquant/config.py:127-148):
+Bit budgets per preset (vllm/model_executor/layers/quantization/turboquant/config.py:20-41):
 
     name                 key                      value            norm correction
     turboquant_k8v4      FP8 e4m3, not rotated    4-bit uniform    no
@@ -25,36 +25,36 @@ Keys (codebook presets). A key k is split into its length |k| and direction k/|k
 is rotated and every rotated coordinate is replaced by the nearest of 2^b scalar centroids
 (store: ops/triton_turboquant_store.py:412-418 normalises and rotates with one matmul, then
 :278-293 finds the bucket by binary search over the centroid midpoints). |k| is kept as one
-float16 per key and head (store.py:317-325; config.py:236-243 counts 2 bytes). FP8 keys are the
+float16 per key and head (store.py:317-325; config.py:121-136 counts 2 bytes). FP8 keys are the
 raw key cast to e4m3 (float8e4nv on SM >= 8.9), one byte per element, nothing else
-(store.py:188-194, config.py:239-240).
+(store.py:188-194, config.py:132-133).
 
 Rotation. A plain Sylvester Hadamard matrix divided by sqrt(D), the same for every layer, with no
 random signs and no seed (v1/attention/backends/turboquant_attn.py:72-87 builds it, :336-350 says
-signs were dropped because the codebook is symmetric; config.py:192 keeps a ``seed`` field that is
+signs were dropped because the codebook is symmetric; config.py:85 keeps a ``seed`` field that is
 unused). The query is rotated once per decode step and scores are taken in the rotated space
 (ops/triton_turboquant_decode.py:519-528).
 
 Codebook. Lloyd-Max centroids for a Gaussian N(0, 1/D), the large-D limit of one coordinate of a
 uniformly rotated unit vector, solved with trapezoid integrals at import time
-(quantization/turboquant/centroids.py:52-100; get_centroids caches per (D, bits), :103-107).
+(quantization/turboquant/centroids.py:31-79; get_centroids caches per (D, bits), :82-86).
 
 ``_nc`` (norm correction). At dequantisation the centroid vector c (one centroid per coordinate)
 is divided by its own length before it is scaled by the stored |k|, so a reconstructed key has
-exactly the original length (config.py:184-186; decode.py:199-206 and :396-400). The stored norm
+exactly the original length (config.py:77-79; decode.py:199-206 and :396-400). The stored norm
 stays |k|; the correction is recomputed on every read.
 
 Values. Never rotated. Per key-value head and token: min and max over the D elements, scale =
 (max - min) / (2^b - 1) (floored at 1e-8), code = floor((v - min) / scale + 0.5) clamped to
 [0, 2^b - 1], then scale and min (the zero point) stored as two float16 (store.py:41-136;
-config.py:251-257 counts ceil(D*b/8) + 4 bytes).
+config.py:144-150 counts ceil(D*b/8) + 4 bytes).
 
-QJL. No 1-bit residual sketch: "QJL is intentionally omitted" (config.py:168-170).
+QJL. No 1-bit residual sketch: "QJL is intentionally omitted" (config.py:61-63).
 
 Slot layout and size. Cache shape (num_blocks, block_size, num_kv_heads, slot) uint8 with no
 leading K/V dimension (turboquant_attn.py:132-161); slot = [key bytes | value bytes] per token
 and head, key bytes = D (FP8) or ceil(D*b/8) + 2, value bytes = ceil(D*b/8) + 4, rounded up to an
-even count (config.py:228-275). The KV page of a layer is block_size * num_kv_heads * slot bytes
+even count (config.py:121-168). The KV page of a layer is block_size * num_kv_heads * slot bytes
 (v1/kv_cache_interface.py:297-311, TQFullAttentionSpec). Bytes per token per KV head:
 
     head size              128     256
@@ -66,10 +66,10 @@ even count (config.py:228-275). The KV page of a layer is block_size * num_kv_he
 
 Boundary layers (engine/arg_utils.py:1714-1723 adds them to kv_cache_dtype_skip_layers, which
 makes those layers fall back to the model dtype, model_executor/layers/attention/attention.py:
-246-263). Rule (config.py:277-313): for a hybrid model (attention + Mamba/linear attention) NO
+246-263). Rule (config.py:170-206): for a hybrid model (attention + Mamba/linear attention) NO
 layer is skipped, but the config must name its full-attention layers (``layer_types`` entries
 "full_attention"/"attention", ``layers_block_type`` entries "attention"/"hybrid", or
-``attn_type_list`` entries 1; config.py:336-361), else it refuses. For any other model the first
+``attn_type_list`` entries 1; config.py:229-254), else it refuses. For any other model the first
 n and last n of num_hidden_layers are skipped, n = min(2, num_hidden_layers // 2).
 
 Decode (decode.py:486-628): split-KV with a fixed number of splits
