@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Dict, Optional
@@ -24,6 +26,29 @@ def sparkmods(*args: str, env: Optional[Dict[str, str]] = None, timeout: float =
     done = subprocess.run([str(SPARKMODS), *args], env={**os.environ, **(env or {})}, cwd=cwd,
                           capture_output=True, text=True, timeout=timeout)
     return done, time.monotonic() - started
+
+
+def sparkmods_peak_rss(*args: str, env: Optional[Dict[str, str]] = None,
+                       timeout: float = 60) -> "tuple[subprocess.CompletedProcess, int]":
+    """(the finished process, its own peak RSS in KiB), from wait4 on that one child.
+
+    Not getrusage(RUSAGE_CHILDREN): that is the largest of every child the test process ever
+    waited for, so an earlier big subprocess in the same pytest worker would fail the bound.
+    """
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([str(SPARKMODS), *args], env={**os.environ, **(env or {})}, stdout=out, stderr=err)
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        assert proc.returncode != -9, f"sparkmods {' '.join(args)} ran past {timeout} s"
+        out.seek(0)
+        err.seek(0)
+        done = subprocess.CompletedProcess(proc.args, proc.returncode, out.read().decode(), err.read().decode())
+    return done, usage.ru_maxrss
 
 
 def one_line_error(done: subprocess.CompletedProcess, code: int = 2) -> str:

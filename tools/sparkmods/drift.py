@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
+from sparkmods import pyparse
 from sparkmods.rebase.resolve import Module, Signature, Symbol, VllmTree, module_name, signature_keeping
 from sparkmods.runtime.engine import APPLIED, OK, OK_OFFSET, plan_file
 from sparkmods.runtime.modcheck import DRIFT
@@ -268,7 +269,7 @@ def check_patched(changes: Changes, read: Reader, list_files: Optional[Callable[
         if after is None or name is None:
             continue
         try:
-            ast.parse(after)
+            pyparse.parse(after)
         except SyntaxError as exc:
             if before is not None and not _parses(before):
                 continue  # not Python this interpreter reads, before the patch either
@@ -284,7 +285,7 @@ def check_patched(changes: Changes, read: Reader, list_files: Optional[Callable[
 
 def _parses(data: bytes) -> bool:
     try:
-        ast.parse(data)
+        pyparse.parse(data)
         return True
     except (SyntaxError, ValueError):
         return False

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from typing import Dict, FrozenSet, Iterable, Optional, Set
 
+from sparkmods import pyparse
+
 __all__ = ["TargetFacts", "literal_alias", "SPECULATIVE_PY", "CACHE_PY", "ARG_UTILS_PY"]
 
 SPECULATIVE_PY = "vllm/config/speculative.py"
@@ -59,7 +61,7 @@ def _strings(node: ast.expr, aliases: Dict[str, ast.expr], seen: Set[str]) -> Op
 def literal_alias(source_text: str, name: str) -> Optional[FrozenSet[str]]:
     """Evaluate the module-level Literal alias `name` of a Python file; None if absent/unknown."""
     try:
-        tree = ast.parse(source_text)
+        tree = pyparse.parse(source_text)
     except SyntaxError:
         return None
     aliases = _aliases(tree)

@@ -9,10 +9,10 @@ every edit of the file is reported as a conflict. Nothing here ever guesses.
 
 from __future__ import annotations
 
-import ast
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
+from sparkmods import pyparse
 from sparkmods.runtime.engine import APPLIED, plan_file
 from sparkmods.runtime.udiff import FilePatch
 
@@ -137,7 +137,7 @@ def merge_file(fp: FilePatch, base: Sequence[str], onto: Sequence[str], edits: S
     merged = apply_edits(list(onto), placed)  # type: ignore[arg-type]
     if python and of is not None:
         try:
-            ast.parse(join_lines(merged))
+            pyparse.parse(join_lines(merged))
         except SyntaxError as exc:
             for x in outcomes:
                 if x.outcome == PLACED:

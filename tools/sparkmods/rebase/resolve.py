@@ -13,6 +13,8 @@ import ast
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from sparkmods import pyparse
+
 __all__ = ["Module", "Symbol", "Signature", "VllmTree", "module_name", "absolute", "signature_keeping"]
 
 Reader = Callable[[str], Optional[bytes]]
@@ -171,7 +173,7 @@ class VllmTree:
             data = self._read(path)
             if data is not None:
                 try:
-                    tree: Optional[ast.Module] = ast.parse(data)
+                    tree: Optional[ast.Module] = pyparse.parse(data)
                 except (SyntaxError, ValueError):
                     tree = None
                 mod = Module(name, path, package, tree)
