@@ -99,23 +99,42 @@ def test_damage_after_staging_is_caught_by_the_file_hash(files, tmp_path, capsys
     assert "sha256 differs after reassembly" in capsys.readouterr().err
 
 
-def test_requirements_follow_markers_and_extras(tmp_path):
+def _wheel(folder: Path, name: str, requires: list[str]) -> Path:
+    """A wheel holding only METADATA with these Requires-Dist lines."""
     import zipfile
 
-    carry = _carry()
-    whl = tmp_path / "demo-1.0-py3-none-any.whl"
-    meta = "\n".join([
-        "Metadata-Version: 2.1", "Name: demo", "Version: 1.0",
-        "Requires-Dist: always>=1",
-        "Requires-Dist: winonly; sys_platform == 'win32'",
-        "Requires-Dist: armonly; platform_machine == 'aarch64'",
-        "Requires-Dist: x86only; platform_machine == 'x86_64'",
-        "Requires-Dist: extraone; extra == 'standard'",
-        "Requires-Dist: oldpy; python_version < '3.10'",
-    ])
+    whl = folder / f"{name}-1.0-py3-none-any.whl"
+    meta = "\n".join(["Metadata-Version: 2.1", f"Name: {name}", "Version: 1.0"]
+                     + [f"Requires-Dist: {r}" for r in requires])
     with zipfile.ZipFile(whl, "w") as zf:
-        zf.writestr("demo-1.0.dist-info/METADATA", meta)
+        zf.writestr(f"{name}-1.0.dist-info/METADATA", meta)
+    return whl
+
+
+def test_requirements_follow_markers_and_extras(tmp_path):
+    carry = _carry()
+    whl = _wheel(tmp_path, "demo", ["always>=1", "winonly; sys_platform == 'win32'",
+                                    "armonly; platform_machine == 'aarch64'", "x86only; platform_machine == 'x86_64'",
+                                    "extraone; extra == 'standard'", "oldpy; python_version < '3.10'"])
     names = [r.split(">")[0].split(";")[0] for r in carry._requirements(whl)]
     assert names == ["always", "x86only"]
     with_extra = [r.split(";")[0] for r in carry._requirements(whl, ["standard"])]
     assert "extraone" in with_extra
+
+
+def test_extras_asked_later_for_a_chosen_package_are_resolved(tmp_path, monkeypatch):
+    """fastapi[standard] pulls pydantic-extra-types bare, mistral-common then needs its
+    [pycountry]: the closure must carry pycountry (vLLM 0.21.0's server failed without it)."""
+    carry = _carry()
+    index = tmp_path / "index"
+    index.mkdir()
+    _wheel(index, "vllm", ["fastapi", "mistral-common"])
+    _wheel(index, "fastapi", ["pet"])
+    _wheel(index, "mistral_common", ["pet[country]>=1"])
+    _wheel(index, "pet", ["country; extra == 'country'"])
+    _wheel(index, "country", [])
+    monkeypatch.setattr(carry, "_device_has", lambda: set())
+    monkeypatch.setattr(carry, "_download", lambda spec, dest: next(index.glob(
+        carry._norm(spec.split(">")[0].split("[")[0]).replace("-", "_") + "-*.whl")))
+    got = [p.name.split("-")[0] for p in carry._resolve(index / "vllm-1.0-py3-none-any.whl", tmp_path)]
+    assert got == ["country", "fastapi", "mistral_common", "pet"]

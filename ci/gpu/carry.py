@@ -147,14 +147,23 @@ def _resolve(vllm_wheel: Path, deps_dir: Path) -> List[Path]:
     have = _device_has()
     todo = list(_requirements(vllm_wheel))
     chosen: Dict[str, Path] = {}
+    extras: Dict[str, Set[str]] = {}  # extras already resolved per chosen name
     while todo:
         req = Requirement(todo.pop(0))
         name = _norm(req.name)
-        if name in have or name in chosen or name == "vllm":
+        if name in have or name == "vllm":
+            continue
+        if name in chosen:
+            # A later requirement may ask for extras of a package chosen without them
+            # (fastapi[standard] pulls pydantic-extra-types; mistral-common needs its [pycountry]).
+            more = set(req.extras) - extras[name]
+            if more:
+                extras[name] |= more
+                todo.extend(_requirements(chosen[name], more))
             continue
         spec = f"{req.name}{req.specifier}"
         wheel = _download(spec, deps_dir)
-        chosen[name] = wheel
+        chosen[name], extras[name] = wheel, set(req.extras)
         print(f"  + {wheel.name}", flush=True)
         todo.extend(_requirements(wheel, req.extras))
     return sorted(chosen.values())
