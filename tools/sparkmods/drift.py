@@ -17,12 +17,13 @@ the release's source says the patched code cannot work.
 from __future__ import annotations
 
 import ast
+import bisect
+import functools
 from dataclasses import dataclass
 from difflib import SequenceMatcher
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
+from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
-from sparkmods import pyparse
-from sparkmods.rebase.resolve import Module, Signature, Symbol, VllmTree, module_name, signature_keeping
+from sparkmods.rebase.resolve import Module, Signature, Symbol, VllmTree, module_name, parse, signature_keeping
 from sparkmods.runtime.engine import APPLIED, OK, OK_OFFSET, plan_file
 from sparkmods.runtime.modcheck import DRIFT
 from sparkmods.runtime.udiff import FilePatch, reverse
@@ -49,30 +50,40 @@ class Finding:
         return {"path": self.path, "line": self.line, "kind": self.kind, "message": self.message}
 
 
-def _added_lines(before: Optional[bytes], after: bytes) -> Set[int]:
-    """1-based line numbers of `after` that the patch added or changed."""
+@functools.lru_cache(maxsize=64)
+def _added_lines(before: Optional[bytes], after: bytes) -> FrozenSet[int]:
+    """1-based line numbers of `after` that the patch added or changed (kept for the next
+    release, where the same file is usually patched the same way)."""
     new = after.decode("utf-8", "surrogateescape").splitlines()
     if before is None:
-        return set(range(1, len(new) + 1))
+        return frozenset(range(1, len(new) + 1))
     old = before.decode("utf-8", "surrogateescape").splitlines()
     out: Set[int] = set()
     for tag, _, _, j1, j2 in SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
         if tag in ("replace", "insert"):
             out.update(range(j1 + 1, j2 + 1))
-    return out
+    return frozenset(out)
 
 
-def _touches(node: ast.AST, lines: Set[int], first: Optional[int] = None, last: Optional[int] = None) -> bool:
+def _touches(node: ast.AST, lines: Sequence[int], first: Optional[int] = None, last: Optional[int] = None) -> bool:
+    """Whether a line of node's span (or of [first, last]) is in the sorted `lines`."""
     lo = first or getattr(node, "lineno", 0)
     hi = last or getattr(node, "end_lineno", lo) or lo
-    return any(n in lines for n in range(lo, hi + 1))
+    i = bisect.bisect_left(lines, lo)
+    return i < len(lines) and lines[i] <= hi
+
+
+def _first_line(node: ast.AST) -> int:
+    """Where a def or class begins, its decorators included (they stand above `def`)."""
+    return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])  # type: ignore[attr-defined]
 
 
 class _FileCheck:
     """The checks for one patched file against one tree."""
 
-    def __init__(self, tree: VllmTree, path: str, mod: Module, touched: Set[int]) -> None:
-        self.tree, self.path, self.mod, self.touched = tree, path, mod, touched
+    def __init__(self, tree: VllmTree, path: str, mod: Module, touched: FrozenSet[int]) -> None:
+        self.tree, self.path, self.mod = tree, path, mod
+        self.touched = sorted(touched)
         self.found: List[Finding] = []
 
     def add(self, node: ast.AST, kind: str, message: str, key: str) -> None:
@@ -85,6 +96,9 @@ class _FileCheck:
 
     def _walk(self, body: Sequence[ast.stmt], cls: Optional[Symbol], local: Dict[str, ast.AST]) -> None:
         for node in body:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                    not _touches(node, self.touched, _first_line(node)):
+                continue  # nothing the patch wrote is inside: no finding can come from here
             if isinstance(node, ast.ClassDef):
                 sym = Symbol(self.mod, node, (cls.qualname + "." if cls else "") + node.name)
                 self._walk(node.body, sym, local)
@@ -100,12 +114,13 @@ class _FileCheck:
             self._scan([node], cls, local)
 
     def _header_touched(self, node: ast.AST) -> bool:
-        first = min([node.lineno] + [d.lineno for d in node.decorator_list])  # type: ignore[attr-defined]
         last = node.body[0].lineno - 1 if node.body[0].lineno > node.lineno else node.lineno  # type: ignore[attr-defined]
-        return _touches(node, self.touched, first, last)
+        return _touches(node, self.touched, _first_line(node), last)
 
     def _scan(self, nodes: Iterable[ast.AST], cls: Optional[Symbol], local: Dict[str, ast.AST]) -> None:
         for top in nodes:
+            if getattr(top, "end_lineno", None) is not None and not _touches(top, self.touched):
+                continue  # a node's children lie within its lines
             for node in _walk_no_defs(top):
                 if isinstance(node, (ast.Import, ast.ImportFrom)) and _touches(node, self.touched):
                     self._import(node)
@@ -269,7 +284,7 @@ def check_patched(changes: Changes, read: Reader, list_files: Optional[Callable[
         if after is None or name is None:
             continue
         try:
-            pyparse.parse(after)
+            parse(after)
         except SyntaxError as exc:
             if before is not None and not _parses(before):
                 continue  # not Python this interpreter reads, before the patch either
@@ -285,7 +300,7 @@ def check_patched(changes: Changes, read: Reader, list_files: Optional[Callable[
 
 def _parses(data: bytes) -> bool:
     try:
-        pyparse.parse(data)
+        parse(data)
         return True
     except (SyntaxError, ValueError):
         return False

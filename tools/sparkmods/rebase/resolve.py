@@ -10,12 +10,16 @@ module-level `__getattr__`, an extension module or a star import we cannot follo
 from __future__ import annotations
 
 import ast
+import bisect
+import hashlib
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from sparkmods import pyparse
 
-__all__ = ["Module", "Symbol", "Signature", "VllmTree", "module_name", "absolute", "signature_keeping"]
+__all__ = ["Module", "Symbol", "Signature", "VllmTree", "module_name", "absolute", "signature_keeping", "parse"]
 
 Reader = Callable[[str], Optional[bytes]]
 MAX_DEPTH = 12
@@ -152,13 +156,141 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
+def _collect(mod: Module, body: Sequence[ast.stmt], typing_only: bool) -> None:
+    """Record what the statements bind at module level (TYPE_CHECKING imports apart)."""
+    table = mod.typing_only if typing_only else mod.bindings
+    for node in body:
+        names: List[str] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names = [node.name]
+            if node.name == "__getattr__" and not isinstance(node, ast.ClassDef):
+                mod.dynamic = True
+        elif isinstance(node, ast.Assign):
+            for t in node.targets:
+                _bind_targets(t, names)
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+                mod.all_names = _literal_strings(node.value)
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and getattr(node, "value", None) is not None:
+            _bind_targets(node.target, names)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                table.setdefault(alias.asname or alias.name.split(".")[0], []).append(alias)
+        elif isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if alias.name == "*":
+                    target = mod.absolute(node.level, node.module)
+                    if target:
+                        mod.stars.append(target)
+                else:
+                    table.setdefault(alias.asname or alias.name, []).append(node)
+        elif isinstance(node, (ast.For, ast.AsyncFor)):
+            _bind_targets(node.target, names)
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            for item in node.items:
+                if item.optional_vars is not None:
+                    _bind_targets(item.optional_vars, names)
+        for n in names:
+            table.setdefault(n, []).append(node)
+        if isinstance(node, ast.If):
+            _collect(mod, node.body, typing_only or _is_type_checking(node.test))
+            _collect(mod, node.orelse, typing_only)
+        elif isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
+            for block in [node.body, node.orelse, node.finalbody] + [h.body for h in node.handlers]:
+                _collect(mod, block, typing_only)
+        elif isinstance(node, (ast.With, ast.AsyncWith, ast.For, ast.AsyncFor, ast.While)):
+            _collect(mod, node.body, typing_only)
+
+
+class _ParseCache:
+    """Parsed files by content, and the Modules collected from them by (path, content), shared
+    by every tree of a run.
+
+    A check reads the same vLLM files for every mod, and most files are byte-identical from one
+    release or nightly to the next, so each distinct file is parsed once (a SyntaxError is kept
+    like a tree). Trees and Modules are never changed once built, which is what makes sharing
+    them safe. Bounded, least recently used first, so a run over many builds stays small.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._parsed: "OrderedDict[bytes, Union[ast.Module, SyntaxError, ValueError]]" = OrderedDict()
+        self._modules: "OrderedDict[Tuple[str, bytes], Module]" = OrderedDict()
+
+    def _get(self, table: "OrderedDict", key: object) -> object:
+        with self._lock:
+            found = table.get(key)
+            if found is not None:
+                table.move_to_end(key)
+            return found
+
+    def _put(self, table: "OrderedDict", key: object, value: object) -> None:
+        with self._lock:
+            table[key] = value
+            while len(table) > self._limit:
+                table.popitem(last=False)
+
+    def parse(self, data: bytes) -> ast.Module:
+        """pyparse.parse(data), answered once per distinct content."""
+        key = hashlib.sha1(data).digest()
+        found = self._get(self._parsed, key)
+        if found is None:
+            try:
+                found = pyparse.parse(data)
+            except (SyntaxError, ValueError) as exc:
+                found = exc
+            self._put(self._parsed, key, found)
+        if isinstance(found, (SyntaxError, ValueError)):
+            raise found.with_traceback(None)
+        return found  # type: ignore[return-value]
+
+    def module(self, name: str, path: str, package: bool, data: bytes) -> Module:
+        key = (path, hashlib.sha1(data).digest())
+        found = self._get(self._modules, key)
+        if found is None:
+            try:
+                tree: Optional[ast.Module] = self.parse(data)
+            except (SyntaxError, ValueError):
+                tree = None
+            found = Module(name, path, package, tree)
+            if tree is not None:
+                _collect(found, tree.body, typing_only=False)
+            self._put(self._modules, key, found)
+        return found  # type: ignore[return-value]
+
+
+_PARSED = _ParseCache(limit=256)
+parse = _PARSED.parse
+
+
+class Listing:
+    """A tree's file list, sorted, asked about names that are no .py file: folders (namespace
+    packages) and extension modules. A lookup is a binary search, not a scan of every file."""
+
+    def __init__(self, files: Sequence[str]) -> None:
+        self._files = sorted(files)
+
+    def _under(self, prefix: str) -> Iterator[str]:
+        """The files whose path starts with prefix, in order."""
+        i = bisect.bisect_left(self._files, prefix)
+        while i < len(self._files) and self._files[i].startswith(prefix):
+            yield self._files[i]
+            i += 1
+
+    def is_folder(self, base: str) -> bool:
+        return next(self._under(base + "/"), None) is not None
+
+    def is_extension(self, base: str) -> bool:
+        return any(f.endswith((".so", ".pyd")) for f in self._under(base + "."))
+
+
 class VllmTree:
     """Modules of one vLLM tree, parsed on demand and cached (read: package path -> bytes)."""
 
     def __init__(self, read: Reader, list_files: Optional[Callable[[], Sequence[str]]] = None) -> None:
         self._read = read
         self._list_files = list_files
-        self._files: Optional[Sequence[str]] = None
+        self._listed: Optional[Listing] = None
         self._modules: Dict[str, Optional[Module]] = {}
 
     # -- modules -------------------------------------------------------------------------
@@ -172,68 +304,18 @@ class VllmTree:
         for path, package in ((base + ".py", False), (base + "/__init__.py", True)):
             data = self._read(path)
             if data is not None:
-                try:
-                    tree: Optional[ast.Module] = pyparse.parse(data)
-                except (SyntaxError, ValueError):
-                    tree = None
-                mod = Module(name, path, package, tree)
-                if tree is not None:
-                    self._collect(mod, tree.body, typing_only=False)
-                return mod
+                return _PARSED.module(name, path, package, data)
         listing = self._listing()
-        if any(f.startswith(base + "/") for f in listing):
+        if listing.is_folder(base):
             return Module(name, base + "/", True, None, dynamic=True)  # namespace package
-        if any(f.startswith(base + ".") and f.endswith((".so", ".pyd")) for f in listing):
+        if listing.is_extension(base):
             return Module(name, base + ".so", False, None, dynamic=True)  # extension module
         return None
 
-    def _listing(self) -> Sequence[str]:
-        if self._files is None:
-            self._files = list(self._list_files()) if self._list_files else []
-        return self._files
-
-    def _collect(self, mod: Module, body: Sequence[ast.stmt], typing_only: bool) -> None:
-        table = mod.typing_only if typing_only else mod.bindings
-        for node in body:
-            names: List[str] = []
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                names = [node.name]
-                if node.name == "__getattr__" and not isinstance(node, ast.ClassDef):
-                    mod.dynamic = True
-            elif isinstance(node, ast.Assign):
-                for t in node.targets:
-                    _bind_targets(t, names)
-                if any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
-                    mod.all_names = _literal_strings(node.value)
-            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and getattr(node, "value", None) is not None:
-                _bind_targets(node.target, names)
-            elif isinstance(node, ast.Import):
-                for alias in node.names:
-                    table.setdefault(alias.asname or alias.name.split(".")[0], []).append(alias)
-            elif isinstance(node, ast.ImportFrom):
-                for alias in node.names:
-                    if alias.name == "*":
-                        target = mod.absolute(node.level, node.module)
-                        if target:
-                            mod.stars.append(target)
-                    else:
-                        table.setdefault(alias.asname or alias.name, []).append(node)
-            elif isinstance(node, (ast.For, ast.AsyncFor)):
-                _bind_targets(node.target, names)
-            elif isinstance(node, (ast.With, ast.AsyncWith)):
-                for item in node.items:
-                    if item.optional_vars is not None:
-                        _bind_targets(item.optional_vars, names)
-            for n in names:
-                table.setdefault(n, []).append(node)
-            if isinstance(node, ast.If):
-                self._collect(mod, node.body, typing_only or _is_type_checking(node.test))
-                self._collect(mod, node.orelse, typing_only)
-            elif isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
-                for block in [node.body, node.orelse, node.finalbody] + [h.body for h in node.handlers]:
-                    self._collect(mod, block, typing_only)
-            elif isinstance(node, (ast.With, ast.AsyncWith, ast.For, ast.AsyncFor, ast.While)):
-                self._collect(mod, node.body, typing_only)
+    def _listing(self) -> "Listing":
+        if self._listed is None:
+            self._listed = Listing(self._list_files() if self._list_files else ())
+        return self._listed
 
     def exists(self, name: str) -> bool:
         return self.module(name) is not None
