@@ -5,21 +5,26 @@ together (one batch of parallel range requests per wheel), then run the same `ch
 that run.sh runs in the container. A row that applies is then checked for semantic drift
 (drift.py): it turns `drift` when the patched code cannot work on that release, so a green
 row means both "run.sh applies it" and "nothing we can read says it breaks".
+
+A row is a pure function of its inputs, so rows already checked come from the result cache
+(resultcache.py) without reading the source at all; only the others are checked and stored.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, List, Sequence, Set
+from typing import Dict, Iterable, List, Optional, Sequence, Set
 
-from sparkmods.drift import drift_status
+from sparkmods import resultcache
 from sparkmods.modsdir import load
 from sparkmods.runtime.manifest import Manifest, Upstream, Variant
-from sparkmods.runtime.modcheck import ModResult, check_mod, variant_patches
+from sparkmods.runtime.modcheck import ModResult, aggregate, check_mod, variant_patches
 from sparkmods.runtime.pep440 import InvalidVersion
+from sparkmods.runtime.udiff import FilePatch
 
 
 # Host code that can change a row's status beyond the mod's own files (whose runtime copy is
@@ -27,6 +32,7 @@ from sparkmods.runtime.pep440 import InvalidVersion
 _DRIFT_CODE = ("drift.py", "rebase/resolve.py")
 
 
+@functools.lru_cache(maxsize=1)
 def checker_hash() -> str:
     """sha256 over the drift-check sources, recorded in the matrix beside each mod's hash."""
     here = Path(__file__).resolve().parent
@@ -64,18 +70,36 @@ def paths_needed(manifest: Manifest, mod_dir: Path, version: str) -> Set[str]:
     return set()
 
 
-def check_source(mods: Sequence["tuple[Path, Manifest]"], source) -> List[CheckRow]:
-    """All mods on one source (anything with version, read(), prefetch())."""
-    wanted: Set[str] = set()
-    for mod_dir, manifest in mods:
-        wanted |= paths_needed(manifest, mod_dir, source.version)
-    source.prefetch(sorted(wanted))
-    return [CheckRow(source.label, source.commit, source.sha256, _checked(manifest, mod_dir, source))
-            for mod_dir, manifest in mods]
+def check_source(mods: Sequence["tuple[Path, Manifest]"], source,
+                 hashes: Optional[Dict[str, str]] = None) -> List[CheckRow]:
+    """All mods on one source (anything with version, read(), prefetch()), in order.
+
+    hashes: mod name -> content hash (computed when not given). Rows are taken from the active
+    result cache where stored; the source is read only for the rest, and released after.
+    """
+    cache = resultcache.active()
+    hashes = hashes if hashes is not None else {m.name: resultcache.mod_hash(d) for d, m in mods}
+    results = {m.name: cache.get(hashes[m.name], source, m.name) for _, m in mods}
+    todo = [(d, m) for d, m in mods if results[m.name] is None]
+    try:
+        if todo:
+            wanted: Set[str] = set()
+            for mod_dir, manifest in todo:
+                wanted |= paths_needed(manifest, mod_dir, source.version)
+            source.prefetch(sorted(wanted))
+            for mod_dir, manifest in todo:
+                result = _checked(manifest, mod_dir, source)
+                cache.put(hashes[manifest.name], source, result)
+                results[manifest.name] = result
+    finally:
+        source.release()
+    return [CheckRow(source.label, source.commit, source.sha256, results[m.name]) for _, m in mods]
 
 
 def _checked(manifest: Manifest, mod_dir: Path, source) -> ModResult:
     """check_mod, then the drift checks for a variant that applies."""
+    from sparkmods.drift import drift_status  # parsing vLLM's Python: only when a row is checked
+
     result = check_mod(manifest, mod_dir, source.version, source.read)
     if result.green and result.variant is not None:
         chosen = manifest.select(source.version)
@@ -86,9 +110,33 @@ def _checked(manifest: Manifest, mod_dir: Path, source) -> ModResult:
     return result
 
 
+def check_patch_source(name: str, subject: str, patches: Sequence[FilePatch], source) -> CheckRow:
+    """A loose patch (no manifest) on one source: the plan, then the drift checks; reused
+    from the result cache under `subject` (resultcache.patch_hash) when stored."""
+    cache = resultcache.active()
+    result = cache.get(subject, source, name)
+    if result is None:
+        from sparkmods.drift import drift_status
+        from sparkmods.runtime.engine import plan
+
+        try:
+            source.prefetch(sorted({fp.path for fp in patches}))
+            files = plan(patches, source.read)
+            status, reason = aggregate(files)
+            result = ModResult(name, source.version, status, None, reason, files)
+            verdict = drift_status(source, result, patches)
+            if verdict is not None:
+                result.status, result.reason = verdict
+            cache.put(subject, source, result)
+        finally:
+            source.release()
+    return CheckRow(source.label, source.commit, source.sha256, result)
+
+
 def check_mods(mod_dirs: Iterable[Path], sources: Sequence, jobs: int = 8) -> List[CheckRow]:
     """Every mod on every source; sources are checked in parallel, results keep input order."""
     mods = [(d, load(d)) for d in mod_dirs]
+    hashes = {m.name: resultcache.mod_hash(d) for d, m in mods}
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources)))) as pool:
-        per_source = list(pool.map(lambda s: check_source(mods, s), sources))
+        per_source = list(pool.map(lambda s: check_source(mods, s, hashes), sources))
     return [row for rows in per_source for row in rows]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -56,8 +56,10 @@ def summary_line(rows: Sequence[CheckRow]) -> str:
     return f"{len(rows)} checked, {len(rows) - bad} green, {bad} not"
 
 
-def print_json(rows: Sequence[CheckRow], fetch: dict) -> None:
+def print_json(rows: Sequence[CheckRow], fetch: dict, result_cache: Optional[dict] = None) -> None:
     doc = {"results": [r.to_dict() for r in rows], "fetch": fetch}
+    if result_cache is not None:
+        doc["result_cache"] = result_cache  # rows reused from stored results vs checked now
     json.dump(doc, sys.stdout, indent=2, sort_keys=False)
     sys.stdout.write("\n")
 

@@ -22,6 +22,13 @@ def add_target_args(parser: argparse.ArgumentParser, default: "str | None" = DEF
     parser.set_defaults(_default_spec=default)
 
 
+def add_cache_arg(parser: argparse.ArgumentParser, flag: str = "--no-cache") -> None:
+    """The switch that makes a command check every row again instead of reusing results stored
+    for the same inputs (resultcache.py); the fresh results are stored."""
+    parser.add_argument(flag, dest="no_cache", action="store_true",
+                        help="check every row again instead of reusing stored results for unchanged inputs")
+
+
 def open_sources(args: argparse.Namespace) -> List:
     """Every VllmSource the --vllm options name, in the order given (ranges oldest first)."""
     from sparkmods.sources import open_targets

@@ -6,15 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from sparkmods import report
-from sparkmods.check import CheckRow, check_mods
-from sparkmods.drift import drift_status
-from sparkmods.errors import SparkmodsError
-from sparkmods.modsdir import resolve_mods
-from sparkmods.patchfile import read_patch_file
-from sparkmods.runtime.engine import plan
-from sparkmods.runtime.modcheck import ModResult, aggregate
-from sparkmods.targets import add_target_args, open_sources
+from sparkmods.targets import add_cache_arg, add_target_args
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -24,6 +16,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--mods-dir", help="folder holding the mods (default: ./mods or the repository's)")
     p.add_argument("--json", action="store_true", help="one JSON document with per-hunk detail and fetch statistics")
     add_target_args(p)
+    add_cache_arg(p)
     p.set_defaults(func=run_check)
 
     q = sub.add_parser("check-patch", help="check a loose patch file (no manifest) against vLLM targets")
@@ -31,24 +24,34 @@ def register(sub: "argparse._SubParsersAction") -> None:
     q.add_argument("-p", dest="strip", type=int, default=1, help="leading path components to strip (default 1)")
     q.add_argument("--json", action="store_true")
     add_target_args(q, default=None)
+    add_cache_arg(q)
     q.set_defaults(func=run_check_patch)
 
 
 def _finish(args: argparse.Namespace, rows: list, started: float) -> int:
+    from sparkmods import report, resultcache
     from sparkmods.sources import stats
 
     fetch = stats.snapshot()
     fetch["seconds"] = round(time.monotonic() - started, 3)
+    counts = resultcache.active().counts
     if args.json:
-        report.print_json(rows, fetch)
+        report.print_json(rows, fetch, {"reuse": not args.no_cache, **counts.to_dict()})
     else:
         report.print_table(rows)
-        print(report.summary_line(rows))
+        reused = f"; {counts.reused} reused from the result cache" if counts.reused else ""
+        print(report.summary_line(rows) + reused)
     return report.exit_code(rows)
 
 
 def run_check(args: argparse.Namespace) -> int:
+    from sparkmods import resultcache
+    from sparkmods.check import check_mods
+    from sparkmods.modsdir import resolve_mods
+    from sparkmods.targets import open_sources
+
     started = time.monotonic()
+    resultcache.start(reuse=not args.no_cache)
     mod_dirs = resolve_mods(args.mods, args.mods_dir)
     sources = open_sources(args)
     rows = check_mods(mod_dirs, sources)
@@ -57,19 +60,18 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_check_patch(args: argparse.Namespace) -> int:
+    from sparkmods import resultcache
+    from sparkmods.check import check_patch_source
+    from sparkmods.errors import SparkmodsError
+    from sparkmods.patchfile import read_patch_file
+    from sparkmods.targets import open_sources
+
     started = time.monotonic()
+    resultcache.start(reuse=not args.no_cache)
     if not args.vllm:
         raise SparkmodsError("check-patch needs at least one --vllm SPEC")
     path = Path(args.patch)
     patches = read_patch_file(path, args.strip)
-    rows = []
-    for source in open_sources(args):
-        source.prefetch(sorted({fp.path for fp in patches}))
-        files = plan(patches, source.read)
-        status, reason = aggregate(files)
-        result = ModResult(path.name, source.version, status, None, reason, files)
-        verdict = drift_status(source, result, patches)
-        if verdict is not None:
-            result.status, result.reason = verdict
-        rows.append(CheckRow(source.label, source.commit, source.sha256, result))
+    subject = resultcache.patch_hash(path.name, args.strip, path.read_bytes())
+    rows = [check_patch_source(path.name, subject, patches, source) for source in open_sources(args)]
     return _finish(args, rows, started)

@@ -50,6 +50,16 @@ class VllmSource(ABC):
         Local sources read quickly one by one, so by default there is nothing to do.
         """
 
+    def content_key(self) -> Optional[str]:
+        """A name for exactly these bytes (a wheel's sha256, a git tree id) under which check
+        results may be stored and reused; None (the default) when there is none, as for a
+        folder or an image, which can change under the same name."""
+        return None
+
+    def release(self) -> None:
+        """Drop what was held in memory to answer reads (zip directories, fetched members):
+        called when a check of this source is done. Later reads load it again."""
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.label} version={self.version}>"
 

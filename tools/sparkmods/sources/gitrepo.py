@@ -68,6 +68,10 @@ class GitSource(VllmSource):
                 return None
             return obj.data_stream.read() if obj.type == "blob" else None
 
+    def content_key(self) -> Optional[str]:
+        """The commit's tree object id: git names the content itself."""
+        return f"git-tree:{self._tree.hexsha}"
+
     def list_files(self) -> List[str]:
         with self._lock:
             try:

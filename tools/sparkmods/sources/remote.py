@@ -75,6 +75,24 @@ class RemoteWheel(VllmSource):
     def list_files(self) -> List[str]:
         return self.layout().names()
 
+    def content_key(self) -> Optional[str]:
+        """The index sha256 with the digest of the central directory this cache entry recorded
+        (what was actually read, every member's CRC-32 included); None before the first read
+        or without an index sha256."""
+        with self._lock:
+            self._open_entry()
+            ident = self._entry.identity
+        if self.sha256 is None or ident is None:
+            return None
+        return f"wheel:{self.sha256}:{ident.central_sha256}"
+
+    def release(self) -> None:
+        with self._lock:
+            self._members.clear()
+            self._absent.clear()
+            self._zip = None
+            self._file = None
+
     def prefetch(self, paths: Iterable[str]) -> None:
         with self._lock:
             self._open_entry()

@@ -33,6 +33,7 @@ class ZipMembers:
         self._infos: Dict[str, zipfile.ZipInfo] = {i.filename: i for i in infos if not i.is_dir()}
         # A member ends where the next local header (or the central directory) begins.
         self._bounds = sorted({i.header_offset for i in infos} | {self.central_offset})
+        self._names: Optional[List[str]] = None
 
     @property
     def central_offset(self) -> int:
@@ -40,7 +41,10 @@ class ZipMembers:
         return self._zip.start_dir
 
     def names(self) -> List[str]:
-        return sorted(self._infos)
+        """Every member, sorted (computed once: the drift checks ask for it per mod)."""
+        if self._names is None:
+            self._names = sorted(self._infos)
+        return self._names
 
     def __contains__(self, name: str) -> bool:
         return name in self._infos
