@@ -34,6 +34,10 @@ SERVER_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "VLLM_NO_USAGE_STATS": "1",
+    # DeepGEMM (Hopper only; a DGX Spark's sm_121 never uses it) JIT-compiles and warms up
+    # 344 block-FP8 shapes at start-up: 4-5 minutes on an H200 for a 40 MB model.
+    "VLLM_USE_DEEP_GEMM": "0",
+    "VLLM_MOE_USE_DEEP_GEMM": "0",
 }
 # Flags of every server. --enforce-eager: no torch.compile and no CUDA-graph capture, which is
 # most of a tiny model's start-up; the figures are sanity checks, not speed claims.
