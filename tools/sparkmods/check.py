@@ -92,7 +92,7 @@ def check_source(mods: Sequence["tuple[Path, Manifest]"], source,
                 cache.put(hashes[manifest.name], source, result)
                 results[manifest.name] = result
     finally:
-        source.release()
+        _release(source)
     return [CheckRow(source.label, source.commit, source.sha256, results[m.name]) for _, m in mods]
 
 
@@ -129,8 +129,15 @@ def check_patch_source(name: str, subject: str, patches: Sequence[FilePatch], so
                 result.status, result.reason = verdict
             cache.put(subject, source, result)
         finally:
-            source.release()
+            _release(source)
     return CheckRow(source.label, source.commit, source.sha256, result)
+
+
+def _release(source) -> None:
+    """source.release() for sources that hold state (VllmSource); duck-typed ones may not."""
+    release = getattr(source, "release", None)
+    if release is not None:
+        release()
 
 
 def check_mods(mod_dirs: Iterable[Path], sources: Sequence, jobs: int = 8) -> List[CheckRow]:

@@ -4,6 +4,10 @@ Each command module exposes `register(subparsers)`, which adds its parser and se
 `func(args) -> int` as the handler. Keeping the commands in separate modules lets each
 feature own its command without touching a shared file.
 
+Start-up imports only what the command run needs: the sub-command named on the command line
+is registered from its module, every other one is listed from `commands.COMMANDS` (name and
+help) without importing it, and each module imports its heavy parts when it runs.
+
 Exit codes are stable: 0 success, 1 a finding (a mod does not apply, a regression, ...),
 2 usage or input error (one line on stderr, never a traceback).
 """
@@ -12,23 +16,37 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import pkgutil
 import sys
-from typing import Sequence
 
-from sparkmods import __version__, commands
+from sparkmods import __version__
 from sparkmods.closedpipe import ClosedPipeGuard
-from sparkmods.errors import SparkmodsError
-from sparkmods.runtime.engine import UnsafePath
-from sparkmods.runtime.locate import LocateError
-from sparkmods.runtime.manifest import ManifestError
-from sparkmods.runtime.udiff import PatchParseError
+from sparkmods.commands import COMMANDS
 
-# Input problems raised by the stdlib runtime (it cannot depend on SparkmodsError).
-_INPUT_ERRORS = (SparkmodsError, ManifestError, LocateError, UnsafePath, PatchParseError)
+TYPE_CHECKING = False  # typing costs start-up time; the hints below are strings anyway
+if TYPE_CHECKING:
+    from typing import Optional, Sequence, Tuple, Type
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _input_errors() -> Tuple[Type[BaseException], ...]:
+    """Input problems (exit 2, one line): ours, and those the stdlib runtime raises (it cannot
+    depend on SparkmodsError). Imported only once something went wrong."""
+    from sparkmods.errors import SparkmodsError
+    from sparkmods.runtime.engine import UnsafePath
+    from sparkmods.runtime.locate import LocateError
+    from sparkmods.runtime.manifest import ManifestError
+    from sparkmods.runtime.udiff import PatchParseError
+
+    return SparkmodsError, ManifestError, LocateError, UnsafePath, PatchParseError
+
+
+def _chosen(argv: Sequence[str]) -> Optional[str]:
+    """The sub-command named: the first argument that is not an option (the top level takes
+    only --help and --version, which have no values)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(argv: Optional[Sequence[str]] = None) -> argparse.ArgumentParser:
+    """The parser, with the full parser of the command argv names (all of them when None)."""
     parser = argparse.ArgumentParser(
         prog="sparkmods",
         description="Check, apply and rebase vLLM mods for NVIDIA DGX Spark.",
@@ -36,25 +54,35 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sparkmods {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"{commands.__name__}.{info.name}")
-        module.register(sub)
+    chosen = _chosen(argv) if argv is not None else None
+    wanted = {c.module for name, c in COMMANDS.items() if argv is None or name == chosen}
+    registered = set()
+    for name, command in COMMANDS.items():
+        if command.module in wanted:
+            if command.module not in registered:
+                importlib.import_module(f"{__package__}.commands.{command.module}").register(sub)
+                registered.add(command.module)
+        else:
+            sub.add_parser(name, help=command.help, add_help=False)  # listed, never parsed
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(args_in)
+    args = parser.parse_args(args_in)
     stdout = sys.stdout
     sys.stdout = guard = ClosedPipeGuard(stdout)  # `sparkmods check | head -2`: no traceback
     try:
         return int(args.func(args))
-    except _INPUT_ERRORS as exc:
-        print(f"sparkmods: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("sparkmods: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        if not isinstance(exc, _input_errors()):
+            raise
+        print(f"sparkmods: error: {exc}", file=sys.stderr)
+        return 2
     finally:
         guard.flush()  # inside the guard, so a reader gone before the last buffer is no error either
         sys.stdout = stdout

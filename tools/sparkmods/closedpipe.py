@@ -10,7 +10,10 @@ shutdown then flushes whatever is left in the buffer into /dev/null instead of f
 from __future__ import annotations
 
 import os
-from typing import Any, TextIO
+
+TYPE_CHECKING = False  # typing costs start-up time (this is imported by every command)
+if TYPE_CHECKING:
+    from typing import Any, TextIO
 
 __all__ = ["ClosedPipeGuard"]
 

@@ -96,7 +96,8 @@ class ResultCache:
         """Everything the row is a function of, or None when the source's bytes have no name."""
         from sparkmods.check import checker_hash
 
-        content = source.content_key()
+        named = getattr(source, "content_key", None)  # duck-typed sources without it: never stored
+        content = named() if named is not None else None
         if content is None:
             return None
         return {"schema": SCHEMA, "subject": subject, "source": content, "vllm": source.version,

@@ -9,6 +9,7 @@ import argparse
 import os
 from pathlib import Path
 
+from sparkmods.commands import help_for
 from sparkmods.errors import SparkmodsError
 from sparkmods.modsdir import resolve_mods
 from sparkmods.runtime import fsops
@@ -19,7 +20,7 @@ from sparkmods.runtime.pep440 import InvalidVersion, Version
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
-    p = sub.add_parser("apply", help="apply (or revert) a mod to a vLLM installed in a folder",
+    p = sub.add_parser("apply", help=help_for("apply"),
                        description="Apply a mod to an installed vLLM with the same code run.sh uses.")
     p.add_argument("mod", metavar="MOD")
     p.add_argument("--vllm", required=True, metavar="dir:PATH",

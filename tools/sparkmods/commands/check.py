@@ -6,11 +6,12 @@ import argparse
 import time
 from pathlib import Path
 
+from sparkmods.commands import help_for
 from sparkmods.targets import add_cache_arg, add_target_args
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
-    p = sub.add_parser("check", help="check mods against vLLM releases, wheels, trees, commits or images",
+    p = sub.add_parser("check", help=help_for("check"),
                        description="For each mod and vLLM target: the variant chosen and its status.")
     p.add_argument("mods", nargs="*", metavar="MOD", help="mod names or folders (default: all)")
     p.add_argument("--mods-dir", help="folder holding the mods (default: ./mods or the repository's)")
@@ -19,7 +20,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     add_cache_arg(p)
     p.set_defaults(func=run_check)
 
-    q = sub.add_parser("check-patch", help="check a loose patch file (no manifest) against vLLM targets")
+    q = sub.add_parser("check-patch", help=help_for("check-patch"))
     q.add_argument("patch", metavar="FILE")
     q.add_argument("-p", dest="strip", type=int, default=1, help="leading path components to strip (default 1)")
     q.add_argument("--json", action="store_true")

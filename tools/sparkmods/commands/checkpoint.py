@@ -10,6 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
+from sparkmods.commands import help_for
 from sparkmods.checkpoint import hub
 from sparkmods.checkpoint.add_mtp import add_mtp
 from sparkmods.checkpoint.hybrid_build import build_hybrid, check_target
@@ -23,7 +24,7 @@ from sparkmods.checkpoint.units import human_bytes
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "checkpoint",
-        help="inspect and fix safetensors checkpoints (MTP index, hybrid INT4+FP8)",
+        help=help_for("checkpoint"),
         description="Safetensors checkpoint tools. Reads headers only; writes stream byte ranges.",
     )
     sub = parser.add_subparsers(dest="checkpoint_command", metavar="ACTION")

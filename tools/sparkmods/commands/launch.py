@@ -10,22 +10,19 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import List, Tuple
+from typing import TYPE_CHECKING, List, Tuple
 
+from sparkmods.commands import help_for
 from sparkmods.errors import SparkmodsError
-from sparkmods.launch.ontargets import validate_on
-from sparkmods.launch.plan import CLUSTER, STANDALONE, LaunchOptions, build_plan, describe
-from sparkmods.launch.recipe import load_recipe
-from sparkmods.launch.render import about, find_launcher, render, write_script
-from sparkmods.launch.target import TargetFacts
-from sparkmods.launch.target_open import check_with_engine, open_launch_targets
-from sparkmods.modsdir import mods_root
-from sparkmods.targets import add_target_args
+from sparkmods.targets import add_cache_arg, add_target_args
+
+if TYPE_CHECKING:  # imported when a launch is planned, not when the command line is parsed
+    from sparkmods.launch.plan import LaunchOptions
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
     p = sub.add_parser(
-        "launch", help="validate a recipe and write its launch script (launch-cluster.sh or standalone)",
+        "launch", help=help_for("launch"),
         description="Write an executable bash script that launches RECIPE on one node (--solo) or several "
                     "(--nodes, Ray by default), after checking its mods and flags against the image's vLLM.")
     p.add_argument("recipe", metavar="RECIPE", help="a run-recipe.sh v1 YAML file")
@@ -39,6 +36,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    help="a script that needs only docker and ssh instead of launch-cluster.sh")
     p.add_argument("--image", help="container image (default: the recipe's container)")
     add_target_args(p, default=None)
+    add_cache_arg(p)
     p.add_argument("--mods-dir", metavar="DIR",
                    help="where the recipe's mods/<name> folders are (default: the mods/ folder above the "
                         "recipe, else $SPARKMODS_MODS_DIR, ./mods or this collection's)")
@@ -65,7 +63,9 @@ def _sets(pairs: List[str]) -> Tuple[Tuple[str, str], ...]:
     return tuple(out)
 
 
-def options_from(args: argparse.Namespace) -> LaunchOptions:
+def options_from(args: argparse.Namespace) -> "LaunchOptions":
+    from sparkmods.launch.plan import CLUSTER, STANDALONE, LaunchOptions
+
     nodes = tuple(n.strip() for n in args.nodes.split(",")) if args.nodes else ()
     if args.solo and args.ray is not None:
         raise SparkmodsError("--ray/--no-ray need --nodes: a solo launch has no cluster backend")
@@ -80,6 +80,16 @@ def options_from(args: argparse.Namespace) -> LaunchOptions:
 
 
 def run_launch(args: argparse.Namespace) -> int:
+    from sparkmods import resultcache
+    from sparkmods.launch.ontargets import validate_on
+    from sparkmods.launch.plan import STANDALONE, build_plan, describe
+    from sparkmods.launch.recipe import load_recipe
+    from sparkmods.launch.render import about, find_launcher, render, write_script
+    from sparkmods.launch.target import TargetFacts
+    from sparkmods.launch.target_open import open_launch_targets, check_with_engine
+    from sparkmods.modsdir import mods_root
+
+    resultcache.start(reuse=not args.no_cache)
     path = Path(args.recipe)
     plan = build_plan(load_recipe(path), options_from(args), mods_dir=mods_root(args.mods_dir) if args.mods_dir else None)
     sources = open_launch_targets(plan.image, args.vllm or [], index_url=args.index_url, offline=args.offline)

@@ -10,6 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import Dict, Optional
 
+from sparkmods.commands import help_for
+from sparkmods import resultcache
 from sparkmods.errors import SparkmodsError
 from sparkmods.matrix.build import build_counted, sort_sources
 from sparkmods.matrix.compare import compare, stale_mods, without_timestamp
@@ -23,7 +25,7 @@ _REPO_MATRIX = Path(__file__).resolve().parents[3] / "matrix"
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
-    p = sub.add_parser("matrix", help="build the compatibility matrix (matrix/matrix.json, MATRIX.md, matrix.svg)",
+    p = sub.add_parser("matrix", help=help_for("matrix"),
                        description="Check every mod on every vLLM release and write the matrix.")
     p.add_argument("--mods-dir", help="folder holding the mods")
     p.add_argument("--out", help="matrix folder (default: ./matrix or the repository's)")
@@ -33,7 +35,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    help="change nothing; exit 1 if the committed matrix is stale for the current mods")
     p.add_argument("--against", metavar="OLD.json", help="report regressions/fixes/new releases vs an older matrix")
     p.add_argument("--rebuild", action="store_true",
-                   help="re-check every cell, even those whose inputs (mod content, wheel sha256) are unchanged")
+                   help="re-check every cell, even those whose inputs (mod content, wheel sha256) are unchanged "
+                        "(neither the previous matrix nor stored check results are reused)")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     add_target_args(p)
     p.set_defaults(func=run)
@@ -109,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     for spec in args.extra:
         args_extra = argparse.Namespace(**{**vars(args), "vllm": [spec]})
         sources.extend(open_sources(args_extra))
+    resultcache.start(reuse=not args.rebuild)
     bar, tick = _progress(len(sources))
     if bar:
         bar.start()
@@ -126,13 +130,14 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         summary = {"out": str(out), "mods": len(doc["mods"]), "targets": len(doc["releases"]),
                    "cells": len(doc["cells"]), "not_green": len(bad), "reused": built.reused,
-                   "rechecked": built.rechecked}
+                   "reused_from_result_cache": built.from_cache, "rechecked": built.rechecked}
         if diff is not None:
             summary.update(diff.to_dict())
         print(json.dumps(summary, indent=2))
     else:
+        stored = f"; {built.from_cache} from the result cache" if built.from_cache else ""
         print(f"{len(doc['releases'])} targets x {len(doc['mods'])} mods: {built.reused} cells reused "
-              f"(inputs unchanged), {built.rechecked} re-checked"
+              f"(inputs unchanged{stored}), {built.rechecked} re-checked"
               + ("; --rebuild re-checks all" if built.reused else ""))
         print(f"wrote {out}/{{{JSON_NAME},{MD_NAME},{SVG_NAME}}}: {len(doc['mods'])} mods x "
               f"{len(doc['releases'])} targets, {len(bad)} cells not green")

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
+from sparkmods.commands import help_for
 from sparkmods.drift import Finding
 from sparkmods.errors import SparkmodsError
 from sparkmods.modsdir import load, resolve_mods
@@ -37,7 +38,7 @@ def _source_args(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
-    p = sub.add_parser("rebase-patch", help="carry a patch from the vLLM it was written for to another one",
+    p = sub.add_parser("rebase-patch", help=help_for("rebase-patch"),
                        description="Three-way rebase of a patch from --base to --onto; never misplaces a change.")
     p.add_argument("patch", metavar="PATCH")
     p.add_argument("--base", required=True, metavar="SPEC", help="the vLLM the patch was written against")
@@ -47,7 +48,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     _source_args(p)
     p.set_defaults(func=run_rebase_patch)
 
-    q = sub.add_parser("rebase", help="add a variant to a mod for a vLLM none of its variants works on",
+    q = sub.add_parser("rebase", help=help_for("rebase"),
                        description="Rebase the nearest variant's patches onto a vLLM; --write adds the variant.")
     q.add_argument("mod", metavar="MOD")
     q.add_argument("--onto", required=True, metavar="SPEC", help="the vLLM the mod should work on")

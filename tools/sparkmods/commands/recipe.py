@@ -12,17 +12,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
+from sparkmods.commands import help_for
 from sparkmods.errors import SparkmodsError
-from sparkmods.launch.ontargets import Finding, validate_on
-from sparkmods.launch.plan import LaunchOptions, build_plan
-from sparkmods.launch.recipe import load_recipe
-from sparkmods.launch.rules import ERROR, Problem
-from sparkmods.launch.target import TargetFacts
-from sparkmods.launch.target_open import check_with_engine
-from sparkmods.modsdir import mods_root
-from sparkmods.targets import add_target_args, open_sources
+from sparkmods.targets import add_cache_arg, add_target_args
+
+if TYPE_CHECKING:  # imported when a recipe is checked, not when the command line is parsed
+    from sparkmods.launch.ontargets import Finding
+    from sparkmods.launch.target import TargetFacts
 
 _REPO_RECIPES = Path(__file__).resolve().parents[3] / "launch" / "recipes"
 # Placeholder addresses for checking cluster_only recipes; never written anywhere.
@@ -30,7 +28,7 @@ _CHECK_NODES = ("192.0.2.1", "192.0.2.2")
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
-    p = sub.add_parser("recipe", help="recipe tools (run-recipe.sh v1 YAML)")
+    p = sub.add_parser("recipe", help=help_for("recipe"))
     rsub = p.add_subparsers(dest="recipe_command", metavar="ACTION")
     rsub.required = True
     c = rsub.add_parser("check", help="schema-check recipes (default: launch/recipes/*.yaml)")
@@ -40,6 +38,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
                         "recipe, else $SPARKMODS_MODS_DIR, ./mods or this collection's)")
     c.add_argument("--json", action="store_true")
     add_target_args(c, default=None)  # with --vllm: also the mods and target rules on every vLLM named
+    add_cache_arg(c)
     c.set_defaults(func=run_check)
 
 
@@ -51,8 +50,14 @@ def default_recipes() -> List[Path]:
     raise SparkmodsError("no recipes given and none found in ./launch/recipes")
 
 
-def check_one(path: Path, targets: Sequence[TargetFacts], mods_dir: Optional[Path]) -> List[Finding]:
+def check_one(path: Path, targets: Sequence["TargetFacts"], mods_dir: Optional[Path]) -> List["Finding"]:
     """The recipe's problems on every target; a schema error is one problem, not an exception."""
+    from sparkmods.launch.ontargets import Finding, validate_on
+    from sparkmods.launch.plan import LaunchOptions, build_plan
+    from sparkmods.launch.recipe import load_recipe
+    from sparkmods.launch.rules import Problem
+    from sparkmods.launch.target_open import check_with_engine
+
     try:
         recipe = load_recipe(path)
         opts = LaunchOptions(nodes=_CHECK_NODES) if recipe.cluster_only else LaunchOptions()
@@ -63,6 +68,13 @@ def check_one(path: Path, targets: Sequence[TargetFacts], mods_dir: Optional[Pat
 
 
 def run_check(args: argparse.Namespace) -> int:
+    from sparkmods import resultcache
+    from sparkmods.launch.rules import ERROR
+    from sparkmods.launch.target import TargetFacts
+    from sparkmods.modsdir import mods_root
+    from sparkmods.targets import open_sources
+
+    resultcache.start(reuse=not args.no_cache)
     paths = [Path(p) for p in args.recipes] or default_recipes()
     targets = [TargetFacts(s) for s in open_sources(args)]
     mods_dir = mods_root(args.mods_dir) if args.mods_dir else None

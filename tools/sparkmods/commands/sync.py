@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from sparkmods.commands import help_for
 from sparkmods.modsdir import resolve_mods
 from sparkmods.sync import drift, sync
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
-    p = sub.add_parser("sync", help="generate run.sh and the runtime copy inside each mod",
+    p = sub.add_parser("sync", help=help_for("sync"),
                        description="Regenerate each mod's run.sh and _sparkmods/ from tools/sparkmods/runtime.")
     p.add_argument("mods", nargs="*", metavar="MOD")
     p.add_argument("--mods-dir", help="folder holding the mods (default: ./mods or the repository's)")

@@ -11,13 +11,14 @@ import os
 import sys
 from pathlib import Path
 
+from sparkmods.commands import help_for
 from sparkmods.verify.judges import JUDGES
 
 ENV_API_KEY = "VLLM_API_KEY"
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
-    p = sub.add_parser("verify", help="check a running vLLM server: did each mod take effect?",
+    p = sub.add_parser("verify", help=help_for("verify"),
                        description="Read a running vLLM OpenAI server (/v1/models, /metrics, /tokenize) and its "
                                    "log, and say mod by mod whether it took effect.")
     p.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")

@@ -5,17 +5,18 @@ runtime included, so an engine change re-checks everything) and the wheel's sha2
 index. When both equal what the previous matrix recorded, the old cell is reused without a
 byte of network traffic. Sources without a sha256 (dir:, git:, image:) are always re-checked,
 and so is everything when the drift-check code changed (`checker`, see check.checker_hash).
+Cells the previous matrix cannot give come from check.check_source, which reuses the rows
+`sparkmods check` stored for the same inputs (resultcache.py) before checking anything.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from sparkmods import __version__
+from sparkmods import __version__, resultcache
 from sparkmods.check import check_source, checker_hash
 from sparkmods.modsdir import load
 from sparkmods.runtime.manifest import Manifest
@@ -24,15 +25,6 @@ from sparkmods.runtime.pep440 import Version
 
 SCHEMA = 1
 TIMESTAMP_KEY = "generated_at"
-
-
-def mod_hash(mod_dir: Path) -> str:
-    """sha256 over the sorted relative paths and bytes of every file in the mod."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in mod_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        digest.update(path.relative_to(mod_dir).as_posix().encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
 
 
 def _mod_entry(manifest: Manifest, content_hash: str) -> dict:
@@ -78,8 +70,9 @@ class Built:
     (what `sparkmods matrix` tells the user, so a run that checked nothing says so)."""
 
     doc: dict
-    reused: int
+    reused: int  # from the previous matrix or the result cache
     rechecked: int
+    from_cache: int = 0  # of reused: from the result cache
 
 
 def build(mod_dirs: Sequence[Path], sources: Sequence, previous: Optional[dict] = None,
@@ -94,8 +87,10 @@ def build_counted(mod_dirs: Sequence[Path], sources: Sequence, previous: Optiona
     from concurrent.futures import ThreadPoolExecutor
 
     mods = [(d, load(d)) for d in mod_dirs]
-    hashes = {m.name: mod_hash(d) for d, m in mods}
+    hashes = {m.name: resultcache.mod_hash(d) for d, m in mods}
     checker = checker_hash()
+    counts = resultcache.active().counts
+    stored_before = counts.reused
     old = _reusable(previous, checker)
 
     def one(source) -> Tuple[List[dict], int]:
@@ -109,7 +104,7 @@ def build_counted(mod_dirs: Sequence[Path], sources: Sequence, previous: Optiona
             else:
                 todo.append((mod_dir, manifest))
         if todo:
-            for row in check_source(todo, source):
+            for row in check_source(todo, source, hashes):
                 cells[row.result.mod] = cell_from_result(row.result, source.label, hashes[row.result.mod], source.sha256)
         if on_progress:
             on_progress(source.label)
@@ -118,7 +113,8 @@ def build_counted(mod_dirs: Sequence[Path], sources: Sequence, previous: Optiona
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources)))) as pool:
         done = list(pool.map(one, sources))
     per_source = [cells for cells, _ in done]
-    rechecked = sum(n for _, n in done)
+    from_cache = counts.reused - stored_before
+    rechecked = sum(n for _, n in done) - from_cache
     releases = [{"vllm": s.version, "target": s.label, "commit": s.commit, "wheel_sha256": s.sha256} for s in sources]
     cells = [per_source[j][i] for i in range(len(mods)) for j in range(len(sources))]
     doc = {
@@ -130,7 +126,7 @@ def build_counted(mod_dirs: Sequence[Path], sources: Sequence, previous: Optiona
         "mods": [_mod_entry(m, hashes[m.name]) for _, m in mods],
         "cells": cells,
     }
-    return Built(doc, len(cells) - rechecked, rechecked)
+    return Built(doc, len(cells) - rechecked, rechecked, from_cache)
 
 
 def sort_sources(sources: Sequence) -> List:

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 from sparkmods.check import checker_hash
-from sparkmods.matrix.build import TIMESTAMP_KEY, mod_hash
+from sparkmods.matrix.build import TIMESTAMP_KEY
+from sparkmods.resultcache import mod_hash
 from sparkmods.runtime.modcheck import GREEN
 
 
