@@ -128,9 +128,12 @@ def test_install_source_symlink_out_of_the_mod(tmp_path: Path, capsys) -> None:
 def test_site_install_outside_vllm_is_a_manifest_error(tmp_path: Path, capsys, dest: str) -> None:
     site = make_site(tmp_path / "site")
     mod = _with_install(tmp_path, "site:vllm/ok.py", lambda p: p.write_text("x = 1\n"))
+    generated = mod / "_sparkmods" / "manifest.json"  # what run.sh reads (sync refuses such a mod.toml)
+    generated.write_text(generated.read_text().replace("site:vllm/ok.py", dest))
+    assert_refused(mod, site, tmp_path, "manifest.json", "install[0].dest")
     toml = mod / "mod.toml"
-    toml.write_text(toml.read_text().replace("site:vllm/ok.py", dest))  # run.sh reads mod.toml first
-    assert_refused(mod, site, tmp_path, "mod.toml", "install[0].dest")
+    toml.write_text(toml.read_text().replace("site:vllm/ok.py", dest))
+    assert "install[0].dest" in host_check_fails(mod, capsys)
 
 
 def test_site_install_is_journaled_and_reverted(tmp_path: Path) -> None:
@@ -145,15 +148,17 @@ def test_site_install_is_journaled_and_reverted(tmp_path: Path) -> None:
     assert (site / TARGET).read_text() == ORIGINAL
 
 
-@pytest.mark.parametrize("content,word", [
-    (b"\x00\x01\xff\xfe binary", "not UTF-8"),
-    (b"a = " + b"[" * 100000 + b"]" * 100000 + b"\n", "nested too deeply"),
+@pytest.mark.parametrize("toml,generated,word", [
+    (b"\x00\x01\xff\xfe binary", b"\x00\x01\xff\xfe binary", "not UTF-8"),
+    (b"a = " + b"[" * 100000 + b"]" * 100000 + b"\n", b"[" * 100000 + b"]" * 100000, "nested too deeply"),
 ])
-def test_binary_or_deeply_nested_mod_toml(tmp_path: Path, capsys, content: bytes, word: str) -> None:
+def test_binary_or_deeply_nested_manifest(tmp_path: Path, capsys, toml: bytes, generated: bytes, word: str) -> None:
+    """run.sh reads the generated manifest.json, the host mod.toml: each refuses its own bad file."""
     site = make_site(tmp_path / "site")
     mod = make_mod(tmp_path / "mods")
-    (mod / "mod.toml").write_bytes(content)
-    assert_refused(mod, site, tmp_path, "mod.toml", word)
+    (mod / "_sparkmods" / "manifest.json").write_bytes(generated)
+    assert_refused(mod, site, tmp_path, "manifest.json", word)
+    (mod / "mod.toml").write_bytes(toml)
     assert word in host_check_fails(mod, capsys)
 
 

@@ -4,15 +4,21 @@
 # Usage: ./run.sh [apply|check|revert] [--dry-run]   (launch-cluster.sh runs it with no arguments)
 # Exit: 0 done, 1 cannot apply/revert here (nothing changed), 2 bad input, 130/143 interrupted.
 set -euo pipefail
-mod_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-name="$(basename "$mod_dir")"
+here="${BASH_SOURCE[0]}"
+[[ "$here" == */* ]] || here="./$here"
+mod_dir="$(cd "${here%/*}" && pwd)"
+name="${mod_dir##*/}"
 python="${SPARKMODS_PYTHON:-python3}"
 if ! command -v "$python" >/dev/null 2>&1; then
   echo "[$name] ERROR: $python not found; set SPARKMODS_PYTHON to vLLM's interpreter" >&2
   exit 2
 fi
-# Checked here, in syntax every Python accepts: an older one would die on ours with a traceback.
-version="$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true)"
+# Checked here with `-V` (answered before Python runs any code, so it costs next to nothing):
+# an older Python would die on our code with a traceback.
+version=""
+if [[ "$("$python" -V 2>&1 || true)" =~ ^(Python )?([0-9]+)\.([0-9]+) ]]; then
+  version="${BASH_REMATCH[2]}.${BASH_REMATCH[3]}"
+fi
 case "$version" in
   3.9 | 3.[1-9][0-9] | [4-9].*) ;;
   *)
@@ -21,4 +27,6 @@ case "$version" in
     ;;
 esac
 export WORKSPACE_DIR="${WORKSPACE_DIR:-$PWD}"
+# Nothing is written into this folder or vLLM's tree; the runtime's compiled code is kept in
+# the user's cache (see _sparkmods/boot.py).
 PYTHONPATH="$mod_dir${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1 exec "$python" -m _sparkmods "$@"

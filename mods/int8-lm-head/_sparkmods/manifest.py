@@ -233,12 +233,18 @@ class _Validator:
         return Upstream(since, evidence, detects)
 
 
+# Inside a mod (run.sh) this module is `_sparkmods.manifest`, and the mod's manifest is the
+# manifest.json that `sparkmods sync` generated beside it: no TOML parser to load or run.
+_IN_MOD = __package__ == "_sparkmods"
+
+
 def load_manifest(mod_dir: Path) -> Manifest:
-    """Load mod.toml when a TOML reader exists (host), else the generated manifest.json."""
+    """The generated manifest.json inside a mod (run.sh); on the host mod.toml when a TOML
+    reader exists, else manifest.json."""
     toml_path = mod_dir / MANIFEST_TOML
     json_path = mod_dir / MANIFEST_JSON
     data: Any
-    if toml_path.is_file():
+    if toml_path.is_file() and not _IN_MOD:
         try:
             import tomllib  # type: ignore[import-not-found]
         except ImportError:  # Python < 3.11

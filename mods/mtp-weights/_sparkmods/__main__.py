@@ -1,5 +1,5 @@
 """`python3 -m _sparkmods [apply|check|revert]` from run.sh inside a mod folder."""
 
-from .applier import main
+from .boot import main
 
 raise SystemExit(main())
