@@ -90,7 +90,7 @@ def check_source(mods: Sequence["tuple[Path, Manifest]"], source,
             for mod_dir, manifest in todo:
                 result = _checked(manifest, mod_dir, source)
                 cache.put(hashes[manifest.name], source, result)
-                results[manifest.name] = result
+                results[manifest.name] = _without_bytes(result)
     finally:
         _release(source)
     return [CheckRow(source.label, source.commit, source.sha256, results[m.name]) for _, m in mods]
@@ -127,10 +127,19 @@ def check_patch_source(name: str, subject: str, patches: Sequence[FilePatch], so
             verdict = drift_status(source, result, patches)
             if verdict is not None:
                 result.status, result.reason = verdict
-            cache.put(subject, source, result)
+            cache.put(subject, source, _without_bytes(result))
         finally:
             _release(source)
     return CheckRow(source.label, source.commit, source.sha256, result)
+
+
+def _without_bytes(result: ModResult) -> ModResult:
+    """The row as stored: the files' contents before and after the patch, which only the
+    decision needed, are dropped (a run over many builds would otherwise keep them all), so a
+    fresh row is exactly what the result cache gives back."""
+    for f in result.files:
+        f.before = f.after = None
+    return result
 
 
 def _release(source) -> None:

@@ -11,12 +11,10 @@ from pathlib import Path
 
 from sparkmods.commands import help_for
 from sparkmods.errors import SparkmodsError
-from sparkmods.modsdir import resolve_mods
-from sparkmods.runtime import fsops
-from sparkmods.runtime.applier import Printer
-from sparkmods.runtime.applier import run as run_action
-from sparkmods.runtime.locate import LocateError, find_vllm
-from sparkmods.runtime.pep440 import InvalidVersion, Version
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from sparkmods.runtime.pep440 import Version
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -33,6 +31,12 @@ def register(sub: "argparse._SubParsersAction") -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sparkmods.modsdir import resolve_mods
+    from sparkmods.runtime import fsops
+    from sparkmods.runtime.applier import Printer
+    from sparkmods.runtime.applier import run as run_action
+    from sparkmods.runtime.locate import LocateError, find_vllm
+
     if not args.vllm.startswith("dir:"):
         raise SparkmodsError(f"--vllm {args.vllm!r}: apply writes files, so it needs dir:PATH")
     (mod_dir,) = resolve_mods([args.mod], args.mods_dir)
@@ -53,7 +57,9 @@ def run(args: argparse.Namespace) -> int:
                       Printer(mod_dir.name))
 
 
-def _public(version: str, spec: str) -> Version:
+def _public(version: str, spec: str) -> "Version":
+    from sparkmods.runtime.pep440 import InvalidVersion, Version
+
     try:
         return Version(version).public
     except InvalidVersion:

@@ -11,13 +11,7 @@ from pathlib import Path
 from typing import Dict, Optional
 
 from sparkmods.commands import help_for
-from sparkmods import resultcache
 from sparkmods.errors import SparkmodsError
-from sparkmods.matrix.build import build_counted, sort_sources
-from sparkmods.matrix.compare import compare, stale_mods, without_timestamp
-from sparkmods.matrix.render import to_markdown, to_svg
-from sparkmods.modsdir import resolve_mods
-from sparkmods.runtime.modcheck import GREEN
 from sparkmods.targets import add_target_args, open_sources
 
 JSON_NAME, MD_NAME, SVG_NAME = "matrix.json", "MATRIX.md", "matrix.svg"
@@ -59,6 +53,8 @@ def _read(path: Path) -> Optional[dict]:
 
 
 def rendered(doc: dict) -> Dict[str, str]:
+    from sparkmods.matrix.render import to_markdown, to_svg
+
     return {JSON_NAME: json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False) + "\n",
             MD_NAME: to_markdown(doc), SVG_NAME: to_svg(doc)}
 
@@ -73,6 +69,8 @@ def _write_all(out: Path, files: Dict[str, str]) -> None:
 
 
 def _check(out: Path, mod_dirs) -> int:
+    from sparkmods.matrix.compare import stale_mods
+
     doc = _read(out / JSON_NAME)
     if doc is None:
         print(f"{out / JSON_NAME} is missing: run `sparkmods matrix`")
@@ -100,6 +98,12 @@ def _progress(total: int):
 
 
 def run(args: argparse.Namespace) -> int:
+    from sparkmods import resultcache
+    from sparkmods.matrix.build import build_counted, sort_sources
+    from sparkmods.matrix.compare import compare, without_timestamp
+    from sparkmods.modsdir import resolve_mods
+    from sparkmods.runtime.modcheck import GREEN
+
     out = _out_dir(args.out)
     mod_dirs = resolve_mods([], args.mods_dir)
     if args.check:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 
 from sparkmods.commands import help_for
-from sparkmods.modsdir import resolve_mods
-from sparkmods.sync import drift, sync
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -20,6 +18,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
 
 def run(args: argparse.Namespace) -> int:
     """One line per file written or drifted, then one summary line, so success is visible too."""
+    from sparkmods.modsdir import resolve_mods
+    from sparkmods.sync import drift, sync
+
     mod_dirs = resolve_mods(args.mods, args.mods_dir)
     changed = 0
     for mod_dir in mod_dirs:

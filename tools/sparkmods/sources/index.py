@@ -19,14 +19,13 @@ import time
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 from urllib.parse import unquote, urldefrag, urljoin, urlparse
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from sparkmods.errors import SparkmodsError
-from sparkmods.sources import http
 from sparkmods.sources.cache import cache_root, digest, is_sha256, read_bytes, write_atomic
 from sparkmods.sources.fetchstats import stats
 
@@ -200,15 +199,29 @@ class ProjectPage:
     def __init__(self, url: str, files: List[IndexFile]) -> None:
         self.url = url
         self.files = files
+        self._best: Optional[Dict[Version, IndexFile]] = None
 
     def versions(self, include_yanked: bool = False) -> List[Version]:
         """Versions that have a wheel (and a non-yanked one unless asked), oldest first."""
         return sorted({f.version for f in self.files if include_yanked or not f.yanked})
 
     def wheel(self, version: Version) -> IndexFile:
-        """The preferred wheel of version (non-yanked ones first)."""
-        choices = [f for f in self.files if f.version == version]
-        return max(choices, key=lambda f: (not f.yanked, f.rank))
+        """The preferred wheel of version (non-yanked ones first); KeyError when none.
+
+        The choice per version is made once for the whole page: a per-commit nightly index
+        lists thousands of builds, and a range selects many of them."""
+        if self._best is None:
+            best: Dict[Version, IndexFile] = {}
+            for f in self.files:
+                held = best.get(f.version)
+                if held is None or _preference(f) > _preference(held):
+                    best[f.version] = f
+            self._best = best
+        return self._best[version]
+
+
+def _preference(f: IndexFile) -> Tuple:
+    return (not f.yanked, f.rank)
 
 
 def _cached_entry(path: Path) -> Optional[dict]:
@@ -240,6 +253,8 @@ def fetch_page(index_url: str, *, offline: bool, pinned: Optional[Version] = Non
     if offline:
         raise SparkmodsError(f"offline and the index page {url} is not in the cache ({cache_root()}); "
                              f"run once without --offline")
+    from sparkmods.sources import http  # the HTTP layer (ssl, http.client) only once a request is due
+
     response = http.get(url, accept=ACCEPT)
     content_type = response.headers.get("content-type", "text/html")
     page = ProjectPage(url, parse_page(response.body, content_type, response.url))

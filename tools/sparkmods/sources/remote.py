@@ -20,17 +20,19 @@ import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import BinaryIO, Callable, Dict, Iterable, List, Optional, Set
+from typing import TYPE_CHECKING, BinaryIO, Callable, Dict, Iterable, List, Optional, Set
 
 from sparkmods.errors import SparkmodsError
 from sparkmods.runtime.pep440 import InvalidVersion, Version
-from sparkmods.sources import http
 from sparkmods.sources.base import VllmSource, check_member
 from sparkmods.sources.cache import cache_root, read_bytes, write_atomic
 from sparkmods.sources.fetchstats import stats
 from sparkmods.sources.rangefile import RangeFile
 from sparkmods.sources.wheelentry import Identity, WheelEntry
 from sparkmods.sources.zipread import ZipMembers
+
+if TYPE_CHECKING:
+    from sparkmods.sources import http
 
 log = logging.getLogger("sparkmods.sources")
 
@@ -45,6 +47,13 @@ def commit_of(version: str) -> Optional[str]:
         return Version(version).commit
     except InvalidVersion:
         return None
+
+
+def _submit(fn: Callable, *args: object):
+    """http.pool().submit, with the HTTP layer imported only when a fetch is submitted."""
+    from sparkmods.sources import http
+
+    return http.pool().submit(fn, *args)
 
 
 class RemoteWheel(VllmSource):
@@ -171,6 +180,8 @@ class RemoteWheel(VllmSource):
             self._use_file(rf)
             return
         self._need_network("its central directory is")
+        from sparkmods.sources import http  # the HTTP layer (ssl, http.client) only once a request is due
+
         start, size, tail = http.get_range(self.url, None, TAIL_BYTES)
         if self.size is not None and size != self.size:
             raise SparkmodsError(f"{self.label}: the index says {self.filename} has {self.size} bytes, "
@@ -190,6 +201,8 @@ class RemoteWheel(VllmSource):
         ident = self._entry.identity
         if self._central_checked or ident is None:
             return
+        from sparkmods.sources import http
+
         start, size, data = http.get_range(self.url, ident.central_offset, ident.size)
         self._entry.check_size(size, self.url)
         self._entry.bind(Identity.of(data, start, size, ident.central_offset, self.url), "the central directory")
@@ -197,12 +210,14 @@ class RemoteWheel(VllmSource):
 
     def _range_file(self, size: int) -> RangeFile:
         def fetch(start: int, end: int) -> bytes:
+            from sparkmods.sources import http
+
             _, total, data = http.get_range(self.url, start, end)
             if total != size:
                 self._entry.check_size(total, self.url)  # a conflict once a size is recorded
                 raise SparkmodsError(f"{self.url}: the wheel had {size} bytes, now {total}")
             return data
-        return RangeFile(size, fetch, name=self.filename, submit=http.pool().submit)
+        return RangeFile(size, fetch, name=self.filename, submit=_submit)
 
     def _use_file(self, fileobj: BinaryIO) -> None:
         self._file = fileobj
@@ -211,9 +226,11 @@ class RemoteWheel(VllmSource):
     # -- servers that ignore Range ----------------------------------------------------
     def _with_fallback(self, action: Callable[[], None]) -> None:
         """Run action; if the server ignored Range, download the wheel once and run it again."""
+        from sparkmods.sources.http import RangeIgnored
+
         try:
             action()
-        except http.RangeIgnored as exc:
+        except RangeIgnored as exc:
             self._download_whole(exc)
             self._open_zip()  # now over the downloaded wheel, no network
             if action != self._open_zip:

@@ -115,5 +115,6 @@ def _wheel(page: ProjectPage, version: Version, prefix: str, offline: bool) -> R
     chosen = page.wheel(version)
     if chosen.yanked:
         log.warning("vllm %s is yanked on %s; reading it because it was named exactly", version, page.url)
-    return RemoteWheel(f"{prefix}{version}", str(version), chosen.url, filename=chosen.filename,
+    text = str(version)
+    return RemoteWheel(f"{prefix}{text}", text, chosen.url, filename=chosen.filename,
                        sha256=chosen.sha256, size=chosen.size, offline=offline)

@@ -60,8 +60,17 @@ class WheelEntry:
             raise SparkmodsError(f"{label}: sha256 {sha256[:80]!r} for {url} is not 64 lowercase hex digits; "
                                  f"refusing it as a cache name")
         self.label = label
-        self.dir = cache_root() / "wheels-v2" / (sha256 or "url-" + digest(url))
+        self._name = sha256 or "url-" + digest(url)
+        self._dir: Optional[Path] = None
         self.identity: Optional[Identity] = None
+
+    @property
+    def dir(self) -> Path:
+        """<cache>/wheels-v2/<name>, resolved on first use: a range over a nightly index opens
+        thousands of sources, most of which a run never reads."""
+        if self._dir is None:
+            self._dir = cache_root() / "wheels-v2" / self._name
+        return self._dir
 
     # -- the binding ------------------------------------------------------------------
     def open(self, index_size: Optional[int]) -> None:
