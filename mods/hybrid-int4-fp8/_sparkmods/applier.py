@@ -32,7 +32,7 @@ from .journal import (JOURNAL_NAME, STATE_DIR, STATE_FILE, Entry, Journal, Journ
                       state_dir, sweep, temp_rel, transact)
 from .locate import LocateError, find_vllm, read_version
 from .lock import LockTimeout, ReadOnlyTree, tree_lock
-from .manifest import Manifest, ManifestError, Variant, load_manifest
+from .manifest import Install, Manifest, ManifestError, Variant, load_manifest
 from .modcheck import GREEN, UPSTREAM, ModResult, check_mod, install_results, mod_file, variant_patches
 from .udiff import reverse
 
@@ -106,8 +106,20 @@ def _install_files(say: Printer, mod_dir: Path, variant: Variant, workspace: Pat
             say(f"would install {item.name} into {workspace}")
             continue
         fsops.remove(fsops.temp_path(dest))  # left by a killed run
-        fsops.write_file(dest, data)
+        fsops.write_file(dest, data, _install_mode(mod_dir, item))
         say(f"installed {item.name} into {workspace}")
+
+
+def _install_mode(mod_dir: Path, item: Install) -> int:
+    """An installed file's mode: its source's bits filtered by the umask (as `cp` copies)."""
+    return fsops.umasked(os.stat((mod_dir / item.src).resolve()).st_mode)
+
+
+def _new_file_mode(mod_dir: Path, variant: Variant, rel: str) -> int:
+    """The mode of a file the apply creates inside vllm/: a site install's as `cp` would give it;
+    a file a patch creates, what any new file gets (0666 filtered by the umask)."""
+    item = next((i for i in variant.install if i.site and i.name == rel), None)
+    return _install_mode(mod_dir, item) if item is not None else fsops.umasked(0o666)
 
 
 def _load_state(site: Path, mod: str) -> Optional[dict]:
@@ -146,13 +158,15 @@ def _drop_stale_state(site: Path, manifest: Manifest, say: Printer) -> None:
     fsops.remove_tree(folder)
 
 
-def _apply_journal(manifest: Manifest, result: ModResult, site: Path) -> "tuple[Journal, Dict[str, bytes]]":
+def _apply_journal(manifest: Manifest, result: ModResult, site: Path, mod_dir: Path, variant: Variant
+                   ) -> "tuple[Journal, Dict[str, bytes]]":
+    """The apply journal; a patched file keeps its mode, a new one gets `_new_file_mode`."""
     entries, payload, files = [], {}, {}
     for f in result.files:
         if not f.changes:
             continue
         target = safe_target(site, f.path)
-        mode = target.stat().st_mode & 0o7777 if f.before is not None else 0o644
+        mode = target.stat().st_mode & 0o7777 if f.before is not None else _new_file_mode(mod_dir, variant, f.path)
         old = orig_rel(manifest.name, f.path) if f.before is not None else None
         new = temp_rel(f.path) if f.after is not None else None
         entries.append(Entry(f.path, _sha256(f.before), _sha256(f.after), new, old, mode))
@@ -190,7 +204,7 @@ def apply_mod(mod_dir: Path, site: Path, workspace: Path, dry_run: bool = False,
             say(f"dry run: variant {variant.label} applies cleanly to vLLM {version}; nothing written")
         elif result.changes():
             _drop_stale_state(site, manifest, say)
-            transact(site, *_apply_journal(manifest, result, site))
+            transact(site, *_apply_journal(manifest, result, site, mod_dir, variant))
             for f in result.files:
                 if f.changes:
                     moved = [h for h in f.hunks if h.offset]

@@ -28,7 +28,7 @@ from .engine import TMP_SUFFIX
 
 __all__ = ["TMP_SUFFIX", "FAULT_AFTER", "FAULT_SIGNAL", "arm", "arm_from_env", "on_step", "step", "temp_path",
            "digest", "read_regular", "write_file", "stage", "publish", "remove", "remove_tree", "fsync_dir",
-           "make_dirs", "stray_temps"]
+           "make_dirs", "stray_temps", "umask", "umasked"]
 
 FAULT_AFTER = "SPARKMODS_FAULT_AFTER"
 FAULT_SIGNAL = "SPARKMODS_FAULT_SIGNAL"
@@ -92,6 +92,29 @@ def read_regular(path: Path) -> Optional[bytes]:
         return path.read_bytes()
     except FileNotFoundError:
         return None
+
+
+def umask() -> int:
+    """The process umask, read without changing it where Linux shows it (/proc/self/status)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # older kernels: the only way to read it is to set it (single-threaded here)
+    os.umask(mask)
+    return mask
+
+
+def umasked(mode: int) -> int:
+    """The permission bits a new copy gets: mode filtered by the umask, no setuid/setgid/sticky.
+
+    What `cp` gives a new file: an installed template must be readable by whoever runs vLLM
+    when the umask allows it, and never more open than the umask allows.
+    """
+    return mode & 0o777 & ~umask()
 
 
 def _named(exc: OSError, path: Path) -> OSError:
