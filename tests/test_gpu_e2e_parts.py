@@ -163,3 +163,25 @@ def test_overlay_patched_by_run_sh_leaves_the_site_alone(tmp_path, mod):
     assert (env.site / target).read_bytes() == before
     probe = env.run(["-c", "import vllm, sys; print(vllm.__file__)"], pythonpath=patched)
     assert probe.stdout.strip().startswith(str(patched)), probe.stderr[-300:]
+
+
+class _Run:
+    """The part of e2e.Run the stock-drafter judgement reads: the servers by name."""
+
+    def __init__(self, server: "serve.Server") -> None:
+        self.servers = {"mtp-stock": server}
+
+
+@pytest.mark.parametrize("log, passed", [("gpu-e2e-0.21.0/servers/mtp-stock/server.log", True),
+                                         ("gpu-e2e-0.21.0/servers/mtp-missing/server.log", False)],
+                         ids=["real-0.21-refusal", "another-failure"])
+def test_stock_without_the_mod_refusing_to_start_counts_only_for_the_strict_loading_error(log, passed):
+    """vLLM 0.21.0 on the H200 refused to start with the head un-indexed (log committed from
+    that run); a start failure for any other reason (here the mod's own refusal) must not pass."""
+    import e2e_scenarios as scenarios
+
+    server = serve.Server("mtp-stock", [], {}, REPO / "ci" / "bench" / "results" / log, 0, exit_code=1)
+    report = checks.Report("mtp-weights")
+    scenarios._stock_has_no_drafter(report, _Run(server), None)
+    assert [c["passed"] for c in report.checks] == [passed]
+    assert report.data["stock_outcome"] == ("refused to start" if passed else "did not start")
