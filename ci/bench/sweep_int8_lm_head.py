@@ -1,0 +1,339 @@
+"""One sweep of the int8-lm-head: BF16, INT8 as dispatched and the physical limits, batch 1..1024.
+
+    python3 ci/bench/sweep_int8_lm_head.py --out DIR [--quick] [--no-tune]
+
+For three heads (Qwen3.5-122B-A10B 248320x3072, Qwen3-8B 151936x4096, Qwen3.5-35B-A3B
+248320x2048) and every batch (rows = batch x (1 + speculative tokens)) it times
+`torch.matmul(x, W.t())` with the BF16 weight (what vLLM's unquantized head runs) and the mod's
+`int8_matmul` exactly as dispatched (DISPATCH in the module the patch installs), and puts both
+next to their physical limits: max(bytes / HBM bandwidth, 2 M N K / tensor-core peak). It then
+times candidate tiles per row band (tuning: what the table could be, reported, never applied),
+and measures accuracy on final-norm-like hidden states (ci/bench/int8_lm_head_hidden.py).
+Writes DIR/sweep.json, sweep.md, speedup.svg (and speedup.png with matplotlib) and prints a
+compact summary. About 3 minutes on an H100; --quick: 5 batches, fewer candidates and states.
+
+Default limits are the H100 SXM5 datasheet's: 3.35 TB/s HBM3 and 989.4 TFLOPS dense BF16 (the
+1979 of the datasheet is with 2:4 sparsity). --hbm-tbs / --tc-tflops set others.
+
+On a machine without a GPU the same pipeline runs on tiny shapes under Triton's interpreter:
+    TRITON_INTERPRET=1 python3 ci/bench/sweep_int8_lm_head.py --out DIR --device cpu \\
+        --dtype float16 --heads 300x64 --batches 1,3,17 --states 32
+(the tests do this; the times are meaningless there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from int8_lm_head_hidden import Agreement, hidden_states, norm_model
+from int8_lm_head_kernel import enable_interpreter, load_kernel_module
+from int8_lm_head_report import write_outputs
+
+HEADS = (("Qwen3.5-122B-A10B", 248320, 3072), ("Qwen3-8B", 151936, 4096), ("Qwen3.5-35B-A3B", 248320, 2048))
+BATCHES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+QUICK_BATCHES = (1, 16, 64, 256, 1024)
+HBM_TBS, HBM_SOURCE = 3.35, "H100 SXM5 datasheet, HBM3"
+TC_TFLOPS, TC_SOURCE = 989.4, "H100 SXM5 datasheet, dense (1979 with sparsity)"
+STATES, QUICK_STATES, STATE_CHUNK = 4096, 512, 512
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+# Candidate tiles for tuning: (kernel, block_m, block_n, block_k, warps, stages). The GEMV kernel
+# puts x rows on the left, the MMA kernel the weight tile; QUICK is the subset --quick times.
+CANDIDATES = (
+    ("gemv", 16, 32, 256, 4, 4), ("gemv", 32, 64, 256, 4, 4), ("gemv", 64, 128, 64, 4, 3),
+    ("gemv", 128, 128, 64, 4, 3), ("mma", 16, 128, 128, 4, 4), ("mma", 32, 128, 128, 4, 4),
+    ("mma", 64, 64, 128, 4, 4), ("mma", 64, 128, 64, 4, 4), ("mma", 64, 128, 128, 4, 4),
+    ("mma", 64, 256, 64, 8, 3), ("mma", 128, 128, 64, 4, 4), ("mma", 128, 128, 64, 8, 3),
+    ("mma", 128, 256, 64, 8, 3), ("mma", 128, 128, 128, 8, 3), ("mma", 256, 128, 64, 8, 3),
+    ("mma", 256, 128, 64, 8, 4),
+)
+QUICK_CANDIDATES = (CANDIDATES[1], CANDIDATES[8], CANDIDATES[12], CANDIDATES[14])
+
+
+class SweepError(Exception):
+    """Bad input or a machine that cannot run the sweep; the message says what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Head:
+    model: str
+    n: int
+    k: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.n}x{self.k}"
+
+
+def parse_heads(text: Optional[str]) -> List[Head]:
+    if text is None:
+        return [Head(*h) for h in HEADS]
+    heads = []
+    for part in text.split(","):
+        n, sep, k = part.strip().partition("x")
+        if not sep or not n.isdigit() or not k.isdigit() or int(n) == 0 or int(k) == 0:
+            raise SweepError(f"--heads {text!r}: expected VOCABxHIDDEN[,...] such as 248320x3072")
+        heads.append(Head("custom", int(n), int(k)))
+    return heads
+
+
+def parse_batches(text: Optional[str], quick: bool) -> List[int]:
+    if text is None:
+        return list(QUICK_BATCHES if quick else BATCHES)
+    try:
+        batches = sorted({int(b) for b in text.split(",")})
+    except ValueError:
+        raise SweepError(f"--batches {text!r}: expected positive integers separated by commas")
+    if not batches or batches[0] < 1:
+        raise SweepError(f"--batches {text!r}: expected positive integers separated by commas")
+    return batches
+
+
+def make_timer(device: torch.device, quick: bool) -> Callable[[Callable[[], object]], float]:
+    """Median microseconds of fn: triton.testing.do_bench on CUDA, a short loop elsewhere."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        rep = 40 if quick else 100
+
+        def cuda_time(fn: Callable[[], object]) -> float:
+            return 1e3 * do_bench(fn, warmup=20, rep=rep, return_mode="median")
+
+        return cuda_time
+
+    def loop_time(fn: Callable[[], object]) -> float:
+        fn()
+        samples = []
+        for _ in range(3):
+            start = time.perf_counter()
+            fn()
+            samples.append(1e6 * (time.perf_counter() - start))
+        return statistics.median(samples)
+
+    return loop_time
+
+
+def limits(head: Head, m: int, hbm_tbs: float, tc_tflops: float) -> Tuple[float, float]:
+    """(BF16, INT8) lower bounds in microseconds: max(bytes / bandwidth, flops / peak)."""
+    act = m * head.k * 2 + m * head.n * 2
+    compute = 2 * m * head.n * head.k / (tc_tflops * 1e12)
+    bf16 = max((head.n * head.k * 2 + act) / (hbm_tbs * 1e12), compute)
+    int8 = max((head.n * head.k + head.n * 4 + act) / (hbm_tbs * 1e12), compute)
+    return 1e6 * bf16, 1e6 * int8
+
+
+def describe(cfg) -> str:
+    return f"{cfg.kernel} {cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
+
+
+def make_weight(head: Head, gen: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+    """Gaussian rows (std 0.02) with a log-normal spread of row norms, as LM heads have."""
+    w = torch.randn(head.n, head.k, generator=gen, device=gen.device) * 0.02
+    w *= torch.exp(0.3 * torch.randn(head.n, 1, generator=gen, device=gen.device))
+    return w.to(dtype)
+
+
+def fits(spec: tuple, m: int) -> bool:
+    """A candidate worth timing at m rows: at most half its row block idle, at most 16 row blocks."""
+    block_m = spec[1]
+    return block_m <= max(16, 2 * m) and block_m * 16 >= m
+
+
+def time_candidates(mod, qw, x: torch.Tensor, candidates: Sequence[tuple], timer) -> Dict[str, Optional[float]]:
+    """Microseconds per candidate tile that fits x's rows; None for one that fails to compile or launch."""
+    times: Dict[str, Optional[float]] = {}
+    for spec in (c for c in candidates if fits(c, x.shape[0])):
+        cfg = mod.KernelConfig(*spec)
+        try:
+            times[describe(cfg)] = timer(lambda: mod.int8_matmul(x, qw, cfg))
+        except Exception as exc:  # noqa: BLE001 - e.g. Triton OutOfResources: reported, not fatal
+            print(json.dumps({"candidate": describe(cfg), "batch": x.shape[0], "error": type(exc).__name__}), flush=True)
+            times[describe(cfg)] = None
+    return times
+
+
+def sweep_head(mod, head: Head, batches: Sequence[int], args, timer, gen: torch.Generator) -> Tuple[list, dict]:
+    """Speed rows of one head and its candidate timings per batch."""
+    device, dtype = gen.device, DTYPES[args.dtype]
+    w = make_weight(head, gen, dtype)
+    qw = mod.quantize_rows(w)
+    rows, tuned = [], {}
+    candidates = QUICK_CANDIDATES if args.quick else CANDIDATES
+    for m in batches:
+        x = torch.randn(m, head.k, generator=gen, device=device).to(dtype)
+        cfg = mod.pick_config(m, device)
+        int8_runs = [timer(lambda: mod.int8_matmul(x, qw)) for _ in range(2)]
+        bf16_runs = [timer(lambda: torch.matmul(x, w.t())) for _ in range(2)]
+        t8, t16 = min(int8_runs), min(bf16_runs)
+        lim16, lim8 = limits(head, m, args.hbm_tbs, args.tc_tflops)
+        row = {
+            "head": head.name, "model": head.model, "batch": m,
+            "bf16_us": t16, "int8_us": t8, "int8_config": describe(cfg), "speedup": t16 / t8,
+            "spread_pct": 100 * max(max(int8_runs) / t8, max(bf16_runs) / t16) - 100,
+            "bf16_limit_us": lim16, "int8_limit_us": lim8, "limit_speedup": lim16 / lim8,
+            "bf16_pct_of_limit": 100 * lim16 / t16, "int8_pct_of_limit": 100 * lim8 / t8,
+        }
+        if not args.no_tune and m >= 16:
+            times = time_candidates(mod, qw, x, candidates + (dataclasses.astuple(cfg),), timer)
+            tuned[m] = times
+            done = {name: t for name, t in times.items() if t is not None}
+            if done:
+                best = min(done, key=done.__getitem__)
+                row.update(best_us=done[best], best_config=best)
+        rows.append(row)
+        print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+    return rows, tuned
+
+
+def accuracy(mod, head: Head, states: int, args, gen: torch.Generator) -> dict:
+    """INT8 against BF16 (and both against FP32) on final-norm-like hidden states."""
+    dtype = DTYPES[args.dtype]
+    w = make_weight(head, gen, dtype)
+    qw = mod.quantize_rows(w)
+    wf = w.float()
+    model = norm_model(head.k, gen)
+    agreement = Agreement()
+    for start in range(0, states, STATE_CHUNK):
+        x = hidden_states(model, w, min(STATE_CHUNK, states - start), gen, dtype)
+        agreement.add(mod.int8_matmul(x, qw), torch.matmul(x, w.t()), x.float() @ wf.t())
+    return agreement.result()
+
+
+def tuning_summary(mod, tuned: Dict[str, dict], device: torch.device) -> dict:
+    """Per band of DISPATCH: the shipped tile against the candidate with the lowest geo-mean time."""
+    bands, entries, lower = [], [], 0
+    for limit, _cfg in mod.DISPATCH:
+        samples: Dict[str, List[float]] = {}
+        shipped = set()
+        for head_times in tuned.values():
+            for m, times in head_times.items():
+                if lower < m and (limit is None or m <= limit):
+                    shipped.add(describe(mod.pick_config(m, device)))
+                    for name, t in times.items():
+                        samples.setdefault(name, []).append(t)
+        lower = limit or lower
+        complete = {n: ts for n, ts in samples.items() if ts and all(t is not None for t in ts)}
+        if not complete or len(shipped) != 1:
+            continue
+        geo = {n: math.exp(statistics.fmean(math.log(t) for t in ts)) for n, ts in complete.items()}
+        (shipped_name,) = shipped
+        best = min(geo, key=geo.__getitem__)
+        ratio = geo[shipped_name] / geo[best] if shipped_name in geo else float("nan")
+        bands.append({"limit": limit, "shipped": shipped_name, "suggested": best, "ratio": ratio})
+        kernel, tile, warps, stages = best.split()
+        bm, bn, bk = tile.split("x")
+        entries.append(f"    ({limit}, KernelConfig({kernel.upper()}, block_m={bm}, block_n={bn}, block_k={bk}, "
+                       f"num_warps={warps[1:]}, num_stages={stages[1:]})),")
+    return {"bands": bands, "dispatch_python": "DISPATCH = (\n" + "\n".join(entries) + "\n)"}
+
+
+def copy_tbs(device: torch.device, quick: bool) -> Optional[float]:
+    """A device-to-device copy of 1 GiB, bytes read plus written per second (CUDA only)."""
+    if device.type != "cuda":
+        return None
+    src = torch.empty(1024**3, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    us = make_timer(device, quick)(lambda: dst.copy_(src))
+    return 2 * src.numel() / (us * 1e-6) / 1e12
+
+
+def run(args) -> dict:
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SweepError("no CUDA device: run on a GPU machine, or pass --device cpu with TRITON_INTERPRET=1")
+    enable_interpreter()
+    with tempfile.TemporaryDirectory() as tmp:
+        mod = load_kernel_module(Path(tmp))
+    if mod.triton is None:
+        raise SweepError("Triton is not importable: install triton (3.6 was used for the committed results)")
+    if device.type != "cuda" and not mod._interpreted():
+        raise SweepError(f"--device {args.device} runs the Triton kernels only under TRITON_INTERPRET=1; set it")
+    torch.backends.cuda.matmul.allow_tf32 = False  # the FP32 reference stays FP32
+    heads = parse_heads(args.heads)
+    batches = parse_batches(args.batches, args.quick)
+    states = args.states or (QUICK_STATES if args.quick else STATES)
+    timer = make_timer(device, args.quick)
+    gen = torch.Generator(device=device).manual_seed(2024)
+    started = time.perf_counter()
+    rows, tuned, acc = [], {}, {}
+    for head in heads:
+        head_rows, tuned[head.name] = sweep_head(mod, head, batches, args, timer, gen)
+        rows += head_rows
+        acc[head.name] = accuracy(mod, head, states, args, gen)
+        print(json.dumps({"accuracy": head.name, **acc[head.name]}), flush=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"{device.type} (Triton interpreter)",
+        "torch": torch.__version__, "triton": mod.triton.__version__, "dtype": args.dtype, "quick": args.quick,
+        "copy_tbs": copy_tbs(device, args.quick),
+        "limits": {"hbm_tbs": args.hbm_tbs, "hbm_source": args.hbm_source, "tc_tflops": args.tc_tflops,
+                   "tc_source": args.tc_source},
+        "dispatch": [[limit, describe(cfg)] for limit, cfg in mod.DISPATCH],
+        "heads": [dataclasses.asdict(h) for h in heads],
+        "rows": rows, "accuracy": acc,
+        "tuning": None if args.no_tune else tuning_summary(mod, tuned, device),
+        "tuning_times": {h: {str(m): t for m, t in per.items()} for h, per in tuned.items()},
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def summary(data: dict) -> str:
+    lines = [f"{data['device']}: {data['seconds']:.0f} s"]
+    for head in data["heads"]:
+        name = f"{head['n']}x{head['k']}"
+        speedups = " ".join(f"{r['batch']}:{r['speedup']:.2f}" for r in data["rows"] if r["head"] == name)
+        a = data["accuracy"][name]
+        lines.append(f"{name} speed-up by batch: {speedups}")
+        lines.append(f"{name} top-1 INT8=BF16 {100 * a['top1_int8_vs_bf16']:.2f} % over {a['states']} states, "
+                     f"max |INT8-BF16| {a['max_abs_int8_vs_bf16']:.4f}, mean {a['mean_abs_int8_vs_bf16']:.5f}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for sweep.json, sweep.md and the plot")
+    parser.add_argument("--quick", action="store_true", help="5 batches, 4 candidates, 512 states")
+    parser.add_argument("--no-tune", action="store_true", help="skip timing the candidate tiles")
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu under TRITON_INTERPRET=1")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="hidden-state and head dtype")
+    parser.add_argument("--heads", help="VOCABxHIDDEN[,...] instead of the three Qwen heads")
+    parser.add_argument("--batches", help="comma-separated row counts instead of 1..1024")
+    parser.add_argument("--states", type=int, help=f"hidden states for the accuracy check (default {STATES})")
+    parser.add_argument("--hbm-tbs", type=float, default=HBM_TBS, help=f"HBM bandwidth in TB/s (default {HBM_TBS})")
+    parser.add_argument("--hbm-source", default=HBM_SOURCE, help="where the bandwidth figure comes from")
+    parser.add_argument("--tc-tflops", type=float, default=TC_TFLOPS, help=f"dense BF16 TFLOPS (default {TC_TFLOPS})")
+    parser.add_argument("--tc-source", default=TC_SOURCE, help="where the tensor-core figure comes from")
+    args = parser.parse_args(argv)
+    try:
+        if args.states is not None and args.states < 1:
+            raise SweepError(f"--states {args.states}: must be at least 1")
+        if args.device not in ("cuda", "cpu") and not args.device.startswith("cuda:"):
+            raise SweepError(f"--device {args.device!r}: expected cuda, cuda:N or cpu")
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SweepError(f"--out {args.out}: cannot create the folder ({exc.strerror}); pass a writable folder")
+        data = run(args)
+    except SweepError as exc:
+        print(f"sweep_int8_lm_head: {exc}", file=sys.stderr)
+        return 2
+    (args.out / "sweep.json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    written = ["sweep.json", *write_outputs(data, args.out)]
+    print(summary(data))
+    print(f"wrote {', '.join(written)} to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
