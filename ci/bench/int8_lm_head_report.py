@@ -95,7 +95,8 @@ def tuning_table(data: dict) -> str:
         "|---:|---|---|---:|",
     ]
     for band in tuning["bands"]:
-        lines.append(f"| {band['limit'] or 'rest'} | {band['shipped']} | {band['suggested']} | {band['ratio']:.3f} |")
+        ratio = "not tuned" if band["ratio"] is None else f"{band['ratio']:.3f}"
+        lines.append(f"| {band['limit'] or 'rest'} | {band['shipped']} | {band['suggested']} | {ratio} |")
     return "\n".join(lines) + "\n\nSuggested `DISPATCH`:\n\n```python\n" + tuning["dispatch_python"] + "\n```"
 
 

@@ -209,31 +209,41 @@ def accuracy(mod, head: Head, states: int, args, gen: torch.Generator) -> dict:
     return agreement.result()
 
 
+def dispatch_line(limit: Optional[int], name: str) -> str:
+    """One DISPATCH entry in the module's own syntax, from a describe() name."""
+    kernel, tile, warps, stages = name.split()
+    bm, bn, bk = tile.split("x")
+    return (f"    ({limit}, KernelConfig({kernel.upper()}, block_m={bm}, block_n={bn}, block_k={bk}, "
+            f"num_warps={warps[1:]}, num_stages={stages[1:]})),")
+
+
 def tuning_summary(mod, tuned: Dict[str, dict], device: torch.device) -> dict:
-    """Per band of DISPATCH: the shipped tile against the candidate with the lowest geo-mean time."""
+    """Per band of DISPATCH: the shipped tile against the candidate with the lowest geo-mean time.
+
+    A band no tuned batch falls in keeps its shipped entry (ratio None: not tuned).
+    """
     bands, entries, lower = [], [], 0
-    for limit, _cfg in mod.DISPATCH:
-        samples: Dict[str, List[float]] = {}
-        shipped = set()
+    for limit, cfg in mod.DISPATCH:
+        shipped = describe(cfg)
+        samples: Dict[str, List[Optional[float]]] = {}
         for head_times in tuned.values():
             for m, times in head_times.items():
                 if lower < m and (limit is None or m <= limit):
-                    shipped.add(describe(mod.pick_config(m, device)))
+                    shipped = describe(mod.pick_config(m, device))  # as launched on this device
                     for name, t in times.items():
                         samples.setdefault(name, []).append(t)
         lower = limit or lower
-        complete = {n: ts for n, ts in samples.items() if ts and all(t is not None for t in ts)}
-        if not complete or len(shipped) != 1:
+        count = max((len(ts) for ts in samples.values()), default=0)
+        complete = {n: ts for n, ts in samples.items() if len(ts) == count and all(t is not None for t in ts)}
+        if not complete:
+            bands.append({"limit": limit, "shipped": shipped, "suggested": shipped, "ratio": None})
+            entries.append(dispatch_line(limit, shipped))
             continue
         geo = {n: math.exp(statistics.fmean(math.log(t) for t in ts)) for n, ts in complete.items()}
-        (shipped_name,) = shipped
         best = min(geo, key=geo.__getitem__)
-        ratio = geo[shipped_name] / geo[best] if shipped_name in geo else float("nan")
-        bands.append({"limit": limit, "shipped": shipped_name, "suggested": best, "ratio": ratio})
-        kernel, tile, warps, stages = best.split()
-        bm, bn, bk = tile.split("x")
-        entries.append(f"    ({limit}, KernelConfig({kernel.upper()}, block_m={bm}, block_n={bn}, block_k={bk}, "
-                       f"num_warps={warps[1:]}, num_stages={stages[1:]})),")
+        ratio = geo[shipped] / geo[best] if shipped in geo else None
+        bands.append({"limit": limit, "shipped": shipped, "suggested": best, "ratio": ratio})
+        entries.append(dispatch_line(limit, best))
     return {"bands": bands, "dispatch_python": "DISPATCH = (\n" + "\n".join(entries) + "\n)"}
 
 
