@@ -1,0 +1,112 @@
+"""int8-lm-head: both Triton kernels and the row-count dispatch, run under Triton's interpreter.
+
+The kernels are the ones the patch installs, executed by TRITON_INTERPRET=1 on CPU tensors in
+fp16 (Triton 3.6's interpreter computes bf16 dots wrongly; the GPU check covers bf16). Shapes
+are small and chosen to hit every mask: rows not a multiple of BLOCK_M, vocabulary not a
+multiple of BLOCK_N, hidden size not a multiple of BLOCK_K.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from int8_lm_head_interp import interpreted_module  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def mod(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
+    return interpreted_module(Path(tmp_path_factory.mktemp("int8interp")))
+
+
+@pytest.fixture(autouse=True)
+def interpret_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _bound_check(mod: ModuleType, x: "torch.Tensor", q, out: "torch.Tensor") -> None:
+    """Within FP32 accumulation plus fp16 output rounding of the float64 dequantized product."""
+    k = x.shape[-1]
+    ref = x.double() @ (q.qweight.double() * q.scale.double()[:, None]).t()
+    acc = 2 * k * 2.0**-24 * (x.double().abs() @ (q.qweight.double().abs() * q.scale.double()[:, None]).t())
+    assert out.dtype == x.dtype and out.shape == ref.shape
+    assert bool(torch.isfinite(out).all())
+    assert bool(((out.double() - ref).abs() <= acc + 2.0**-10 * ref.abs() + 1e-7).all())
+
+
+def _head(n: int, k: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=gen) * 0.05 * torch.exp(torch.randn(n, 1, generator=gen))
+    w[n // 3] = 0.0  # a padding row
+    return w, gen
+
+
+@pytest.mark.parametrize("kernel,tile", [("gemv", (16, 32, 32)), ("gemv", (32, 64, 64)), ("mma", (16, 32, 32)),
+                                         ("mma", (64, 64, 32)), ("mma", (32, 128, 64))])
+@pytest.mark.parametrize("m", [1, 7, 40])
+def test_each_kernel_matches_the_dequantized_product(mod: ModuleType, kernel: str, tile: tuple, m: int) -> None:
+    w, gen = _head(203, 72, seed=m)  # 203 rows: a partial vocab tile; 72: a partial K tile for 32 and 64
+    q = mod.quantize_rows(w)
+    x = torch.randn(m, 72, generator=gen).to(torch.float16)
+    cfg = mod.KernelConfig(kernel, *tile, num_warps=4, num_stages=2)
+    out = mod.int8_matmul(x, q, cfg)
+    _bound_check(mod, x, q, out)
+    assert bool((out[:, 203 // 3] == 0).all())
+    torch_path = mod._torch_matmul(x, q)  # same function, plain torch
+    assert bool(((out.double() - torch_path.double()).abs() <= 2.0**-9 * torch_path.double().abs() + 1e-3).all())
+
+
+@pytest.mark.parametrize("m", [1, 16, 17, 33, 65, 129, 300])
+def test_dispatch_runs_the_table_entry_for_every_band(mod: ModuleType, m: int) -> None:
+    w, gen = _head(160, 64, seed=100 + m)
+    q = mod.quantize_rows(w)
+    x = torch.randn(m, 64, generator=gen).to(torch.float16)
+    out = mod.int8_matmul(x, q)  # no config: DISPATCH decides
+    _bound_check(mod, x, q, out)
+    assert torch.equal(out, mod.int8_matmul(x, q, mod.table_config(m)))
+
+
+def test_dispatch_is_one_pure_table_of_row_counts(mod: ModuleType) -> None:
+    limits = [limit for limit, _ in mod.DISPATCH]
+    assert limits[-1] is None and limits[:-1] == sorted(limits[:-1]) and len(set(limits)) == len(limits)
+    assert {cfg.kernel for _, cfg in mod.DISPATCH} == {mod.GEMV, mod.MMA}
+    cpu = torch.device("cpu")
+    for m in range(1, 1100):
+        cfg = mod.pick_config(m, cpu)
+        assert cfg == mod.table_config(m) == mod.pick_config(m, cpu)  # no budget on CPU, same answer twice
+        assert cfg.kernel == (mod.GEMV if m <= 16 else cfg.kernel)  # decode batches stay on the GEMV path
+        assert m <= 64 or cfg.kernel == mod.MMA  # many rows go to the tensor-core tile
+        assert cfg.block_m <= max(16, 2 * m) or m > 256  # a row block is never mostly idle
+
+
+def test_mma_tiles_shrink_to_fit_gb10_shared_memory(mod: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    small_budget = 101376 - 8 * 1024  # 99 KiB per block on sm_12x (GB10)
+    monkeypatch.setattr(mod, "_shared_memory", lambda _device: small_budget)
+    for limit, cfg in mod.DISPATCH:
+        got = mod.pick_config(limit or 4096, torch.device("cuda", 0))
+        assert (got.kernel, got.block_m, got.block_n) == (cfg.kernel, cfg.block_m, cfg.block_n)
+        assert mod.shared_memory_estimate(got) <= small_budget and got.num_stages >= 2
+
+
+def test_interpreted_head_logs_the_triton_path(mod: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(mod.ENV_SWITCH, raising=False)
+    records = []
+    monkeypatch.setattr(mod.logger, "info", lambda msg, *args: records.append(msg % args))
+
+    class UnquantizedEmbeddingMethod:
+        pass
+
+    class ParallelLMHead(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.quant_method = UnquantizedEmbeddingMethod()
+            self.weight = torch.nn.Parameter(torch.randn(96, 32).to(torch.float16), requires_grad=False)
+
+    head = ParallelLMHead()
+    out = mod.maybe_apply(head, torch.randn(3, 32).to(torch.float16), None)
+    assert out.shape == (3, 96) and head.weight.numel() == 0
+    assert records and "active (Triton kernel) on a 96x32 float16 head shard" in records[0]
