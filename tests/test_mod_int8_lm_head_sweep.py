@@ -1,0 +1,159 @@
+"""int8-lm-head sweep tooling on CPU: the CLI end to end under TRITON_INTERPRET=1, its input
+errors, the report writers (Markdown, SVG, README block) and the final-norm-like hidden states.
+
+The sweep runs as the lead runs it on the GPU, in a subprocess, on tiny heads; its times are
+meaningless here, everything else (rows, limits, tuning, accuracy, the files) is real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from int8_lm_head_interp import BENCH, bench_module  # noqa: E402
+
+SWEEP = BENCH / "sweep_int8_lm_head.py"
+
+
+def _sweep(out: Path, *extra: str, interpret: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TRITON_INTERPRET": "1" if interpret else "0"}
+    return subprocess.run([sys.executable, str(SWEEP), "--out", str(out), *extra], cwd=BENCH, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("sweep")
+    run = _sweep(out, "--device", "cpu", "--dtype", "float16", "--heads", "160x48,70x40",
+                 "--batches", "1,17,40,70", "--states", "24", "--quick")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "wrote sweep.json, sweep.md, speedup.svg" in run.stdout
+    return out
+
+
+@pytest.fixture(scope="module")
+def report() -> ModuleType:
+    return bench_module("int8_lm_head_report")
+
+
+def test_sweep_rows_limits_and_tuning(swept: Path, report: ModuleType) -> None:
+    data = json.loads((swept / "sweep.json").read_text())
+    assert [(r["head"], r["batch"]) for r in data["rows"]] == [(h, b) for h in ("160x48", "70x40") for b in (1, 17, 40, 70)]
+    for r in data["rows"]:
+        assert r["speedup"] == pytest.approx(r["bf16_us"] / r["int8_us"])
+        n, k = map(int, r["head"].split("x"))
+        m = r["batch"]
+        # memory-bound limits at these sizes: bytes over 3.35 TB/s
+        act = m * k * 2 + m * n * 2
+        assert r["bf16_limit_us"] == pytest.approx(1e6 * (2 * n * k + act) / 3.35e12)
+        assert r["int8_limit_us"] == pytest.approx(1e6 * (n * k + 4 * n + act) / 3.35e12)
+        assert r["int8_config"].split()[0] == ("gemv" if m <= 16 else "mma" if m > 32 else r["int8_config"].split()[0])
+        assert ("best_config" in r) == (m >= 16)
+    bands = data["tuning"]["bands"]
+    assert [b["limit"] for b in bands] == [limit for limit, _ in data["dispatch"]]
+    assert all(b["ratio"] is None or b["ratio"] >= 1.0 - 1e-9 for b in bands)  # the shipped tile is a candidate
+    module = bench_module("int8_lm_head_kernel").load_kernel_module(swept)  # the module the patch installs
+    namespace = dict(vars(module))
+    exec(data["tuning"]["dispatch_python"], namespace)  # noqa: S102 - the suggested table is valid Python
+    assert [limit for limit, _ in namespace["DISPATCH"]] == [b["limit"] for b in bands]
+    for name, a in data["accuracy"].items():
+        assert a["states"] == 24 and 0.0 <= a["top1_int8_vs_bf16"] <= 1.0
+        assert a["max_abs_int8_vs_bf16"] >= a["mean_abs_int8_vs_bf16"] > 0.0
+
+
+def test_sweep_markdown_and_plot(swept: Path) -> None:
+    md = (swept / "sweep.md").read_text()
+    assert "INT8 >= 1.0x BF16 at every batch:" in md and "| 160x48 | 40 |" in md
+    assert "Suggested `DISPATCH`" in md and "top-1 INT8 = BF16" in md
+    svg = ET.parse(swept / "speedup.svg").getroot()
+    lines = svg.findall("{http://www.w3.org/2000/svg}polyline")
+    assert sorted(line.find("{http://www.w3.org/2000/svg}title").text for line in lines) == ["160x48", "70x40"]
+    assert all(len(line.get("points").split()) == 4 for line in lines)
+
+
+def test_readme_block_comes_from_the_results(swept: Path, report: ModuleType, tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# mod\n\nbefore\n\n{report.BEGIN}\nplaceholder\n{report.END}\n\nafter\n")
+    assert report.main([str(swept), "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert "placeholder" not in text and text.startswith("# mod\n\nbefore") and text.endswith("after\n")
+    assert "| 70x40 | 70 |" in text and "speedup.svg)" in text
+    first = text
+    assert report.main([str(swept), "--readme", str(readme)]) == 0
+    assert readme.read_text() == first  # re-rendering is stable
+
+
+def test_report_input_errors_are_one_line(report: ModuleType, swept: Path, tmp_path: Path, capsys) -> None:
+    assert report.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "sweep.json" in err and "run sweep_int8_lm_head.py" in err
+    readme = tmp_path / "README.md"
+    readme.write_text("no markers\n")
+    assert report.main([str(swept), "--readme", str(readme)]) == 2
+    assert "SWEEP:BEGIN" in capsys.readouterr().err and readme.read_text() == "no markers\n"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("--heads", "12y3"), "expected VOCABxHIDDEN"),
+    (("--batches", "0,4"), "expected positive integers"),
+    (("--device", "cpu"), "TRITON_INTERPRET=1"),
+    (("--states", "0"), "--states 0"),
+])
+def test_sweep_input_errors_exit_2_with_one_line(tmp_path: Path, args: tuple, needle: str) -> None:
+    run = _sweep(tmp_path / "o", "--device", "cpu", *args, interpret=args != ("--device", "cpu"))
+    assert run.returncode == 2 and needle in run.stderr
+    assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
+
+
+def test_sweep_without_cuda_says_what_to_do(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    run = _sweep(tmp_path / "o", interpret=False)
+    assert run.returncode == 2 and "no CUDA device" in run.stderr and "--device cpu" in run.stderr
+
+
+# ---- hidden states shaped like a final-norm output ----
+
+
+def test_hidden_states_have_the_outlier_channels_and_unit_rms() -> None:
+    hidden = bench_module("int8_lm_head_hidden")
+    gen = torch.Generator().manual_seed(5)
+    k = 512
+    model = hidden.norm_model(k, gen)
+    outliers = set(torch.nonzero(model.outlier_value).flatten().tolist())
+    assert len(outliers) == hidden.OUTLIER_CHANNELS
+    weight = torch.randn(300, k, generator=gen) * 0.02
+    x = hidden.hidden_states(model, weight, 256, gen, torch.float32)
+    normalized = x / model.gain
+    assert torch.allclose(normalized.pow(2).mean(dim=1), torch.ones(256), rtol=1e-3)  # RMSNorm before the gain
+    top = x.abs().mean(dim=0).topk(hidden.OUTLIER_CHANNELS).indices.tolist()
+    assert set(top) == outliers  # the large channels are the outlier channels
+    signs = torch.sign(x[:, sorted(outliers)])
+    assert bool((signs == signs[0]).float().mean(dim=0).ge(0.95).all())  # each keeps its sign
+    again = hidden.hidden_states(model, weight, 256, torch.Generator().manual_seed(9), torch.float32)
+    assert not torch.equal(again, x)
+
+
+def test_agreement_counts_and_errors_by_hand() -> None:
+    hidden = bench_module("int8_lm_head_hidden")
+    ref = torch.tensor([[0.0, 1.0, 0.5], [2.0, 0.0, 1.0]])
+    bf16 = torch.tensor([[0.0, 1.0, 0.5], [2.0, 0.0, 1.0]])
+    int8 = torch.tensor([[0.0, 0.4, 0.5], [2.0, 0.0, 1.25]])  # row 0 flips to index 2
+    agreement = hidden.Agreement()
+    agreement.add(int8, bf16, ref)
+    got = agreement.result()
+    assert got["states"] == 2 and got["top1_int8_vs_bf16"] == 0.5 and got["top1_bf16_vs_ref"] == 1.0
+    assert got["max_abs_int8_vs_bf16"] == pytest.approx(0.6)
+    assert got["mean_abs_int8_vs_bf16"] == pytest.approx(0.85 / 6)
+    assert got["median_top2_gap_bf16"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="no logits"):
+        hidden.Agreement().result()
