@@ -28,7 +28,7 @@ import torch
 from int8_lm_head_kernel import load_kernel_module
 
 SHAPES = ((248320, 3072), (151936, 4096), (32001, 2048), (4001, 1000))
-BATCHES = tuple(range(1, 17)) + (17, 33, 64, 100, 256)
+BATCHES = tuple(range(1, 17)) + (17, 33, 64, 100, 256, 600, 1024)  # > 32 rows: the MMA kernel
 AGREEMENT_ROWS = 512
 # The quantizer divides in FP32 (relative error 2^-24 on codes up to 127): a value within
 # 127 * 2^-24 of a half step may round the other way, so a code is off by at most
