@@ -43,35 +43,31 @@ def _fmt(value: object, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _table(header: Sequence[str], cells: Sequence[Sequence[str]]) -> str:
+    """A Markdown table; the first column left-aligned, the others right-aligned."""
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    lines += ["| " + " | ".join(row) + " |" for row in cells]
+    return "\n".join(lines)
+
+
 def speed_table(data: dict) -> str:
     """One row per head and batch: BF16, INT8 as dispatched, the physical limits, the speed-ups."""
-    lines = [
-        "| head (vocab x hidden) | batch | BF16 matmul (us) | INT8 (us) | INT8 kernel | speed-up "
-        "| BF16 limit (us) | INT8 limit (us) | limit speed-up | best candidate (us) |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
-    ]
-    for r in data["rows"]:
-        lines.append(
-            f"| {r['head']} | {r['batch']} | {_fmt(r['bf16_us'])} | {_fmt(r['int8_us'])} | {r['int8_config']} "
-            f"| {_fmt(r['speedup'], 2)}x | {_fmt(r['bf16_limit_us'])} | {_fmt(r['int8_limit_us'])} "
-            f"| {_fmt(r['limit_speedup'], 2)}x | {_fmt(r.get('best_us'))} |"
-        )
-    return "\n".join(lines)
+    header = ("head (vocab x hidden)", "batch", "BF16 matmul (us)", "INT8 (us)", "INT8 kernel", "speed-up",
+              "BF16 limit (us)", "INT8 limit (us)", "limit speed-up", "best candidate (us)")
+    cells = [(r["head"], str(r["batch"]), _fmt(r["bf16_us"]), _fmt(r["int8_us"]), r["int8_config"],
+              f"{_fmt(r['speedup'], 2)}x", _fmt(r["bf16_limit_us"]), _fmt(r["int8_limit_us"]),
+              f"{_fmt(r['limit_speedup'], 2)}x", _fmt(r.get("best_us"))) for r in data["rows"]]
+    return _table(header, cells)
 
 
 def accuracy_table(data: dict) -> str:
-    lines = [
-        "| head | states | top-1 INT8 = BF16 | top-1 INT8 = FP32 | top-1 BF16 = FP32 | max abs INT8-BF16 "
-        "| mean abs INT8-BF16 | mean abs BF16-FP32 | logit rms | median top-2 gap |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for head, a in data.get("accuracy", {}).items():
-        lines.append(
-            f"| {head} | {a['states']} | {100 * a['top1_int8_vs_bf16']:.2f} % | {100 * a['top1_int8_vs_ref']:.2f} % "
-            f"| {100 * a['top1_bf16_vs_ref']:.2f} % | {a['max_abs_int8_vs_bf16']:.4f} | {a['mean_abs_int8_vs_bf16']:.5f} "
-            f"| {a['mean_abs_bf16_vs_ref']:.5f} | {a['logit_rms']:.3f} | {a['median_top2_gap_bf16']:.4f} |"
-        )
-    return "\n".join(lines)
+    header = ("head", "states", "top-1 INT8 = BF16", "top-1 INT8 = FP32", "top-1 BF16 = FP32", "max abs INT8-BF16",
+              "mean abs INT8-BF16", "mean abs BF16-FP32", "logit rms", "median top-2 gap")
+    cells = [(head, str(a["states"]), f"{100 * a['top1_int8_vs_bf16']:.2f} %", f"{100 * a['top1_int8_vs_ref']:.2f} %",
+              f"{100 * a['top1_bf16_vs_ref']:.2f} %", f"{a['max_abs_int8_vs_bf16']:.4f}",
+              f"{a['mean_abs_int8_vs_bf16']:.5f}", f"{a['mean_abs_bf16_vs_ref']:.5f}", f"{a['logit_rms']:.3f}",
+              f"{a['median_top2_gap_bf16']:.4f}") for head, a in data.get("accuracy", {}).items()]
+    return _table(header, cells)
 
 
 def verdict(data: dict) -> str:
@@ -90,14 +86,10 @@ def tuning_table(data: dict) -> str:
     tuning = data.get("tuning")
     if not tuning:
         return "Tuning was not run (--no-tune)."
-    lines = [
-        "| rows up to | shipped config | suggested config | shipped / suggested time (geo-mean over heads) |",
-        "|---:|---|---|---:|",
-    ]
-    for band in tuning["bands"]:
-        ratio = "not tuned" if band["ratio"] is None else f"{band['ratio']:.3f}"
-        lines.append(f"| {band['limit'] or 'rest'} | {band['shipped']} | {band['suggested']} | {ratio} |")
-    return "\n".join(lines) + "\n\nSuggested `DISPATCH`:\n\n```python\n" + tuning["dispatch_python"] + "\n```"
+    header = ("rows up to", "shipped config", "suggested config", "shipped / suggested time (geo-mean over heads)")
+    cells = [(str(b["limit"] or "rest"), b["shipped"], b["suggested"],
+              "not tuned" if b["ratio"] is None else f"{b['ratio']:.3f}") for b in tuning["bands"]]
+    return _table(header, cells) + "\n\nSuggested `DISPATCH`:\n\n```python\n" + tuning["dispatch_python"] + "\n```"
 
 
 def markdown(data: dict) -> str:
