@@ -7,7 +7,8 @@ For each head shape and batch it reports the kernel's median time, the bytes it 
 as a fraction of the stated peak HBM bandwidth and of a measured device-to-device copy, and
 the speed-up over `torch.matmul(x, W.t())` with the bf16 weight (what vLLM's unquantized
 head runs). Each configuration is timed twice; the spread between the two runs is shown.
---sweep also times candidate tile configurations on the first shape (batches 1, 16, 64, 256).
+--sweep also times candidate GEMV-kernel tiles on the first shape (batches 1, 16, 64, 256);
+sweep_int8_lm_head.py is the batch 1..1024 sweep of both kernels.
 Needs torch and Triton, not vLLM.
 """
 
@@ -91,7 +92,7 @@ def sweep(mod, n: int, k: int) -> list:
             if bm > m and m > 16:
                 continue
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-            cfg = mod.KernelConfig(bm, bn, bk, warps, stages)
+            cfg = mod.KernelConfig(mod.GEMV, bm, bn, bk, warps, stages)
             try:
                 ms = median_ms(lambda: mod.int8_matmul(x, qw, cfg))
             except Exception as exc:  # noqa: BLE001 - a config that does not fit is reported, not fatal
@@ -108,10 +109,10 @@ def shared_memory_report(mod, k: int) -> list:
     for this GPU's budget and for a 99 KiB one (sm_12x parts such as GB10)."""
     small_budget = 101376 - 8 * 1024
     rows = []
-    for limit, cfg in mod._TILES:
+    for limit, cfg in mod.DISPATCH:
         m = limit or 256
         real_budget = mod._shared_memory
-        mod._shared_memory = lambda _index: small_budget
+        mod._shared_memory = lambda _device: small_budget
         try:
             small = mod.pick_config(m, torch.device("cuda", torch.cuda.current_device()))
         finally:
@@ -121,7 +122,7 @@ def shared_memory_report(mod, k: int) -> list:
             q = torch.empty(1024, k, dtype=torch.int8, device="cuda")
             s = torch.empty(1024, dtype=torch.float32, device="cuda")
             out = torch.empty(m, 1024, dtype=torch.bfloat16, device="cuda")
-            compiled = mod._int8_head_kernel.warmup(
+            compiled = mod._KERNEL_FNS[c.kernel].warmup(
                 x, q, s, out, m, 1024, k, k, k, 1024, grid=(1,), BLOCK_M=c.block_m, BLOCK_N=c.block_n,
                 BLOCK_K=c.block_k, EVEN_K=k % c.block_k == 0, num_warps=c.num_warps, num_stages=c.num_stages)
             rows.append({"batch_up_to": limit, "budget": label, "config": dataclasses.asdict(c),
