@@ -1,0 +1,196 @@
+"""Every command example in README.md and launch/README.md runs as written and prints what is shown.
+
+A `console` block is a transcript: a line starting with `$ ` is a command, the lines after it
+(up to the next command) are what it prints, stdout and stderr together as a terminal shows
+them. The HTML comment right before a block says how it runs:
+
+  <!-- docs-test: TIER [venv=X.Y.Z] [replay=FOLDER] [demo-image] -->
+      TIER: fast (no network), network, docker, vllm_runtime (pytest marks; several allowed);
+      venv=  a vLLM release the tests install first (tests/vllmenv.py), for `dir:` examples;
+      replay= a recorded verify scenario served on loopback while the block runs;
+      demo-image: the stand-in community image the README checks is built first.
+  <!-- docs-test: skip (REASON) -->
+      not run: set-up commands, the test suite itself, GPU or second-node commands.
+
+Each block runs in a scratch folder that links the repository's mods/, launch/, examples/ and
+tests/, with a fresh sparkmods cache, its commands one after another in one bash (so files and
+$? carry over). The comparison is exact except for two things, and only these: trailing spaces,
+and the replay server's URL, which prints as the documented http://127.0.0.1:8000.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = [REPO / "README.md", REPO / "launch" / "README.md"]
+LINKED = ("mods", "launch", "examples", "tests")
+DOC_URL = "http://127.0.0.1:8000"
+TIERS = ("fast", "network", "docker", "vllm_runtime")
+DEMO_IMAGE = "sparkmods-demo/vllm-node:0.19.1-dev"
+DEMO_VERSION = "0.19.1.dev0+g2a69949bd.d20260404"  # a community-style source build of 0.19.1
+ANNOTATION = re.compile(r"<!-- docs-test: (.*) -->")
+FENCE = re.compile(r"^```(\S*)\s*$")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced block and the annotation before it."""
+
+    doc: Path
+    line: int  # 1-based line of the opening fence
+    lang: str
+    lines: Tuple[str, ...]
+    annotation: Optional[str]
+
+    @property
+    def name(self) -> str:
+        return f"{self.doc.relative_to(REPO)}:{self.line}"
+
+    def option(self, key: str) -> Optional[str]:
+        found = re.search(rf"\b{key}=(\S+)", self.annotation or "")
+        return found.group(1) if found else None
+
+    def tiers(self) -> List[str]:
+        words = re.findall(r"[\w-]+", (self.annotation or "").split("=")[0])
+        return [w for w in words if w in TIERS]
+
+    def transcript(self) -> List[Tuple[str, str]]:
+        """(command, expected output) pairs."""
+        pairs: List[Tuple[str, List[str]]] = []
+        for text in self.lines:
+            if text.startswith("$ "):
+                pairs.append((text[2:], []))
+            else:
+                pairs[-1][1].append(text.rstrip())
+        return [(cmd, "".join(f"{line}\n" for line in out)) for cmd, out in pairs]
+
+
+def blocks(doc: Path) -> Iterator[Block]:
+    """Every fenced block of a Markdown file, with the `docs-test` comment just before it."""
+    lines = doc.read_text(encoding="utf-8").splitlines()
+    i = 0
+    while i < len(lines):
+        opening = FENCE.match(lines[i])
+        if not opening:
+            i += 1
+            continue
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        before = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+        note = ANNOTATION.fullmatch(before.strip())
+        yield Block(doc, i + 1, opening.group(1), tuple(lines[i + 1:end]), note.group(1) if note else None)
+        i = end + 1
+
+
+ALL = [b for doc in DOCS for b in blocks(doc)]
+TRANSCRIPTS = [b for b in ALL if b.lines and b.lines[0].startswith("$ ")]
+RUN = [b for b in TRANSCRIPTS if not (b.annotation or "").startswith("skip")]
+
+
+def _params() -> List[pytest.param]:
+    marks = {"network": pytest.mark.network, "docker": pytest.mark.docker, "vllm_runtime": pytest.mark.vllm_runtime}
+    return [pytest.param(b, id=b.name, marks=[marks[t] for t in b.tiers() if t in marks]) for b in RUN]
+
+
+def test_every_command_block_is_a_transcript_or_says_why_not() -> None:
+    """A shown command either has its real output under it (a transcript) or a stated reason."""
+    for block in ALL:
+        commands = block.lang in ("bash", "sh", "console") or any(l.startswith("$ ") for l in block.lines)
+        if not commands:
+            continue
+        if block in TRANSCRIPTS:
+            assert block.lang == "console", f"{block.name}: a transcript is a ```console block"
+            assert block.annotation and (block.tiers() or block.annotation.startswith("skip")), \
+                f"{block.name}: say its tier before it: <!-- docs-test: fast|network|docker|vllm_runtime -->"
+        else:
+            assert re.fullmatch(r"skip \(.+\)", block.annotation or ""), \
+                f"{block.name}: commands without their output: show the output ($ lines) or say <!-- docs-test: skip (why) -->"
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    """.ci/run runs exactly the full-suite command the README gives, after the Docker set-up."""
+    readme = DOCS[0].read_text(encoding="utf-8")
+    command = "bash ci/setup-tests.sh && SPARKMODS_REQUIRE_DOCKER=1 .venv/bin/pytest -m '' -n 2"
+    assert f"sudo bash ci/setup-docker.sh\n{command}\n" in readme
+    ci = [line.strip() for line in (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()]
+    assert command in ci and "bash ci/setup-docker.sh" in ci[:ci.index(command)]
+
+
+def test_transcripts_are_found() -> None:
+    tiers = {t for b in RUN for t in b.tiers()}
+    assert {"fast", "network", "docker"} <= tiers, tiers
+    assert any(b.doc == DOCS[1] for b in RUN), "launch/README.md shows no command with its output"
+
+
+# --- running a block ---------------------------------------------------------------------------
+
+def _replay(folder: Path):
+    """A loopback server answering as the recorded scenario's server did (test_verify's Replay)."""
+    from sparkmods.verify.capture import load_scenario
+    from test_verify import Replay
+    return Replay(load_scenario(folder))
+
+
+def _demo_image() -> None:
+    """The stand-in community image: every Python file of vLLM 0.19.1 under a dev-build label."""
+    from dockerimg import build_vllm_image, default_build_metadata
+    from sparkmods.sources import open_targets
+    [source] = open_targets("pypi:0.19.1")
+    names = [n for n in source.list_files() if n.startswith("vllm/") and n.endswith(".py")]
+    source.prefetch(names)
+    build_vllm_image(DEMO_IMAGE, {n: source.read(n) for n in names}, DEMO_VERSION, default_build_metadata(DEMO_VERSION))
+
+
+def run_block(block: Block, scratch: Path, url: Optional[str]) -> List[Tuple[str, str, str]]:
+    """Run the block's commands in one bash; (command, expected, actual) for each."""
+    work, outs = scratch / "work", scratch / "out"
+    work.mkdir()
+    outs.mkdir()
+    for name in LINKED:
+        (work / name).symlink_to(REPO / name)
+    pairs = block.transcript()
+    script = "".join(f'{{ {cmd}\n}} >"{outs}/{i}" 2>&1 </dev/null\n' for i, (cmd, _) in enumerate(pairs))
+    if url is not None:
+        script = script.replace(DOC_URL, url)
+    env = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "HOME": os.environ["HOME"],
+           "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1", "SPARKMODS_CACHE_DIR": str(scratch / "cache")}
+    env.update({k: v for k, v in os.environ.items() if k in ("SPARKMODS_VENV_DIR", "DOCKER_HOST", "SPARKMODS_INDEX_URL")})
+    subprocess.run(["bash", "-c", script], cwd=work, env=env, timeout=600, check=False)
+    results = []
+    for i, (cmd, expected) in enumerate(pairs):
+        actual = (outs / str(i)).read_text(encoding="utf-8", errors="replace") if (outs / str(i)).exists() else ""
+        if url is not None:
+            actual = actual.replace(url, DOC_URL)
+        actual = "".join(f"{line.rstrip()}\n" for line in actual.splitlines())
+        results.append((cmd, expected, actual))
+    return results
+
+
+@pytest.mark.parametrize("block", _params())
+def test_block_prints_what_the_docs_show(block: Block, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    if "demo-image" in (block.annotation or ""):
+        request.getfixturevalue("docker_engine")  # skips (or fails under SPARKMODS_REQUIRE_DOCKER=1)
+        _demo_image()
+    version = block.option("venv")
+    if version is not None:
+        from vllmenv import vllm_env
+        vllm_env(version)
+    replay = block.option("replay")
+    server = _replay(REPO / replay) if replay else None
+    if server is not None:
+        with server:
+            results = run_block(block, tmp_path, server.url)
+    else:
+        results = run_block(block, tmp_path, None)
+    wrong = [f"$ {cmd}\n--- shown:\n{expected}--- printed:\n{actual}" for cmd, expected, actual in results
+             if expected != actual]
+    assert not wrong, f"{block.name}: the output differs from the docs:\n" + "\n".join(wrong)
