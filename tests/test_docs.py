@@ -61,8 +61,7 @@ class Block:
         return found.group(1) if found else None
 
     def tiers(self) -> List[str]:
-        words = re.findall(r"[\w-]+", (self.annotation or "").split("=")[0])
-        return [w for w in words if w in TIERS]
+        return [w for w in (self.annotation or "").split() if w in TIERS]
 
     def transcript(self) -> List[Tuple[str, str]]:
         """(command, expected output) pairs."""
