@@ -73,6 +73,15 @@ def _touches(node: ast.AST, lines: Sequence[int], first: Optional[int] = None, l
     return i < len(lines) and lines[i] <= hi
 
 
+def _plain_super(call: ast.Call, cls: Symbol) -> bool:
+    """`super()` or `super(EnclosingClass, self)`: both look up past the enclosing class; a
+    super naming another class skips more of the MRO, which this check does not follow."""
+    if not call.args and not call.keywords:
+        return True
+    return (len(call.args) == 2 and not call.keywords and isinstance(call.args[0], ast.Name)
+            and call.args[0].id == cls.node.name)  # type: ignore[attr-defined]
+
+
 def _first_line(node: ast.AST) -> int:
     """Where a def or class begins, its decorators included (they stand above `def`)."""
     return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])  # type: ignore[attr-defined]
@@ -155,6 +164,8 @@ class _FileCheck:
             return m, True, f"{func.value.id}.{func.attr}"
         if (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Call) and isinstance(func.value.func, ast.Name)
                 and func.value.func.id == "super" and cls):
+            if not _plain_super(func.value, cls):
+                return None, False, ""  # super(Other, self) starts past Other in the MRO: not judged
             return self.tree.member(cls, func.attr, skip_self=True), True, f"super().{func.attr}"
         if isinstance(func, (ast.Name, ast.Attribute)):
             target = self.tree.resolve_expr(self.mod, func, local)
