@@ -33,7 +33,7 @@ from .journal import (JOURNAL_NAME, STATE_DIR, STATE_FILE, Entry, Journal, Journ
 from .locate import LocateError, find_vllm, read_version
 from .lock import LockTimeout, ReadOnlyTree, tree_lock
 from .manifest import Install, Manifest, ManifestError, Variant, load_manifest
-from .modcheck import GREEN, UPSTREAM, ModResult, check_mod, install_results, mod_file, variant_patches
+from .modcheck import GREEN, NO_VARIANT, UPSTREAM, ModResult, check_mod, install_results, mod_file, variant_patches
 from .udiff import reverse
 
 __all__ = ["main", "run", "apply_mod", "revert_mod", "Printer", "STATE_DIR"]
@@ -88,7 +88,8 @@ def _explain_failure(say: Printer, manifest: Manifest, result: ModResult) -> Non
                 say(f"    closest match at line {h.near.line}: {h.near.matching}/{h.near.total} lines equal")
                 for line, expected, found in h.near.differing[:5]:
                     say(f"    line {line}: expected {expected.strip()!r}, found {found.strip()!r}")
-    say(f"  variants: {manifest.describe_variants()}")
+    if result.status != NO_VARIANT:  # a no-variant reason already lists them
+        say(f"  variants: {manifest.describe_variants()}")
     say("  nothing was changed; pin a vLLM a variant was verified on, or rebase the mod "
         "(sparkmods rebase MOD --onto VERSION)")
 
