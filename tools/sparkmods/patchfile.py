@@ -11,15 +11,20 @@ from typing import List
 
 from sparkmods.errors import SparkmodsError
 from sparkmods.inputfile import read_text_file
-from sparkmods.runtime.udiff import FilePatch, PatchParseError, parse_patch
+from sparkmods.runtime.udiff import FilePatch, PatchParseError, parse_patch, reverse
 
 MAX_PATCH_BYTES = 64 * 1024 * 1024  # the largest real mod patch is a few hundred KB
 
 
-def read_patch_file(path: Path, strip: int = 1) -> List[FilePatch]:
-    """The file's patches; an unreadable, non-regular, binary or malformed file is one line naming it."""
+def read_patch_file(path: Path, strip: int = 1, reversed_: bool = False) -> List[FilePatch]:
+    """The file's patches (-p N as GNU patch strips; reversed_: as `patch -R` / `git apply -R`
+    apply it, each diff undone, in the file's order); an unreadable, non-regular, binary or
+    malformed file is one line naming it."""
+    if strip < 0:
+        raise SparkmodsError(f"{path}: -p {strip}: the strip level is a count of path components (0 or more)")
     text = read_text_file(path, MAX_PATCH_BYTES, "want a unified diff")
     try:
-        return parse_patch(text, strip=strip)
+        patches = parse_patch(text, strip=strip)
     except PatchParseError as exc:
         raise SparkmodsError(f"{path}: {exc}") from None
+    return [reverse(fp) for fp in patches] if reversed_ else patches

@@ -73,10 +73,17 @@ def _strip(raw: str, strip: int, lineno: int) -> Optional[str]:
         return None
     if strip == 0:
         return name  # kept verbatim: an absolute path must reach check_relpath and be refused
-    parts = [p for p in name.split("/") if p]
-    if len(parts) <= strip:
+    # GNU patch's -p N: remove the smallest prefix holding N slashes, a run of slashes counting
+    # as one; so a leading "/" is a component of its own (-p1 turns /usr/x into usr/x).
+    rest = name
+    for _ in range(strip):
+        cut = rest.find("/")
+        if cut < 0:
+            raise PatchParseError(f"line {lineno}: cannot strip {strip} component(s) from {name!r}")
+        rest = rest[cut:].lstrip("/")
+    if not rest:
         raise PatchParseError(f"line {lineno}: cannot strip {strip} component(s) from {name!r}")
-    return "/".join(parts[strip:])
+    return rest
 
 
 def parse_patch(text: str, strip: int = 1) -> List[FilePatch]:

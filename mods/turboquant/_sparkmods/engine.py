@@ -331,8 +331,42 @@ def plan_file(fp: FilePatch, data: Optional[bytes]) -> FileResult:
 
 
 def plan(patches: Iterable[FilePatch], read: Callable[[str], Optional[bytes]]) -> List[FileResult]:
-    """Plan every file patch against the tree that `read` serves (path -> bytes or None)."""
-    return [plan_file(fp, read(check_relpath(fp.path))) for fp in patches]
+    """Plan every file patch against the tree that `read` serves (path -> bytes or None).
+
+    A path patched twice (two diffs of one file stacked in a patch, or patch files applied
+    one after the other) is planned as `git apply` does it: each diff against the text the
+    ones before it leave, one result per path.
+    """
+    out: Dict[str, FileResult] = {}
+    for fp in patches:
+        path = check_relpath(fp.path)
+        first = out.get(path)
+        if first is None:
+            out[path] = plan_file(fp, read(path))
+        else:
+            out[path] = _stacked(first, plan_file(fp, first.after if first.changes else first.before))
+    return list(out.values())
+
+
+def _stacked(first: FileResult, then: FileResult) -> FileResult:
+    """One result for a file two diffs change in turn: hunks numbered on, the worst status
+    (a diff already present above one still to apply is a partly applied file, as in aggregate)."""
+    hunks = first.hunks + [
+        HunkResult(len(first.hunks) + h.index, h.outcome, h.stated_line, h.line, h.offset, h.reason, h.near)
+        for h in then.hunks]
+    statuses = {first.status, then.status}
+    after = then.after if then.changes else first.after
+    for bad in (CONFLICT, MISSING_FILE):
+        if bad in statuses:
+            reason = "; ".join(r.reason for r in (first, then) if r.status == bad and r.reason)
+            return FileResult(first.path, bad, hunks, reason, first.before)
+    if statuses == {APPLIED}:
+        return FileResult(first.path, APPLIED, hunks, before=first.before)
+    if APPLIED in statuses:
+        return FileResult(first.path, CONFLICT, hunks, "partly applied: a stacked diff is already present, "
+                          "another is not", first.before)
+    status = OK_OFFSET if OK_OFFSET in statuses else OK
+    return FileResult(first.path, status, hunks, before=first.before, after=after)
 
 
 def safe_target(root: Path, rel: str) -> Path:

@@ -22,7 +22,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
 
     q = sub.add_parser("check-patch", help=help_for("check-patch"))
     q.add_argument("patch", metavar="FILE")
-    q.add_argument("-p", dest="strip", type=int, default=1, help="leading path components to strip (default 1)")
+    q.add_argument("-p", dest="strip", type=int, default=1,
+                   help="leading path components to strip, as GNU patch's -p N (default 1)")
+    q.add_argument("-R", "--reverse", action="store_true", help="check the patch reversed, as `patch -R` applies it")
     q.add_argument("--json", action="store_true")
     add_target_args(q, default=None)
     add_cache_arg(q)
@@ -72,7 +74,8 @@ def run_check_patch(args: argparse.Namespace) -> int:
     if not args.vllm:
         raise SparkmodsError("check-patch needs at least one --vllm SPEC")
     path = Path(args.patch)
-    patches = read_patch_file(path, args.strip)
-    subject = resultcache.patch_hash(path.name, args.strip, path.read_bytes())
-    rows = [check_patch_source(path.name, subject, patches, source) for source in open_sources(args)]
+    patches = read_patch_file(path, args.strip, args.reverse)
+    name = path.name + (" -R" if args.reverse else "")
+    subject = resultcache.patch_hash(name, args.strip, path.read_bytes())
+    rows = [check_patch_source(name, subject, patches, source) for source in open_sources(args)]
     return _finish(args, rows, started)
