@@ -146,6 +146,7 @@ def calls(record: Path) -> List[Dict[str, object]]:
             "args": (folder / "args").read_bytes().decode().split("\0")[:-1],
             "env": dict(line.split("=", 1) for line in (folder / "passed-env").read_text().splitlines()),
             "script": script.read_text() if script.exists() else None,
+            "mode": (folder / "mode").read_text().strip(),
         })
     return out
 
@@ -269,9 +270,10 @@ def test_solo_script_calls_the_launcher_with_the_recipe(repo, tmp_path):
     done = run_script(out, record)
     assert done.returncode == 0, done.stderr
     stop, start = calls(record)
-    assert stop["args"] == ["--solo", "-t", "test-image", "stop"]
+    assert stop["args"] == ["--solo", "--name", "sparkmods-test", "-t", "test-image", "stop"]
     args = start["args"]
-    assert args[:3] == ["--solo", "-t", "test-image"] and "--ray" not in args and "--no-ray" not in args
+    assert args[:5] == ["--solo", "--name", "sparkmods-test", "-t", "test-image"]
+    assert "--ray" not in args and "--no-ray" not in args
     assert values(args, "--apply-mod") == [str(repo.root / "mods" / "demo"), str(repo.root / "mods" / "template")]
     assert values(args, "-e") == ["DEMO_MODE=fast"]  # HF_TOKEN is not set: not passed
     lines = [line for line in start["script"].splitlines() if line.strip()]
@@ -290,9 +292,9 @@ def test_two_node_script_uses_ray_and_passes_secrets_by_name(repo, tmp_path):
     done = run_script(out, record, {"HF_TOKEN": SECRET})
     assert done.returncode == 0, done.stderr
     stop, start = calls(record)
-    assert stop["args"][:4] == ["-n", "10.0.0.1,10.0.0.2", "--ray", "-t"]
+    assert stop["args"][:5] == ["-n", "10.0.0.1,10.0.0.2", "--ray", "--name", "sparkmods-test"]
     args = start["args"]
-    assert args[:3] == ["-n", "10.0.0.1,10.0.0.2", "--ray"]
+    assert args[:3] == ["-n", "10.0.0.1,10.0.0.2", "--ray"] and start["mode"] == "ray"
     assert values(args, "-e") == ["DEMO_MODE=fast", "HF_TOKEN"]
     assert start["env"] == {"HF_TOKEN": SECRET}
     assert SECRET not in text and SECRET not in start["script"]
