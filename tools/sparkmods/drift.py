@@ -90,9 +90,11 @@ def _first_line(node: ast.AST) -> int:
 class _FileCheck:
     """The checks for one patched file against one tree."""
 
-    def __init__(self, tree: VllmTree, path: str, mod: Module, touched: FrozenSet[int]) -> None:
+    def __init__(self, tree: VllmTree, path: str, mod: Module, touched: FrozenSet[int],
+                 import_lines: Sequence[int]) -> None:
         self.tree, self.path, self.mod = tree, path, mod
         self.touched = sorted(touched)
+        self.import_lines = import_lines  # sorted lines whose text has "import": no other line can hold one
         self.found: List[Finding] = []
 
     def add(self, node: ast.AST, kind: str, message: str, key: str) -> None:
@@ -116,7 +118,8 @@ class _FileCheck:
                 if cls is not None and self._header_touched(node):
                     self._override(cls, node)
                 inner = dict(local)
-                inner.update(_local_imports(node))
+                if _touches(node, self.import_lines):  # a def without the word has nothing to walk for
+                    inner.update(_local_imports(node))
                 self._scan(node.decorator_list + list(node.args.defaults) + [d for d in node.args.kw_defaults if d], cls, local)
                 self._walk(node.body, cls if cls is not None else None, inner)
                 continue
@@ -130,7 +133,7 @@ class _FileCheck:
         for top in nodes:
             if getattr(top, "end_lineno", None) is not None and not _touches(top, self.touched):
                 continue  # a node's children lie within its lines
-            for node in _walk_no_defs(top):
+            for node in _walk_no_defs(top, self.touched):
                 if isinstance(node, (ast.Import, ast.ImportFrom)) and _touches(node, self.touched):
                     self._import(node)
                 elif isinstance(node, ast.Call) and _touches(node, self.touched):
@@ -217,15 +220,20 @@ class _FileCheck:
                      f"{cls.qualname}.{node.name}:{problem}")
 
 
-def _walk_no_defs(node: ast.AST) -> Iterable[ast.AST]:
-    """ast.walk that does not enter nested defs/classes/lambdas (they are walked with context)."""
+def _walk_no_defs(node: ast.AST, touched: Optional[Sequence[int]] = None) -> Iterable[ast.AST]:
+    """ast.walk that does not enter nested defs/classes/lambdas (they are walked with context)
+    and, given the sorted `touched` lines, skips children that span none of them (a node's
+    children lie within its lines, so nothing there can be touched)."""
     stack = [node]
     while stack:
         cur = stack.pop()
         yield cur
         for child in ast.iter_child_nodes(cur):
-            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-                stack.append(child)
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                continue
+            if touched is not None and getattr(child, "end_lineno", None) is not None and not _touches(child, touched):
+                continue
+            stack.append(child)
 
 
 def _local_imports(fn: ast.AST) -> Dict[str, ast.AST]:
@@ -305,8 +313,14 @@ def check_patched(changes: Changes, read: Reader, list_files: Optional[Callable[
         mod = tree.module(name)
         if mod is None or mod.tree is None:
             continue
-        found.extend(_FileCheck(tree, path, mod, _added_lines(before, after)).run())
+        found.extend(_FileCheck(tree, path, mod, _added_lines(before, after), _import_lines(after)).run())
     return found
+
+
+def _import_lines(data: bytes) -> List[int]:
+    """1-based numbers of the lines that contain `import` (as Python counts lines: \\n, \\r\\n
+    or \\r ends one), so that an import statement can only start on one of them."""
+    return [i for i, line in enumerate(data.splitlines(), 1) if b"import" in line]
 
 
 def _parses(data: bytes) -> bool:

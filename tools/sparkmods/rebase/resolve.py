@@ -14,7 +14,7 @@ import bisect
 import hashlib
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from sparkmods import pyparse
@@ -113,20 +113,67 @@ def _decorator_name(node: ast.expr) -> str:
     return node.id if isinstance(node, ast.Name) else ""
 
 
-@dataclass
 class Module:
-    name: str
-    path: str
-    is_package: bool
-    tree: Optional[ast.Module]  # None: not Python we can read (extension module, syntax)
-    bindings: Dict[str, List[ast.AST]] = field(default_factory=dict)
-    typing_only: Dict[str, List[ast.AST]] = field(default_factory=dict)
-    stars: List[str] = field(default_factory=list)
-    dynamic: bool = False  # module-level __getattr__
-    all_names: Optional[List[str]] = None
+    """One module of a tree. Its source is parsed, and its module-level names collected, on
+    first use of `tree` or the tables: a module asked about only for existence (`import
+    vllm.x`, a package's submodule) is never parsed."""
+
+    def __init__(self, name: str, path: str, is_package: bool, data: Optional[bytes] = None,
+                 dynamic: bool = False) -> None:
+        self.name, self.path, self.is_package = name, path, is_package
+        self._data = data  # None: not Python we can read (namespace package, extension module)
+        self._dynamic = dynamic
+        self._tree: Optional[ast.Module] = None
+        self._bindings: Dict[str, List[ast.AST]] = {}
+        self._typing_only: Dict[str, List[ast.AST]] = {}
+        self._stars: List[str] = []
+        self._all_names: Optional[List[str]] = None
+
+    def _ready(self) -> "Module":
+        """Parse and collect once (under a lock: Modules are shared by the check threads)."""
+        if self._data is not None:
+            with _COLLECTING:
+                data, self._data = self._data, None
+                if data is not None:
+                    try:
+                        self._tree = _PARSED.parse(data)
+                    except (SyntaxError, ValueError):
+                        self._tree = None
+                    if self._tree is not None:
+                        _collect(self, self._tree.body, typing_only=False)
+        return self
+
+    @property
+    def tree(self) -> Optional[ast.Module]:
+        """None: not Python we can read (extension module, namespace package, syntax error)."""
+        return self._ready()._tree
+
+    @property
+    def bindings(self) -> Dict[str, List[ast.AST]]:
+        return self._ready()._bindings
+
+    @property
+    def typing_only(self) -> Dict[str, List[ast.AST]]:
+        return self._ready()._typing_only
+
+    @property
+    def stars(self) -> List[str]:
+        return self._ready()._stars
+
+    @property
+    def dynamic(self) -> bool:
+        """A module-level __getattr__ (or no Python to read): names it has are unknowable."""
+        return self._ready()._dynamic
+
+    @property
+    def all_names(self) -> Optional[List[str]]:
+        return self._ready()._all_names
 
     def absolute(self, level: int, module: Optional[str]) -> Optional[str]:
         return absolute(self.name, self.is_package, level, module)
+
+
+_COLLECTING = threading.RLock()
 
 
 @dataclass
@@ -158,18 +205,18 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 def _collect(mod: Module, body: Sequence[ast.stmt], typing_only: bool) -> None:
     """Record what the statements bind at module level (TYPE_CHECKING imports apart)."""
-    table = mod.typing_only if typing_only else mod.bindings
+    table = mod._typing_only if typing_only else mod._bindings
     for node in body:
         names: List[str] = []
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names = [node.name]
             if node.name == "__getattr__" and not isinstance(node, ast.ClassDef):
-                mod.dynamic = True
+                mod._dynamic = True
         elif isinstance(node, ast.Assign):
             for t in node.targets:
                 _bind_targets(t, names)
             if any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
-                mod.all_names = _literal_strings(node.value)
+                mod._all_names = _literal_strings(node.value)
         elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and getattr(node, "value", None) is not None:
             _bind_targets(node.target, names)
         elif isinstance(node, ast.Import):
@@ -180,7 +227,7 @@ def _collect(mod: Module, body: Sequence[ast.stmt], typing_only: bool) -> None:
                 if alias.name == "*":
                     target = mod.absolute(node.level, node.module)
                     if target:
-                        mod.stars.append(target)
+                        mod._stars.append(target)
                 else:
                     table.setdefault(alias.asname or alias.name, []).append(node)
         elif isinstance(node, (ast.For, ast.AsyncFor)):
@@ -245,16 +292,11 @@ class _ParseCache:
         return found  # type: ignore[return-value]
 
     def module(self, name: str, path: str, package: bool, data: bytes) -> Module:
+        """The Module for (path, content), shared; parsed when first asked about its names."""
         key = (path, hashlib.sha1(data).digest())
         found = self._get(self._modules, key)
         if found is None:
-            try:
-                tree: Optional[ast.Module] = self.parse(data)
-            except (SyntaxError, ValueError):
-                tree = None
-            found = Module(name, path, package, tree)
-            if tree is not None:
-                _collect(found, tree.body, typing_only=False)
+            found = Module(name, path, package, data)
             self._put(self._modules, key, found)
         return found  # type: ignore[return-value]
 
@@ -307,9 +349,9 @@ class VllmTree:
                 return _PARSED.module(name, path, package, data)
         listing = self._listing()
         if listing.is_folder(base):
-            return Module(name, base + "/", True, None, dynamic=True)  # namespace package
+            return Module(name, base + "/", True, dynamic=True)  # namespace package
         if listing.is_extension(base):
-            return Module(name, base + ".so", False, None, dynamic=True)  # extension module
+            return Module(name, base + ".so", False, dynamic=True)  # extension module
         return None
 
     def _listing(self) -> "Listing":
