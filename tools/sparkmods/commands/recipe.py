@@ -1,4 +1,5 @@
-"""`sparkmods recipe check [RECIPE ...]`: the recipe schema check, for CI and recipe authors.
+"""`sparkmods recipe check [RECIPE ...]`: the recipe schema check, for CI and recipe authors;
+`sparkmods recipe sparkrun [--check]`: the recipes' sparkrun twins (launch/sparkrun/).
 
 Checks what holds for any launch: the v1 schema, known mods, every placeholder defined, a
 command that is one `vllm serve`, and the target-independent rules (JSON flags, launcher-owned
@@ -40,6 +41,10 @@ def register(sub: "argparse._SubParsersAction") -> None:
     add_target_args(c, default=None)  # with --vllm: also the mods and target rules on every vLLM named
     add_cache_arg(c)
     c.set_defaults(func=run_check)
+    s = rsub.add_parser("sparkrun", help="write launch/sparkrun/ (the recipes in sparkrun's format) from launch/recipes/")
+    s.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 when a file there is missing, stale or has no source recipe")
+    s.set_defaults(func=run_sparkrun)
 
 
 def default_recipes() -> List[Path]:
@@ -92,3 +97,32 @@ def run_check(args: argparse.Namespace) -> int:
         on = f" on {len(targets)} vLLMs" if len(targets) > 1 else ""
         print(f"{len(paths)} recipes checked{on}, {len(paths) - bad} ok, {bad} with errors")
     return 1 if bad else 0
+
+
+def run_sparkrun(args: argparse.Namespace) -> int:
+    """Generate (or, with --check, compare) the sparkrun twin of every recipe in launch/recipes/."""
+    from sparkmods.launch.sparkrun import SPARKRUN_DIR, plan_twins
+
+    sources = default_recipes()
+    root = sources[0].parents[2]
+    out_dir = root / SPARKRUN_DIR
+    twins = plan_twins(sources, out_dir)
+    wanted = {t.path.name for t in twins}
+    extra = sorted(p for p in out_dir.glob("*.yaml") if p.name not in wanted) if out_dir.is_dir() else []
+    stale = [t for t in twins if not t.path.is_file() or t.path.read_text(encoding="utf-8") != t.text]
+    if args.check:
+        for twin in stale:
+            print(f"{twin.path}: {'stale' if twin.path.exists() else 'missing'}: run `sparkmods recipe sparkrun`")
+        for path in extra:
+            print(f"{path}: no recipe {path.name} in {sources[0].parent}: delete it or add the recipe")
+        print(f"{len(twins)} sparkrun recipes, {len(stale)} to write, {len(extra)} without a source")
+        return 1 if stale or extra else 0
+    out_dir.mkdir(exist_ok=True)
+    for twin in stale:
+        tmp = twin.path.with_name(f".{twin.path.name}.tmp")
+        tmp.write_text(twin.text, encoding="utf-8")
+        tmp.replace(twin.path)
+    for path in extra:
+        path.unlink()
+    print(f"{len(twins)} sparkrun recipes in {out_dir}: {len(stale)} written, {len(extra)} removed")
+    return 0
