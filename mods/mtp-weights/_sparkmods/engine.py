@@ -358,8 +358,8 @@ def _stacked(first: FileResult, then: FileResult) -> FileResult:
     after = then.after if then.changes else first.after
     for bad in (CONFLICT, MISSING_FILE):
         if bad in statuses:
-            reason = "; ".join(r.reason for r in (first, then) if r.status == bad and r.reason)
-            return FileResult(first.path, bad, hunks, reason, first.before)
+            worst = first if first.status == bad else then  # a diff after a failed one fails too
+            return FileResult(first.path, bad, hunks, worst.reason, first.before)
     if statuses == {APPLIED}:
         return FileResult(first.path, APPLIED, hunks, before=first.before)
     if APPLIED in statuses:

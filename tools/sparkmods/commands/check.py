@@ -16,6 +16,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("mods", nargs="*", metavar="MOD", help="mod names or folders (default: all)")
     p.add_argument("--mods-dir", help="folder holding the mods (default: ./mods or the repository's)")
     p.add_argument("--json", action="store_true", help="one JSON document with per-hunk detail and fetch statistics")
+    p.add_argument("--community", metavar="DIR",
+                   help="judge community mods (folders with run.sh, no mod.toml) the way their run.sh behaves")
     add_target_args(p)
     add_cache_arg(p)
     p.set_defaults(func=run_check)
@@ -53,6 +55,10 @@ def run_check(args: argparse.Namespace) -> int:
     from sparkmods.modsdir import resolve_mods
     from sparkmods.targets import open_sources
 
+    from sparkmods.community.cli import run_check as run_community, wants_community
+
+    if wants_community(args):
+        return run_community(args)
     started = time.monotonic()
     resultcache.start(reuse=not args.no_cache)
     mod_dirs = resolve_mods(args.mods, args.mods_dir)

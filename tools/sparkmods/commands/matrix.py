@@ -32,6 +32,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    help="re-check every cell, even those whose inputs (mod content, wheel sha256) are unchanged "
                         "(neither the previous matrix nor stored check results are reused)")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+    p.add_argument("--community", metavar="DIR",
+                   help="a matrix of community mods (run.sh, no mod.toml) instead of ours (--out: default matrix/community)")
+    p.add_argument("--source-label", help="with --community: where the mods came from (e.g. a repository@commit)")
     add_target_args(p)
     p.set_defaults(func=run)
 
@@ -104,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
     from sparkmods.modsdir import resolve_mods
     from sparkmods.runtime.modcheck import GREEN
 
+    if args.community:
+        from sparkmods.community.cli import run_matrix
+
+        return run_matrix(args)
     out = _out_dir(args.out)
     mod_dirs = resolve_mods([], args.mods_dir)
     if args.check:

@@ -1,0 +1,122 @@
+"""Judge a community mod on a vLLM the way its run.sh behaves there.
+
+Steps run in order, each against the files the steps before it left (a stack of patches is
+judged as one). A step that fails (a conflict, a missing file, or a change already present:
+`patch` and `git apply` both exit 1 on it) stops run.sh unless run.sh tolerates it; a
+tolerated failure of a change that is not there is `skipped`: run.sh exits 0, the container
+starts, and the model runs without the fix. That is the harmful case, and it is never green.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+from sparkmods.community.runsh import CommunityMod, PatchStep
+from sparkmods.runtime.engine import APPLIED, CONFLICT, EXACT, OFFSET, OK, OK_OFFSET, FileResult, plan
+from sparkmods.runtime.modcheck import ModResult, aggregate
+
+__all__ = ["SKIPPED", "NOT_CHECKABLE", "CommunityResult", "judge", "judge_all", "not_checkable"]
+
+SKIPPED = "skipped"  # a failed patch run.sh goes on after: the mod silently does nothing (or half)
+NOT_CHECKABLE = "not-checkable"
+
+
+@dataclass
+class CommunityResult(ModResult):
+    """A row for a community mod: the mod-level status plus what each step did."""
+
+    steps: List[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        out["steps"] = self.steps
+        return out
+
+
+def not_checkable(mod: CommunityMod, version: str = "-") -> CommunityResult:
+    return CommunityResult(mod.name, version, NOT_CHECKABLE, None, mod.why_not(),
+                           steps=[b.to_dict() for b in mod.blockers])
+
+
+def _half_written(step: PatchStep, files: Sequence[FileResult]) -> str:
+    """GNU patch writes the hunks that fit and leaves .rej files for the rest (git apply and a
+    dry-run-guarded step write nothing)."""
+    if step.tool != "patch" or step.guarded:
+        return ""
+    fitted = sum(1 for f in files if f.status == CONFLICT for h in f.hunks if h.outcome in (EXACT, OFFSET))
+    return f"; GNU patch still writes {fitted} hunk(s) and leaves .rej files (a half-patched vLLM)" if fitted else ""
+
+
+def judge(mod: CommunityMod, source) -> CommunityResult:
+    """The row for one checkable mod on one source (read, version; prefetch/list_files optional)."""
+    from sparkmods.drift import drift_status  # parses vLLM's Python: only when a row is judged
+
+    overlay: Dict[str, Optional[bytes]] = {}
+    originals: Dict[str, Optional[bytes]] = {}
+
+    def read(path: str) -> Optional[bytes]:
+        return overlay[path] if path in overlay else source.read(path)
+
+    prefetch = getattr(source, "prefetch", None)
+    if prefetch is not None:
+        prefetch(sorted({fp.path for step in mod.steps for fp in step.patches}))
+    steps: List[dict] = []
+    skipped: List[str] = []
+    statuses: List[str] = []
+    for step in mod.steps:
+        files = plan(step.patches, read)
+        status, reason = aggregate(files)
+        where = f"{step.source} (run.sh line {step.line})"
+        steps.append({**step.to_dict(), "status": status, "reason": reason, "files": [f.to_dict() for f in files]})
+        statuses.append(status)
+        if status in (OK, OK_OFFSET):
+            for f in files:
+                if f.changes:
+                    originals.setdefault(f.path, f.before)
+                    overlay[f.path] = f.after
+            continue
+        if status == APPLIED and step.batch and not step.guarded:
+            return CommunityResult(mod.name, source.version, CONFLICT, None,
+                                   f"{where}: already in this vLLM, and GNU patch -t takes it for a reversed "
+                                   f"patch and undoes it", steps=steps)
+        why = reason or "already in this vLLM"
+        if step.tolerated:
+            if status != APPLIED:
+                skipped.append(f"{where}: {why}{_half_written(step, files)}; run.sh goes on ({step.tolerated})")
+            continue
+        tool = f"`{step.tool}` exits 1 on it" if status == APPLIED else ""
+        done = f" after changing {', '.join(sorted(overlay))}" if overlay else ""
+        return CommunityResult(mod.name, source.version, CONFLICT if status == APPLIED else status, None,
+                               f"{where}: {why}{_half_written(step, files)}; {tool + ' and ' if tool else ''}"
+                               f"run.sh stops{done}", steps=steps)
+    if skipped:
+        return CommunityResult(mod.name, source.version, SKIPPED, None, "skipped silently: " + "; ".join(skipped),
+                               steps=steps)
+    if all(s == APPLIED for s in statuses):
+        return CommunityResult(mod.name, source.version, APPLIED, None, "", steps=steps)
+    result = CommunityResult(mod.name, source.version, OK_OFFSET if OK_OFFSET in statuses else OK, None, "",
+                             [FileResult(p, OK, before=originals[p], after=overlay[p]) for p in sorted(overlay)],
+                             steps=steps)
+    verdict = drift_status(source, result)
+    if verdict is not None:
+        result.status, result.reason = verdict
+    for f in result.files:
+        f.before = f.after = None  # only the decision needed the bytes
+    return result
+
+
+def judge_all(mods: Sequence[CommunityMod], sources: Sequence, jobs: int = 8) -> List[List[CommunityResult]]:
+    """Rows per source (in order), a not-checkable row for each mod that cannot be judged."""
+
+    def one(source) -> List[CommunityResult]:
+        try:
+            return [judge(m, source) if m.checkable else not_checkable(m, source.version) for m in mods]
+        finally:
+            release = getattr(source, "release", None)
+            if release is not None:
+                release()
+
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources)))) as pool:
+        return list(pool.map(one, sources))
