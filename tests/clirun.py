@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Dict, Optional
@@ -28,27 +27,26 @@ def sparkmods(*args: str, env: Optional[Dict[str, str]] = None, timeout: float =
     return done, time.monotonic() - started
 
 
+# Runs argv[2:] and writes its peak RSS (KiB) to argv[1]; exits with its exit code.
+_MEASURE = ("import resource, subprocess, sys; code = subprocess.call(sys.argv[2:]); "
+            "open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)); "
+            "sys.exit(code)")
+
+
 def sparkmods_peak_rss(*args: str, env: Optional[Dict[str, str]] = None,
                        timeout: float = 60) -> "tuple[subprocess.CompletedProcess, int]":
-    """(the finished process, its own peak RSS in KiB), from wait4 on that one child.
+    """(the finished process, its own peak RSS in KiB).
 
-    Not getrusage(RUSAGE_CHILDREN): that is the largest of every child the test process ever
-    waited for, so an earlier big subprocess in the same pytest worker would fail the bound.
+    Measured by a small Python in between, not by the test process: Linux carries the RSS
+    high-water mark of a forked copy across exec, so a child forked from a pytest worker that
+    holds torch would report the worker's size; and RUSAGE_CHILDREN of the worker itself is the
+    largest child it ever waited for.
     """
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([str(SPARKMODS), *args], env={**os.environ, **(env or {})}, stdout=out, stderr=err)
-        timer = threading.Timer(timeout, proc.kill)
-        timer.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            timer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        assert proc.returncode != -9, f"sparkmods {' '.join(args)} ran past {timeout} s"
-        out.seek(0)
-        err.seek(0)
-        done = subprocess.CompletedProcess(proc.args, proc.returncode, out.read().decode(), err.read().decode())
-    return done, usage.ru_maxrss
+    with tempfile.TemporaryDirectory() as tmp:
+        peak_file = Path(tmp) / "peak"
+        done = subprocess.run([sys.executable, "-c", _MEASURE, str(peak_file), str(SPARKMODS), *args],
+                              env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+        return done, int(peak_file.read_text())
 
 
 def one_line_error(done: subprocess.CompletedProcess, code: int = 2) -> str:
