@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import shlex
+import shutil
 from pathlib import Path
 from typing import Dict, List
 
@@ -181,3 +182,51 @@ def test_recipe_check_cli_reports_each_bad_recipe_and_exits_1(tmp_path, capsys):
     lines: List[str] = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith(f"{bad}: error: prefix-caching: ")
     assert lines[-1] == "2 recipes checked, 1 ok, 1 with errors"
+
+
+# --- the sparkrun twins (launch/sparkrun/, generated) ------------------------------------------
+
+def test_the_sparkrun_twins_are_up_to_date(capsys):
+    assert main(["recipe", "sparkrun", "--check"]) == 0, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_a_twin_fills_to_the_command_run_recipe_sh_fills(path):
+    """sparkrun's placeholders are plain `{name}` in an otherwise literal text; run-recipe.sh's
+    are str.format's. Filled with the same values, both must give the same text."""
+    from sparkmods.launch.sparkrun import HF_MOUNT
+
+    v1 = yaml.safe_load(path.read_text())
+    twin = yaml.safe_load((REPO / "launch" / "sparkrun" / path.name).read_text())
+    assert twin["recipe_version"] == "2" and "name" not in twin and "{{" not in twin["command"]
+    assert (twin["runtime"], twin["builder"], twin["mods"]) == ("vllm", "eugr", v1["mods"])
+    assert twin["defaults"]["tensor_parallel"] == 1 and v1["defaults"]["tensor_parallel"] == 2
+    filled = twin["command"]
+    for key, value in twin["defaults"].items():
+        filled = filled.replace(f"{{{key}}}", str(value).replace("$HF_HOME", HF_MOUNT))
+    assert filled == v1["command"].format(**{**v1["defaults"], "tensor_parallel": 1})
+
+
+def test_a_stale_or_orphan_twin_is_reported_then_rewritten(tmp_path, monkeypatch, capsys):
+    shutil.copytree(REPO / "launch", tmp_path / "launch")
+    monkeypatch.chdir(tmp_path)
+    twin = tmp_path / "launch" / "sparkrun" / RECIPES[0].name
+    twin.write_text(twin.read_text().replace("tensor_parallel: 1", "tensor_parallel: 4"))
+    orphan = tmp_path / "launch" / "sparkrun" / "gone.yaml"
+    orphan.write_text("model: x\n")
+    assert main(["recipe", "sparkrun", "--check"]) == 1
+    out = capsys.readouterr().out
+    assert f"{twin}: stale" in out and f"{orphan}: no recipe gone.yaml" in out
+    assert main(["recipe", "sparkrun"]) == 0 and not orphan.exists()
+    assert twin.read_text() == (REPO / "launch" / "sparkrun" / RECIPES[0].name).read_text()
+    assert main(["recipe", "sparkrun", "--check"]) == 0
+
+
+def test_two_nodes_as_run_recipe_sh_is_typed_use_both_and_solo_uses_one():
+    """run-recipe.sh -n A,B takes tensor_parallel from the defaults; --solo forces 1."""
+    for path in RECIPES:
+        data = yaml.safe_load(path.read_text())
+        two = shlex.split(data["command"].format(**data["defaults"]).replace("\\\n", " "))
+        solo = shlex.split(data["command"].format(**{**data["defaults"], "tensor_parallel": 1}).replace("\\\n", " "))
+        assert two[two.index("--tensor-parallel-size") + 1] == "2", path.name
+        assert solo[solo.index("--tensor-parallel-size") + 1] == "1", path.name

@@ -1,0 +1,78 @@
+"""The real sparkrun (spark-arena's launcher, from PyPI) in a cached virtual environment.
+
+sparkrun needs Python >= 3.12 while the project runs on 3.11, so the environment is built with
+`uv` on the newest interpreter >= 3.12 found on this machine (PATH, then pyenv's versions);
+`uv` never downloads one (UV_PYTHON_DOWNLOADS=never). One environment per release under
+`$SPARKMODS_VENV_DIR` (default ~/.cache/sparkmods/venvs) as `sparkrun-<version>`, shared by
+parallel tests through a file lock and counted ready only once its marker is written, as
+tests/vllmenv.py does for vLLM. An install is a few seconds from the package index.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import List, Optional
+
+from vllmenv import _uv, venvs_dir
+
+__all__ = ["SPARKRUN_VERSION", "sparkrun_env", "SparkrunEnvError"]
+
+SPARKRUN_VERSION = "0.4.2"
+MARKER = "sparkmods-sparkrun.txt"
+_MIN = (3, 12)
+
+
+class SparkrunEnvError(RuntimeError):
+    """No environment could be made; the message says which step failed."""
+
+
+def _version_of(python: str) -> Optional[tuple]:
+    try:
+        out = subprocess.run([python, "-c", "import sys; print(*sys.version_info[:2])"],
+                             capture_output=True, text=True, timeout=30, check=False)
+    except OSError:
+        return None
+    parts = out.stdout.split()
+    return (int(parts[0]), int(parts[1])) if out.returncode == 0 and len(parts) == 2 else None
+
+
+def find_python() -> Optional[str]:
+    """The newest interpreter >= 3.12 here, or None."""
+    candidates: List[str] = [p for p in (shutil.which(f"python3.{m}") for m in range(20, 11, -1)) if p]
+    pyenv_root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    candidates += [str(p) for p in sorted(pyenv_root.glob("3.*/bin/python3"), reverse=True)]
+    found = [(v, c) for c in candidates if (v := _version_of(c)) and v >= _MIN]
+    return max(found)[1] if found else None
+
+
+def sparkrun_env(version: str = SPARKRUN_VERSION) -> Path:
+    """The `sparkrun` executable of an environment holding sparkrun==version (installed once)."""
+    if not re.fullmatch(r"[0-9][0-9a-z.]*", version):
+        raise SparkrunEnvError(f"sparkrun version {version!r} is not a release number")
+    base = venvs_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    root = base / f"sparkrun-{version}"
+    exe = root / "bin" / "sparkrun"
+    with open(base / f"sparkrun-{version}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (root / MARKER).is_file() and exe.is_file():
+            return exe
+        shutil.rmtree(root, ignore_errors=True)
+        python = find_python()
+        if python is None:
+            raise SparkrunEnvError("sparkrun needs Python >= 3.12 and none was found on PATH or in pyenv")
+        env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
+        for step in ([_uv(), "venv", "-q", "--python", python, str(root)],
+                     [_uv(), "pip", "install", "-q", "--python", str(root / "bin" / "python"), f"sparkrun=={version}"]):
+            done = subprocess.run(step, env=env, capture_output=True, text=True, timeout=900, check=False)
+            if done.returncode != 0:
+                shutil.rmtree(root, ignore_errors=True)
+                raise SparkrunEnvError(f"sparkrun=={version}: {step[1]} {step[2]} failed: "
+                                       + (done.stderr or done.stdout).strip()[-800:])
+        (root / MARKER).write_text(version + "\n", encoding="utf-8")
+        return exe
