@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 Command = namedtuple("Command", ["module", "help"])
 
 COMMANDS: Dict[str, Command] = {
+    "adopt": Command("adopt", "turn a community mod (run.sh, no mod.toml) into a versioned mod of this collection"),
     "apply": Command("apply", "apply (or revert) a mod to a vLLM installed in a folder"),
     "check": Command("check", "check mods against vLLM releases, wheels, trees, commits or images"),
     "check-patch": Command("check", "check a loose patch file (no manifest) against vLLM targets"),

@@ -49,8 +49,9 @@ def _half_written(step: PatchStep, files: Sequence[FileResult]) -> str:
     return f"; GNU patch still writes {fitted} hunk(s) and leaves .rej files (a half-patched vLLM)" if fitted else ""
 
 
-def judge(mod: CommunityMod, source) -> CommunityResult:
-    """The row for one checkable mod on one source (read, version; prefetch/list_files optional)."""
+def judge(mod: CommunityMod, source, keep_bytes: bool = False) -> CommunityResult:
+    """The row for one checkable mod on one source (read, version; prefetch/list_files optional).
+    keep_bytes: the row's files keep the vLLM files before and after every step (for adopt)."""
     from sparkmods.drift import drift_status  # parses vLLM's Python: only when a row is judged
 
     overlay: Dict[str, Optional[bytes]] = {}
@@ -102,7 +103,7 @@ def judge(mod: CommunityMod, source) -> CommunityResult:
     verdict = drift_status(source, result)
     if verdict is not None:
         result.status, result.reason = verdict
-    for f in result.files:
+    for f in result.files if not keep_bytes else ():
         f.before = f.after = None  # only the decision needed the bytes
     return result
 

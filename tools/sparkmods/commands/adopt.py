@@ -1,0 +1,43 @@
+"""`sparkmods adopt DIR --out mods/NAME`: a community mod becomes a versioned mod of ours."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from sparkmods.commands import help_for
+from sparkmods.targets import add_target_args
+
+
+def register(sub: "argparse._SubParsersAction") -> None:
+    p = sub.add_parser("adopt", help=help_for("adopt"),
+                       description="Judge a community mod (run.sh, no mod.toml) on vLLM targets and write a mod "
+                                   "whose variants cover the versions where its steps apply.")
+    p.add_argument("mod", metavar="DIR", help="the community mod folder")
+    p.add_argument("--out", required=True, metavar="mods/NAME", help="the new mod folder (its name is the mod's)")
+    add_target_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sparkmods.community.adopt import plan_adoption, write_adoption
+    from sparkmods.community.runsh import is_community_mod, read_mod
+    from sparkmods.errors import SparkmodsError
+    from sparkmods.sync import sync
+    from sparkmods.targets import open_sources
+
+    folder, out = Path(args.mod), Path(args.out)
+    if not is_community_mod(folder):
+        raise SparkmodsError(f"{folder}: not a community mod (want a folder with run.sh and no mod.toml)")
+    mod = read_mod(folder)
+    adopted = plan_adoption(mod, out.name, open_sources(args))
+    write_adoption(adopted, mod, out)
+    sync(out)
+    for v in adopted.variants:
+        print(f"variant {v.label}: vllm {v.vllm}; verified on {', '.join(v.verified)}")
+    for version, status, reason in adopted.not_carried:
+        print(f"not carried to {version}: {status}: {reason}")
+    if adopted.not_carried:
+        print(f"carry it further with: sparkmods rebase {out} --onto VERSION")
+    print(f"wrote {out}: {len(adopted.variants)} variant(s)")
+    return 0

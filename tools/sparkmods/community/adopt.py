@@ -1,0 +1,108 @@
+"""Turn a community mod into one of ours: a mod.toml whose variants are keyed by the vLLM
+versions where the mod's run.sh steps apply, each with one patch regenerated from what those
+steps produce there (stacked diffs, -R, --exclude and odd -p levels all resolved), and a
+generated run.sh that fails loudly where no variant fits instead of skipping silently.
+
+Consecutive checked versions where the steps apply (ok or ok-offset, no drift) share a
+variant: `>=` the first, `<` the next checked version where they stop (open-ended when they
+still apply to the newest checked), `verified` on every version of the run. Versions where
+they do not apply are reported; `sparkmods rebase` can carry the patch there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Sequence, Tuple
+
+from sparkmods.community.judge import judge
+from sparkmods.community.runsh import CommunityMod
+from sparkmods.errors import SparkmodsError
+from sparkmods.rebase.regen import file_diff
+from sparkmods.rebase.tomledit import _value, render_variant
+from sparkmods.runtime.engine import OK, OK_OFFSET
+from sparkmods.runtime.pep440 import Version
+
+__all__ = ["Adopted", "plan_adoption", "write_adoption"]
+
+
+@dataclass
+class Variant:
+    label: str
+    first: str
+    end: str  # exclusive upper bound ("" = open-ended)
+    verified: List[str]
+    patch: str
+
+    @property
+    def vllm(self) -> str:
+        return f">={self.first}" + (f", <{self.end}" if self.end else "")
+
+
+@dataclass
+class Adopted:
+    name: str
+    variants: List[Variant] = field(default_factory=list)
+    not_carried: List[Tuple[str, str, str]] = field(default_factory=list)  # (version, status, reason)
+
+
+def _combined(result) -> str:
+    """One diff for what every step together does to each file."""
+    return "".join(file_diff(f.path, f.before.decode("utf-8", "surrogateescape").splitlines(True) if f.before is not None else None,
+                             f.after.decode("utf-8", "surrogateescape").splitlines(True) if f.after is not None else None)
+                   for f in result.files)
+
+
+def plan_adoption(mod: CommunityMod, name: str, sources: Sequence) -> Adopted:
+    """The variants for these sources (any order: sorted by version here)."""
+    if not mod.checkable:
+        raise SparkmodsError(f"{mod.path}: cannot adopt: {mod.why_not()}")
+    adopted = Adopted(name)
+    current = None
+    for source in sorted(sources, key=lambda s: Version(s.version)):
+        result = judge(mod, source, keep_bytes=True)
+        public = str(Version(source.version).public)
+        if result.status not in (OK, OK_OFFSET):
+            adopted.not_carried.append((public, result.status, result.reason))
+            if current is not None:
+                current.end, current = public, None
+            continue
+        if current is None:
+            current = Variant(f"v{public}", public, "", [], _combined(result))
+            adopted.variants.append(current)
+        current.verified.append(public)
+    if not adopted.variants:
+        raise SparkmodsError(f"{mod.path}: cannot adopt: its steps apply to none of the "
+                             f"{len(sources)} vLLM versions checked")
+    return adopted
+
+
+def write_adoption(adopted: Adopted, mod: CommunityMod, out: Path) -> None:
+    """mod.toml and the patches under out, a new folder written whole or not at all (built
+    beside it, then renamed); the caller syncs run.sh."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise SparkmodsError(f"{out}: exists and is not empty; adopt writes a new mod folder")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", adopted.name):
+        raise SparkmodsError(f"{adopted.name!r}: a mod name is lower-case letters, digits, '.', '_' or '-'")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as tmp:
+        _write_files(adopted, mod, Path(tmp) / "mod")
+        if out.exists():
+            out.rmdir()
+        os.replace(Path(tmp) / "mod", out)
+
+
+def _write_files(adopted: Adopted, mod: CommunityMod, out: Path) -> None:
+    lines = ["schema = 1\n", f"name = {_value(adopted.name)}\n",
+             f"summary = {_value(f'adopted from the community mod {mod.name} (its run.sh steps, as one patch per variant)')}\n"]
+    for v in adopted.variants:
+        rel = f"patches/{v.label}/{mod.name}.patch"
+        path = out / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(v.patch, encoding="utf-8")
+        lines += ["\n"] + render_variant({"label": v.label, "vllm": v.vllm, "patches": [rel], "verified": v.verified},
+                                         f"the run.sh steps of {mod.name} as they apply to vLLM {v.verified[0]}")
+    (out / "mod.toml").write_text("".join(lines), encoding="utf-8")
