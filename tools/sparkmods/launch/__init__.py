@@ -10,6 +10,7 @@ modrules.py  rules about the mods; flagrules.py: rules about flags, layout and s
 rules.py     validate(): runs every rule
 render.py    picks the form, writes the script atomically
 shell.py     bash quoting helpers shared by the two script forms
-cluster.py   the script that drives launch-cluster.sh
+cluster.py   the script that drives launch-cluster.sh (its options read from its --help at run time)
 standalone.py  the script that needs only docker and ssh
+sparkrun.py  the recipes in sparkrun's format (launch/sparkrun/, generated from launch/recipes/)
 """
