@@ -134,8 +134,16 @@ class _Json:
         yanked = entry.get("yanked", False)
         if not isinstance(yanked, (bool, str)):
             raise self.bad(f"{where}.yanked is {_kind(yanked)}, want true, false or a reason")
-        return _index_file(self.page_url, entry["filename"], urljoin(self.page_url, entry["url"]),
+        return _index_file(self.page_url, entry["filename"], _joined(self.page_url, entry["url"]),
                            hashes.get("sha256"), size, yanked is not False)
+
+
+def _joined(page_url: str, url: str) -> str:
+    """urljoin(page_url, url), without parsing both for the plain absolute URLs an index
+    gives (for such a URL urljoin returns it unchanged; a per-commit page has thousands)."""
+    if url.startswith(("https://", "http://")) and not any(c in url for c in "?#;\t\r\n"):
+        return url
+    return urljoin(page_url, url)
 
 
 class _Anchors(HTMLParser):

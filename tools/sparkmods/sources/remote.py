@@ -37,7 +37,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("sparkmods.sources")
 
 TAIL_BYTES = 64 * 1024 + 22 + 20 + 56  # longest zip comment + EOCD + zip64 locator and record
-COALESCE_GAP = 8 * 1024  # members closer than this share one request
+# Members closer than this share one request: over PyPI a request costs about 65 ms and 64 KiB
+# about 5 ms, and the members a check reads lie in a few clusters (measured on 23 releases:
+# 315 member requests at 8 KiB, 181 at 64 KiB for 3 MiB more).
+COALESCE_GAP = 64 * 1024
 _CHUNK = 1 << 20
 
 
