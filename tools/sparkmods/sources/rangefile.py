@@ -1,6 +1,6 @@
 """A read-only, seekable file over byte-range fetches, in the spirit of pip's lazy wheel.
 
-Code above it (zipfile) just seeks and reads; any byte not yet held is fetched on demand.
+Code above it (zipread.ZipMembers) just seeks and reads; any byte not yet held is fetched on demand.
 `ensure()` fetches many ranges at once, coalesced and in parallel, so a whole batch of zip
 members costs one round trip. Held bytes live in a sparse list of merged segments.
 """

@@ -2,7 +2,7 @@
 
 Nothing is downloaded whole: the tail of the file (end of central directory, zip64 records,
 central directory) comes first, then exactly the byte spans of the members asked for,
-coalesced and fetched in parallel. Each member is CRC-checked by zipfile, then cached on
+coalesced and fetched in parallel. Each member is CRC-checked (zipread.py), then cached on
 disk under the wheel's sha256 together with the central directory, so a second run reads
 nothing from the network and `offline=True` works. A server that ignores Range gets one
 full download instead, verified against the index sha256 and kept in the cache.
