@@ -24,7 +24,7 @@ GLM = "vllm/model_executor/models/glm4_moe.py"
 @pytest.mark.parametrize("name, tool, strip, reverse, tolerated, guarded, excluded", [
     ("patch-d-site", "patch", 1, False, "", False, []),
     ("patch-root-skipping", "patch", 1, False, "`|| echo Patch is not applicable, skipping...`", False, []),
-    ("git-apply-directory", "git apply", 1, False, "", False, ["tests/test_glm.py"]),
+    ("git-apply-directory", "git apply", 1, False, "", False, ["vllm/tests/test_glm.py"]),
     ("reverse-upstream", "patch", 1, True, "", False, []),
     ("dry-run-guard", "patch", 1, False, "its dry run failing skips it", True, []),
     ("stacked-one-file", "git apply", 1, False, "", False, []),

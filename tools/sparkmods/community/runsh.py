@@ -429,10 +429,11 @@ class _Walker:
             return
         kept, excluded = [], []
         for fp in parsed:
-            if not opts.keeps(fp.path):
-                excluded.append(fp.path)
+            named = posixpath.join(opts.directory, fp.path) if opts.directory else fp.path
+            if not opts.keeps(named):  # git matches --include/--exclude after --directory
+                excluded.append(named)
                 continue
-            full = self.path(posixpath.join(opts.directory, fp.path) if opts.directory else fp.path, base)
+            full = self.path(named, base)
             package, other = _package_path(full or "")
             if package is None:
                 self.block(node, "other-package", f"{name} patches {other}, not vLLM")
