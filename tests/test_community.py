@@ -104,6 +104,14 @@ def test_where_the_paths_land(tmp_path: Path, runsh: str, path):
         assert [fp.path for s in mod.steps for fp in s.patches] == [path]
 
 
+def test_a_function_called_from_an_if_is_followed(tmp_path: Path):
+    runsh = ('set -e\nDIR="$( cd "$( dirname "${BASH_SOURCE[0]}" )" && pwd )"\napply() {\n'
+             '    patch -p1 -d /usr/lib/python3/dist-packages < "$DIR/x.diff"\n}\n'
+             'if [ "$1" == "description" ]; then\n    echo about\nelse\n    apply\nfi\n')
+    (step,) = read_mod(write_mod(tmp_path, runsh, {"x.diff": DIFF})).steps
+    assert (step.line, step.tolerated, [fp.path for fp in step.patches]) == (4, "", ["vllm/x.py"])
+
+
 def test_a_run_sh_that_cannot_be_read_says_so(tmp_path: Path):
     mod = read_mod(write_mod(tmp_path, 'patch -p1 < "x.diff\n', {"x.diff": DIFF}))
     assert not mod.checkable and mod.blockers[0].kind == "unreadable" and "line 1" in mod.why_not()

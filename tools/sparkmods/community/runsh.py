@@ -49,7 +49,7 @@ class Blocker:
     why: str
 
     def __str__(self) -> str:
-        return f"run.sh line {self.line}: {self.why}: {self.text}"
+        return f"run.sh line {self.line}: {self.why}: {self.text}" if self.line else f"run.sh {self.why}"
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "line": self.line, "text": self.text, "why": self.why}

@@ -251,7 +251,9 @@ class _Parser:
         if tok == "function":
             self.take()
             name = self.take()
-            if self.peek() == "(":
+            if self.peek() == "()":
+                self.take()
+            elif self.peek() == "(":
                 self.take()
                 self.expect(")")
             return self.func_body(name)
@@ -335,9 +337,10 @@ class _Parser:
                 self.take()
                 node.assign = (node.words.pop()[:-1], items)
                 continue
-            if tok == "(" and len(node.words) == 1:
+            if tok in ("(", "()") and len(node.words) == 1:  # name() { ...: shlex may join the parentheses
                 self.take()
-                self.expect(")")
+                if tok == "(":
+                    self.expect(")")
                 return self.func_body(node.words[0])
             self.take()
             if tok in _REDIRECTS:
