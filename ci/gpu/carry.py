@@ -130,9 +130,13 @@ def _download(requirement: str, dest: Path) -> Path:
 # Requirements left behind on purpose: optional kernel stacks that vLLM imports only when asked
 # for (FlashInfer: avoided with VLLM_USE_FLASHINFER_SAMPLER=0 and the Triton DeltaNet prefill;
 # TileLang, CuTe DSL, QuACK, TokenSpeed: alternative kernels for other models), together
-# ~560 MiB, ten times the rest. A run that needs one fails at import with its name.
+# ~560 MiB, ten times the rest; from 0.26: video decoding (torchcodec, PyNvVideoCodec) and the
+# CUDA JIT compilers behind them (nvcc, NVVM), ~165 MiB, unused by a text model). A run that
+# needs one fails at import with its name. xgrammar's apache-tvm-ffi is NOT skipped: vLLM's
+# server imports xgrammar at start-up.
 SKIP = {"flashinfer-python", "flashinfer-cubin", "tilelang", "nvidia-cutlass-dsl", "quack-kernels",
-        "tokenspeed-triton", "tokenspeed-mla", "z3-solver", "cuda-tile", "apache-tvm-ffi"}
+        "tokenspeed-triton", "tokenspeed-mla", "z3-solver", "cuda-tile", "torchcodec", "pynvvideocodec",
+        "nvidia-cuda-nvcc", "nvidia-nvvm"}
 
 
 def _device_has() -> Set[str]:
