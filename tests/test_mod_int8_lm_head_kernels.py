@@ -1,9 +1,10 @@
-"""int8-lm-head: both Triton kernels and the row-count dispatch, run under Triton's interpreter.
+"""int8-lm-head: the Triton kernels and the row-count dispatch, run under Triton's interpreter.
 
 The kernels are the ones the patch installs, executed by TRITON_INTERPRET=1 on CPU tensors in
 fp16 (Triton 3.6's interpreter computes bf16 dots wrongly; the GPU check covers bf16). Shapes
 are small and chosen to hit every mask: rows not a multiple of BLOCK_M, vocabulary not a
-multiple of BLOCK_N, hidden size not a multiple of BLOCK_K.
+multiple of BLOCK_N, hidden size not a multiple of BLOCK_K. The split path's INT8 dots are
+exact in the interpreter as on the GPU, so it is also checked with bf16 hidden states.
 """
 
 from __future__ import annotations
@@ -28,14 +29,24 @@ def interpret_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
-def _bound_check(mod: ModuleType, x: "torch.Tensor", q, out: "torch.Tensor") -> None:
-    """Within FP32 accumulation plus fp16 output rounding of the float64 dequantized product."""
+def _bound_check(mod: ModuleType, x: "torch.Tensor", q, out: "torch.Tensor", split: bool = False) -> None:
+    """Within FP32 accumulation plus output rounding of the float64 dequantized product.
+
+    The split path adds the split of x: at most xscale / (2 LO_STEPS) per entry, xscale = row
+    absmax / 127, times sum_k |dequantized weight|.
+    """
     k = x.shape[-1]
-    ref = x.double() @ (q.qweight.double() * q.scale.double()[:, None]).t()
-    acc = 2 * k * 2.0**-24 * (x.double().abs() @ (q.qweight.double().abs() * q.scale.double()[:, None]).t())
+    wd = q.qweight.double() * q.scale.double()[:, None]
+    ref = x.double() @ wd.t()
+    acc = 2 * k * 2.0**-24 * (x.double().abs() @ wd.abs().t())
+    if split:
+        acc = acc + (x.double().abs().amax(dim=1, keepdim=True) / 127 / (2 * mod.LO_STEPS)) * wd.abs().sum(dim=1)
+    # output rounding: half an fp16 step; one bf16 step, as Triton 3.6's interpreter truncates
+    # fp32 -> bf16 where the GPU rounds
+    unit = 2.0**-7 if x.dtype == torch.bfloat16 else 2.0**-10
     assert out.dtype == x.dtype and out.shape == ref.shape
     assert bool(torch.isfinite(out).all())
-    assert bool(((out.double() - ref).abs() <= acc + 2.0**-10 * ref.abs() + 1e-7).all())
+    assert bool(((out.double() - ref).abs() <= acc + unit * ref.abs() + 1e-7).all())
 
 
 def _head(n: int, k: int, seed: int):
@@ -60,26 +71,55 @@ def test_each_kernel_matches_the_dequantized_product(mod: ModuleType, kernel: st
     assert bool(((out.double() - torch_path.double()).abs() <= 2.0**-9 * torch_path.double().abs() + 1e-3).all())
 
 
+@pytest.mark.parametrize("tile", [(16, 32, 32), (32, 64, 64), (64, 32, 32), (16, 128, 128)])
+@pytest.mark.parametrize("m", [1, 7, 40])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_split_kernel_matches_the_dequantized_product(mod: ModuleType, tile: tuple, m: int, dtype: str) -> None:
+    w, gen = _head(203, 72, seed=m)
+    q = mod.quantize_rows(w)
+    scales = torch.exp(2 * torch.randn(72, generator=gen))  # outlier channels: a wide spread per row
+    x = (torch.randn(m, 72, generator=gen) * scales).to(getattr(torch, dtype))
+    x[m // 2] = 0.0  # an all-zero row: scale 0, logits 0
+    out = mod.int8_matmul(x, q, mod.KernelConfig(mod.SPLIT, *tile, num_warps=4, num_stages=2))
+    _bound_check(mod, x, q, out, split=True)
+    assert bool((out[:, 203 // 3] == 0).all()) and bool((out[m // 2] == 0).all())
+
+
+@pytest.mark.parametrize("k", [1, 72, 1030])
+def test_split_rows_codes_x_within_its_bound(mod: ModuleType, k: int) -> None:
+    gen = torch.Generator().manual_seed(k)
+    x = (torch.randn(5, k, generator=gen) * torch.exp(3 * torch.randn(k, generator=gen))).to(torch.float16)
+    x[1] = 0.0
+    x[2, 0] = -x[2].abs().max() - 1  # the absmax negative: code -127
+    hi, lo, xscale = mod.split_rows(x)
+    assert hi.dtype == lo.dtype == torch.int8 and xscale.dtype == torch.float32
+    assert int(hi.abs().max()) == 127 and int(lo.abs().max()) <= 127
+    assert torch.equal(xscale, x.float().abs().amax(dim=1) / 127)
+    assert int(hi[2, 0]) == -127 and not bool(hi[1].any()) and not bool(lo[1].any())
+    back = xscale.double()[:, None] * (hi.double() + lo.double() / mod.LO_STEPS)
+    err = (back - x.double()).abs()
+    assert bool((err <= xscale.double()[:, None] / (2 * mod.LO_STEPS) * (1 + 1e-5)).all())
+    assert k == 1 or bool(lo.any())  # one entry a row is its own absmax: nothing left for lo
+
+
 @pytest.mark.parametrize("m", [1, 16, 17, 33, 65, 129, 300])
 def test_dispatch_runs_the_table_entry_for_every_band(mod: ModuleType, m: int) -> None:
     w, gen = _head(160, 64, seed=100 + m)
     q = mod.quantize_rows(w)
     x = torch.randn(m, 64, generator=gen).to(torch.float16)
     out = mod.int8_matmul(x, q)  # no config: DISPATCH decides
-    _bound_check(mod, x, q, out)
+    _bound_check(mod, x, q, out, split=mod.table_config(m).kernel == mod.SPLIT)
     assert torch.equal(out, mod.int8_matmul(x, q, mod.table_config(m)))
 
 
 def test_dispatch_is_one_pure_table_of_row_counts(mod: ModuleType) -> None:
     limits = [limit for limit, _ in mod.DISPATCH]
     assert limits[-1] is None and limits[:-1] == sorted(limits[:-1]) and len(set(limits)) == len(limits)
-    assert {cfg.kernel for _, cfg in mod.DISPATCH} == {mod.GEMV, mod.MMA}
+    assert {cfg.kernel for _, cfg in mod.DISPATCH} <= set(mod._KERNEL_FNS)
     cpu = torch.device("cpu")
     for m in range(1, 1100):
         cfg = mod.pick_config(m, cpu)
         assert cfg == mod.table_config(m) == mod.pick_config(m, cpu)  # no budget on CPU, same answer twice
-        assert cfg.kernel == (mod.GEMV if m <= 16 else cfg.kernel)  # decode batches stay on the GEMV path
-        assert m <= 64 or cfg.kernel == mod.MMA  # many rows go to the tensor-core tile
         assert cfg.block_m <= max(16, 2 * m) or m > 256  # a row block is never mostly idle
 
 

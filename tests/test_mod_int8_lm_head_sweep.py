@@ -47,6 +47,8 @@ def report() -> ModuleType:
 
 def test_sweep_rows_limits_and_tuning(swept: Path, report: ModuleType) -> None:
     data = json.loads((swept / "sweep.json").read_text())
+    sweep = bench_module("sweep_int8_lm_head")
+    assert "for the pipeline only" in data["limits"]["hbm_source"]  # no GPU: figures named as such
     assert [(r["head"], r["batch"]) for r in data["rows"]] == [(h, b) for h in ("160x48", "70x40") for b in (1, 17, 40, 70)]
     for r in data["rows"]:
         assert r["speedup"] == pytest.approx(r["bf16_us"] / r["int8_us"])
@@ -56,15 +58,23 @@ def test_sweep_rows_limits_and_tuning(swept: Path, report: ModuleType) -> None:
         act = m * k * 2 + m * n * 2
         assert r["bf16_limit_us"] == pytest.approx(1e6 * (2 * n * k + act) / 3.35e12)
         assert r["int8_limit_us"] == pytest.approx(1e6 * (n * k + 4 * n + act) / 3.35e12)
-        assert r["int8_config"].split()[0] == ("gemv" if m <= 16 else "mma" if m > 32 else r["int8_config"].split()[0])
-        assert ("best_config" in r) == (m >= 16)
+        module = bench_module("int8_lm_head_kernel").load_kernel_module(swept)  # the module the patch installs
+        assert r["int8_config"] == sweep.describe(module.table_config(m))  # timed as DISPATCH routes it
+        timed = data["tuning_times"][r["head"]][str(m)]
+        assert r["int8_config"] in timed and r["best_us"] == min(t for t in timed.values() if t is not None)
+        assert ("triton_bf16_us" in r) == (m >= sweep.YARDSTICK_FROM)
     bands = data["tuning"]["bands"]
-    assert [b["limit"] for b in bands] == [limit for limit, _ in data["dispatch"]]
+    assert [b["limit"] for b in bands] == [limit for limit, _ in sweep.CANDIDATE_BANDS]
     assert all(b["ratio"] is None or b["ratio"] >= 1.0 - 1e-9 for b in bands)  # the shipped tile is a candidate
-    module = bench_module("int8_lm_head_kernel").load_kernel_module(swept)  # the module the patch installs
     namespace = dict(vars(module))
     exec(data["tuning"]["dispatch_python"], namespace)  # noqa: S102 - the suggested table is valid Python
-    assert [limit for limit, _ in namespace["DISPATCH"]] == [b["limit"] for b in bands]
+    suggested = namespace["DISPATCH"]
+    assert suggested[-1][0] is None and {limit for limit, _ in suggested} <= {b["limit"] for b in bands}
+    for b in bands:  # each band's best tile serves that band in the suggested table
+        cfg = next(c for limit, c in suggested if limit is None or (b["limit"] or 10**9) <= limit)
+        assert sweep.describe(cfg) == b["suggested"]
+    kinds = {cfg.kernel for _, cfg in module.DISPATCH}
+    assert set(data["accuracy"]) == {f"{h} {kind}" for h in ("160x48", "70x40") for kind in kinds}
     for name, a in data["accuracy"].items():
         assert a["states"] == 24 and 0.0 <= a["top1_int8_vs_bf16"] <= 1.0
         assert a["max_abs_int8_vs_bf16"] >= a["mean_abs_int8_vs_bf16"] > 0.0
@@ -119,6 +129,20 @@ def test_sweep_without_cuda_says_what_to_do(tmp_path: Path) -> None:
         pytest.skip("this machine has a GPU")
     run = _sweep(tmp_path / "o", interpret=False)
     assert run.returncode == 2 and "no CUDA device" in run.stderr and "--device cpu" in run.stderr
+
+
+@pytest.mark.parametrize("name,copy,expected", [
+    ("NVIDIA H200", 4.2, (4.8, 989.4)),
+    ("NVIDIA H100 80GB HBM3", 3.0, (3.35, 989.4)),
+    ("NVIDIA H100 PCIe", 1.8, (2.0, 756.0)),
+    ("NVIDIA A100-SXM4-80GB", 1.734, (1.73, 989.4)),  # not listed: the measured copy, and said so
+])
+def test_limits_follow_the_device(name: str, copy: float, expected: tuple) -> None:
+    sweep = bench_module("sweep_int8_lm_head")
+    hbm, hbm_source, tc, tc_source = sweep.device_limits(name, copy)
+    assert (hbm, tc) == expected
+    listed = any(part in name for part, *_ in sweep.DEVICE_LIMITS)
+    assert ("measured device copy" in hbm_source) == (not listed) and ("assumed" in tc_source) == (not listed)
 
 
 # ---- hidden states shaped like a final-norm output ----

@@ -53,15 +53,17 @@ def _table(header: Sequence[str], cells: Sequence[Sequence[str]]) -> str:
 def speed_table(data: dict) -> str:
     """One row per head and batch: BF16, INT8 as dispatched, the physical limits, the speed-ups."""
     header = ("head (vocab x hidden)", "batch", "BF16 matmul (us)", "INT8 (us)", "INT8 kernel", "speed-up",
-              "BF16 limit (us)", "INT8 limit (us)", "limit speed-up", "best candidate (us)")
+              "BF16 limit (us)", "INT8 limit (us)", "limit speed-up", "best candidate (us)", "best candidate",
+              "BF16 Triton GEMM (us)")
     cells = [(r["head"], str(r["batch"]), _fmt(r["bf16_us"]), _fmt(r["int8_us"]), r["int8_config"],
               f"{_fmt(r['speedup'], 2)}x", _fmt(r["bf16_limit_us"]), _fmt(r["int8_limit_us"]),
-              f"{_fmt(r['limit_speedup'], 2)}x", _fmt(r.get("best_us"))) for r in data["rows"]]
+              f"{_fmt(r['limit_speedup'], 2)}x", _fmt(r.get("best_us")), r.get("best_config", "-"),
+              _fmt(r.get("triton_bf16_us"))) for r in data["rows"]]
     return _table(header, cells)
 
 
 def accuracy_table(data: dict) -> str:
-    header = ("head", "states", "top-1 INT8 = BF16", "top-1 INT8 = FP32", "top-1 BF16 = FP32", "max abs INT8-BF16",
+    header = ("head, kernel", "states", "top-1 INT8 = BF16", "top-1 INT8 = FP32", "top-1 BF16 = FP32", "max abs INT8-BF16",
               "mean abs INT8-BF16", "mean abs BF16-FP32", "logit rms", "median top-2 gap")
     cells = [(head, str(a["states"]), f"{100 * a['top1_int8_vs_bf16']:.2f} %", f"{100 * a['top1_int8_vs_ref']:.2f} %",
               f"{100 * a['top1_bf16_vs_ref']:.2f} %", f"{a['max_abs_int8_vs_bf16']:.4f}",
@@ -99,12 +101,13 @@ def markdown(data: dict) -> str:
         f"Limits: HBM {lim['hbm_tbs']} TB/s ({lim['hbm_source']}), tensor cores {lim['tc_tflops']} TFLOPS dense "
         f"BF16 ({lim['tc_source']}); measured device copy {_fmt(data.get('copy_tbs'), 2)} TB/s. "
         "A limit is max(bytes / HBM, 2 M N K / tensor-core peak); the INT8 bytes are the int8 weight, "
-        "its fp32 scales, x and the logits.",
+        "its fp32 scales, x and the logits. BF16 Triton GEMM: the GEMV kernel on the BF16 weight, "
+        "what Triton reaches on the shape (yardstick, not a mod path).",
         verdict(data),
         speed_table(data),
         "Accuracy on final-norm-like hidden states (ci/bench/int8_lm_head_hidden.py):",
         accuracy_table(data),
-        "Tuning (the sweep's candidates, per row band of the dispatch table):",
+        "Tuning (the sweep's candidates, per row band):",
         tuning_table(data),
     ]) + "\n"
 

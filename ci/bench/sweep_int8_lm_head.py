@@ -8,12 +8,16 @@ For three heads (Qwen3.5-122B-A10B 248320x3072, Qwen3-8B 151936x4096, Qwen3.5-35
 `int8_matmul` exactly as dispatched (DISPATCH in the module the patch installs), and puts both
 next to their physical limits: max(bytes / HBM bandwidth, 2 M N K / tensor-core peak). It then
 times candidate tiles per row band (tuning: what the table could be, reported, never applied),
-and measures accuracy on final-norm-like hidden states (ci/bench/int8_lm_head_hidden.py).
+and measures accuracy on final-norm-like hidden states (ci/bench/int8_lm_head_hidden.py) for
+each kernel kind the table ships. Next to the candidates it times a BF16 Triton GEMM (the GEMV
+kernel on the BF16 weight), a yardstick for what Triton reaches on these shapes.
 Writes DIR/sweep.json, sweep.md, speedup.svg (and speedup.png with matplotlib) and prints a
-compact summary. About 3 minutes on an H100; --quick: 5 batches, fewer candidates and states.
+compact summary. About 5 minutes on an H100 or H200; --quick: 5 batches, fewer candidates and
+states.
 
-Default limits are the H100 SXM5 datasheet's: 3.35 TB/s HBM3 and 989.4 TFLOPS dense BF16 (the
-1979 of the datasheet is with 2:4 sparsity). --hbm-tbs / --tc-tflops set others.
+The limits follow the device (DEVICE_LIMITS: datasheet figures by device name); on a device
+not listed the bandwidth is the measured device-to-device copy, and the summary says so.
+--hbm-tbs / --tc-tflops set others.
 
 On a machine without a GPU the same pipeline runs on tiny shapes under Triton's interpreter:
     TRITON_INTERPRET=1 python3 ci/bench/sweep_int8_lm_head.py --out DIR --device cpu \\
@@ -43,21 +47,41 @@ from int8_lm_head_report import write_outputs
 HEADS = (("Qwen3.5-122B-A10B", 248320, 3072), ("Qwen3-8B", 151936, 4096), ("Qwen3.5-35B-A3B", 248320, 2048))
 BATCHES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 QUICK_BATCHES = (1, 16, 64, 256, 1024)
-HBM_TBS, HBM_SOURCE = 3.35, "H100 SXM5 datasheet, HBM3"
-TC_TFLOPS, TC_SOURCE = 989.4, "H100 SXM5 datasheet, dense (1979 with sparsity)"
+# (part of the device name, HBM TB/s, its source, dense BF16 TFLOPS, its source); first match wins.
+DEVICE_LIMITS = (
+    ("H200", 4.8, "H200 datasheet, HBM3e", 989.4, "H200 datasheet, dense (1979 with sparsity)"),
+    ("H100 PCIe", 2.0, "H100 PCIe datasheet, HBM2e", 756.0, "H100 PCIe datasheet, dense (1513 with sparsity)"),
+    ("H100 NVL", 3.9, "H100 NVL datasheet, HBM3", 835.0, "H100 NVL datasheet, dense (1671 with sparsity)"),
+    ("H100", 3.35, "H100 SXM5 datasheet, HBM3", 989.4, "H100 SXM5 datasheet, dense (1979 with sparsity)"),
+    ("GB10", 0.273, "DGX Spark specifications, LPDDR5x", 125.0, "our assumption, see the mod README"),
+)
+UNKNOWN_TC_TFLOPS = 989.4
 STATES, QUICK_STATES, STATE_CHUNK = 4096, 512, 512
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-# Candidate tiles for tuning: (kernel, block_m, block_n, block_k, warps, stages). The GEMV kernel
-# puts x rows on the left, the MMA kernel the weight tile; QUICK is the subset --quick times.
-CANDIDATES = (
-    ("gemv", 16, 32, 256, 4, 4), ("gemv", 32, 64, 256, 4, 4), ("gemv", 64, 128, 64, 4, 3),
-    ("gemv", 128, 128, 64, 4, 3), ("mma", 16, 128, 128, 4, 4), ("mma", 32, 128, 128, 4, 4),
-    ("mma", 64, 64, 128, 4, 4), ("mma", 64, 128, 64, 4, 4), ("mma", 64, 128, 128, 4, 4),
-    ("mma", 64, 256, 64, 8, 3), ("mma", 128, 128, 64, 4, 4), ("mma", 128, 128, 64, 8, 3),
-    ("mma", 128, 256, 64, 8, 3), ("mma", 128, 128, 128, 8, 3), ("mma", 256, 128, 64, 8, 3),
-    ("mma", 256, 128, 64, 8, 4),
+# Candidate tiles, per row band of a suggested DISPATCH: (largest rows of the band, specs); a spec
+# is (kernel, block_m, block_n, block_k, warps, stages). gemv: x rows on the left, the weight tile
+# converted to bf16; mma: the converted weight tile on the left; split: x as two int8 parts on the
+# INT8 tensor cores, no conversion. Every batch times the candidates of its band (and the
+# shipped tile); QUICK times the first two of each band.
+_MANY = (("split", 128, 128, 128, 8, 4), ("split", 128, 128, 128, 8, 3), ("split", 128, 128, 64, 8, 5),
+         ("split", 64, 256, 128, 8, 3), ("split", 128, 64, 128, 8, 4), ("split", 256, 64, 128, 8, 3),
+         ("gemv", 128, 128, 64, 4, 3), ("gemv", 256, 128, 64, 8, 3), ("mma", 256, 128, 64, 8, 4))
+CANDIDATE_BANDS = (
+    (16, (("gemv", 16, 32, 256, 4, 4), ("split", 16, 32, 256, 4, 4), ("split", 16, 64, 256, 4, 4),
+          ("split", 16, 128, 128, 4, 4), ("split", 16, 64, 512, 4, 3), ("gemv", 16, 64, 256, 4, 4))),
+    (32, (("gemv", 32, 64, 256, 4, 4), ("split", 32, 64, 256, 4, 4), ("split", 32, 128, 128, 4, 4),
+          ("split", 32, 64, 128, 4, 5), ("gemv", 32, 32, 256, 4, 4))),
+    (64, (("split", 64, 128, 128, 4, 4), ("gemv", 64, 128, 64, 4, 3), ("split", 64, 128, 64, 4, 5),
+          ("split", 64, 256, 128, 8, 3), ("split", 64, 64, 128, 4, 4), ("mma", 64, 64, 128, 4, 4))),
+    (128, (("split", 128, 128, 128, 8, 4), ("gemv", 128, 128, 64, 4, 3), ("split", 128, 128, 128, 8, 3),
+           ("split", 128, 128, 64, 8, 5), ("split", 64, 256, 128, 8, 3), ("split", 128, 64, 128, 8, 4),
+           ("gemv", 128, 128, 64, 8, 3))),
+    (256, _MANY),
+    (None, _MANY),
 )
-QUICK_CANDIDATES = (CANDIDATES[1], CANDIDATES[8], CANDIDATES[12], CANDIDATES[14])
+# The BF16 Triton yardstick: the GEMV kernel on the BF16 weight, at these tiles (best one kept).
+YARDSTICK = (("gemv", 128, 256, 64, 8, 3), ("gemv", 128, 128, 64, 8, 4), ("gemv", 64, 128, 64, 4, 4))
+YARDSTICK_FROM = 48  # rows; below, the yardstick is not timed (the BF16 head is memory-bound)
 
 
 class SweepError(Exception):
@@ -123,6 +147,18 @@ def make_timer(device: torch.device, quick: bool) -> Callable[[Callable[[], obje
     return loop_time
 
 
+def device_limits(name: str, copy_tbs: Optional[float]) -> Tuple[float, str, float, str]:
+    """(HBM TB/s, source, dense BF16 TFLOPS, source) for a device name; measured copy when unknown."""
+    for part, hbm, hbm_source, tc, tc_source in DEVICE_LIMITS:
+        if part in name:
+            return hbm, hbm_source, tc, tc_source
+    if copy_tbs is None:  # not a GPU (interpreter runs): figures for the pipeline only
+        _, hbm, _, tc, _ = next(row for row in DEVICE_LIMITS if row[0] == "H100")
+        return hbm, f"{name}: H100 SXM5 figure, for the pipeline only", tc, f"{name}: H100 SXM5 figure"
+    return (round(copy_tbs, 2), f"{name} not in DEVICE_LIMITS: measured device copy", UNKNOWN_TC_TFLOPS,
+            f"{name} not in DEVICE_LIMITS: H100/H200 figure assumed")
+
+
 def limits(head: Head, m: int, hbm_tbs: float, tc_tflops: float) -> Tuple[float, float]:
     """(BF16, INT8) lower bounds in microseconds: max(bytes / bandwidth, flops / peak)."""
     act = m * head.k * 2 + m * head.n * 2
@@ -143,32 +179,31 @@ def make_weight(head: Head, gen: torch.Generator, dtype: torch.dtype) -> torch.T
     return w.to(dtype)
 
 
-def fits(spec: tuple, m: int) -> bool:
-    """A candidate worth timing at m rows: at most half its row block idle, at most 16 row blocks."""
-    block_m = spec[1]
-    return block_m <= max(16, 2 * m) and block_m * 16 >= m
+def band_of(m: int) -> int:
+    """Index of the CANDIDATE_BANDS entry that serves m rows."""
+    return next(i for i, (limit, _) in enumerate(CANDIDATE_BANDS) if limit is None or m <= limit)
 
 
-def time_candidates(mod, qw, x: torch.Tensor, candidates: Sequence[tuple], timer) -> Dict[str, Optional[float]]:
-    """Microseconds per candidate tile that fits x's rows; None for one that fails to compile or launch."""
+def time_candidates(mod, qw, x: torch.Tensor, specs: Sequence[tuple], timer, failed: set) -> Dict[str, Optional[float]]:
+    """Microseconds per candidate tile; None for one that fails to compile or launch (named once in failed)."""
     times: Dict[str, Optional[float]] = {}
-    for spec in (c for c in candidates if fits(c, x.shape[0])):
+    for spec in specs:
         cfg = mod.KernelConfig(*spec)
         try:
             times[describe(cfg)] = timer(lambda: mod.int8_matmul(x, qw, cfg))
         except Exception as exc:  # noqa: BLE001 - e.g. Triton OutOfResources: reported, not fatal
-            print(json.dumps({"candidate": describe(cfg), "batch": x.shape[0], "error": type(exc).__name__}), flush=True)
+            failed.add(f"{describe(cfg)}: {type(exc).__name__}")
             times[describe(cfg)] = None
     return times
 
 
-def sweep_head(mod, head: Head, batches: Sequence[int], args, timer, gen: torch.Generator) -> Tuple[list, dict]:
+def sweep_head(mod, head: Head, batches: Sequence[int], args, timer, gen: torch.Generator, failed: set) -> Tuple[list, dict]:
     """Speed rows of one head and its candidate timings per batch."""
     device, dtype = gen.device, DTYPES[args.dtype]
     w = make_weight(head, gen, dtype)
     qw = mod.quantize_rows(w)
+    dense = mod.Int8Weight(w, torch.ones(head.n, dtype=torch.float32, device=device))  # the BF16 yardstick
     rows, tuned = [], {}
-    candidates = QUICK_CANDIDATES if args.quick else CANDIDATES
     for m in batches:
         x = torch.randn(m, head.k, generator=gen, device=device).to(dtype)
         cfg = mod.pick_config(m, device)
@@ -183,30 +218,45 @@ def sweep_head(mod, head: Head, batches: Sequence[int], args, timer, gen: torch.
             "bf16_limit_us": lim16, "int8_limit_us": lim8, "limit_speedup": lim16 / lim8,
             "bf16_pct_of_limit": 100 * lim16 / t16, "int8_pct_of_limit": 100 * lim8 / t8,
         }
-        if not args.no_tune and m >= 16:
-            times = time_candidates(mod, qw, x, candidates + (dataclasses.astuple(cfg),), timer)
+        if not args.no_tune:
+            specs = CANDIDATE_BANDS[band_of(m)][1][: 2 if args.quick else None]
+            specs = tuple(dict.fromkeys(specs + (dataclasses.astuple(cfg),)))
+            times = time_candidates(mod, qw, x, specs, timer, failed)
             tuned[m] = times
             done = {name: t for name, t in times.items() if t is not None}
             if done:
                 best = min(done, key=done.__getitem__)
-                row.update(best_us=done[best], best_config=best)
+                row.update(best_us=done[best], best_config=best, best_speedup=t16 / done[best])
+            if m >= YARDSTICK_FROM:
+                stick = [t for t in time_candidates(mod, dense, x, YARDSTICK, timer, failed).values() if t is not None]
+                row["triton_bf16_us"] = min(stick) if stick else None
         rows.append(row)
-        print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
     return rows, tuned
 
 
-def accuracy(mod, head: Head, states: int, args, gen: torch.Generator) -> dict:
-    """INT8 against BF16 (and both against FP32) on final-norm-like hidden states."""
+def shipped_kernels(mod) -> Dict[str, object]:
+    """The first DISPATCH config of each kernel kind the table ships, by kind."""
+    kinds: Dict[str, object] = {}
+    for _, cfg in mod.DISPATCH:
+        kinds.setdefault(cfg.kernel, cfg)
+    return kinds
+
+
+def accuracy(mod, head: Head, states: int, args, gen: torch.Generator) -> Dict[str, dict]:
+    """Per shipped kernel kind: INT8 against BF16 (and both against FP32) on final-norm-like hidden states."""
     dtype = DTYPES[args.dtype]
     w = make_weight(head, gen, dtype)
     qw = mod.quantize_rows(w)
     wf = w.float()
     model = norm_model(head.k, gen)
-    agreement = Agreement()
+    kinds = shipped_kernels(mod)
+    agreements = {kind: Agreement() for kind in kinds}
     for start in range(0, states, STATE_CHUNK):
         x = hidden_states(model, w, min(STATE_CHUNK, states - start), gen, dtype)
-        agreement.add(mod.int8_matmul(x, qw), torch.matmul(x, w.t()), x.float() @ wf.t())
-    return agreement.result()
+        bf16, ref = torch.matmul(x, w.t()), x.float() @ wf.t()
+        for kind, cfg in kinds.items():
+            agreements[kind].add(mod.int8_matmul(x, qw, cfg), bf16, ref)
+    return {f"{head.name} {kind}": agreement.result() for kind, agreement in agreements.items()}
 
 
 def dispatch_line(limit: Optional[int], name: str) -> str:
@@ -218,33 +268,34 @@ def dispatch_line(limit: Optional[int], name: str) -> str:
 
 
 def tuning_summary(mod, tuned: Dict[str, dict], device: torch.device) -> dict:
-    """Per band of DISPATCH: the shipped tile against the candidate with the lowest geo-mean time.
+    """Per candidate band: the shipped tile(s) against the candidate with the lowest geo-mean time.
 
-    A band no tuned batch falls in keeps its shipped entry (ratio None: not tuned).
+    The geo-mean runs over every head and batch of the band, among candidates timed at all of
+    them; a band no tuned batch falls in keeps the shipped tile (ratio None: not tuned).
+    Adjacent bands with the same best tile make one DISPATCH entry.
     """
     bands, entries, lower = [], [], 0
-    for limit, cfg in mod.DISPATCH:
-        shipped = describe(cfg)
+    for limit, _ in CANDIDATE_BANDS:
+        in_band = [m for per in tuned.values() for m in per if lower < m and (limit is None or m <= limit)]
+        shipped = sorted({describe(mod.pick_config(m, device)) for m in in_band}) or [describe(mod.table_config(limit or lower + 1))]
         samples: Dict[str, List[Optional[float]]] = {}
         for head_times in tuned.values():
             for m, times in head_times.items():
                 if lower < m and (limit is None or m <= limit):
-                    shipped = describe(mod.pick_config(m, device))  # as launched on this device
                     for name, t in times.items():
                         samples.setdefault(name, []).append(t)
         lower = limit or lower
         count = max((len(ts) for ts in samples.values()), default=0)
         complete = {n: ts for n, ts in samples.items() if len(ts) == count and all(t is not None for t in ts)}
-        if not complete:
-            bands.append({"limit": limit, "shipped": shipped, "suggested": shipped, "ratio": None})
-            entries.append(dispatch_line(limit, shipped))
-            continue
         geo = {n: math.exp(statistics.fmean(math.log(t) for t in ts)) for n, ts in complete.items()}
-        best = min(geo, key=geo.__getitem__)
-        ratio = geo[shipped] / geo[best] if shipped in geo else None
-        bands.append({"limit": limit, "shipped": shipped, "suggested": best, "ratio": ratio})
-        entries.append(dispatch_line(limit, best))
-    return {"bands": bands, "dispatch_python": "DISPATCH = (\n" + "\n".join(entries) + "\n)"}
+        best = min(geo, key=geo.__getitem__) if geo else shipped[0]
+        ratio = geo[shipped[0]] / geo[best] if len(shipped) == 1 and shipped[0] in geo else None
+        bands.append({"limit": limit, "shipped": ", ".join(shipped), "suggested": best, "ratio": ratio})
+        if entries and entries[-1][1] == best:
+            entries.pop()
+        entries.append((limit, best))
+    lines = [dispatch_line(limit, name) for limit, name in entries]
+    return {"bands": bands, "dispatch_python": "DISPATCH = (\n" + "\n".join(lines) + "\n)"}
 
 
 def copy_tbs(device: torch.device, quick: bool) -> Optional[float]:
@@ -255,6 +306,19 @@ def copy_tbs(device: torch.device, quick: bool) -> Optional[float]:
     dst = torch.empty_like(src)
     us = make_timer(device, quick)(lambda: dst.copy_(src))
     return 2 * src.numel() / (us * 1e-6) / 1e12
+
+
+def set_limits(args, name: str, copy: Optional[float]) -> None:
+    """Fill the limits the command line left open from the device's figures."""
+    hbm, hbm_source, tc, tc_source = (None, "", None, "")
+    if args.hbm_tbs is None or args.tc_tflops is None:
+        hbm, hbm_source, tc, tc_source = device_limits(name, copy)
+    if args.hbm_tbs is None:
+        args.hbm_tbs, args.hbm_source = hbm, args.hbm_source or hbm_source
+    if args.tc_tflops is None:
+        args.tc_tflops, args.tc_source = tc, args.tc_source or tc_source
+    args.hbm_source = args.hbm_source or "given with --hbm-tbs"
+    args.tc_source = args.tc_source or "given with --tc-tflops"
 
 
 def run(args) -> dict:
@@ -275,20 +339,24 @@ def run(args) -> dict:
     timer = make_timer(device, args.quick)
     gen = torch.Generator(device=device).manual_seed(2024)
     started = time.perf_counter()
-    rows, tuned, acc = [], {}, {}
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{device.type} (Triton interpreter)"
+    copy = copy_tbs(device, args.quick)
+    set_limits(args, name, copy)
+    rows, tuned, acc, failed = [], {}, {}, set()
     for head in heads:
-        head_rows, tuned[head.name] = sweep_head(mod, head, batches, args, timer, gen)
+        head_rows, tuned[head.name] = sweep_head(mod, head, batches, args, timer, gen, failed)
         rows += head_rows
-        acc[head.name] = accuracy(mod, head, states, args, gen)
-        print(json.dumps({"accuracy": head.name, **acc[head.name]}), flush=True)
+        acc.update(accuracy(mod, head, states, args, gen))
+        print(f"{head.name}: done at {time.perf_counter() - started:.0f} s", flush=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"{device.type} (Triton interpreter)",
+        "device": name,
         "torch": torch.__version__, "triton": mod.triton.__version__, "dtype": args.dtype, "quick": args.quick,
-        "copy_tbs": copy_tbs(device, args.quick),
+        "copy_tbs": copy,
         "limits": {"hbm_tbs": args.hbm_tbs, "hbm_source": args.hbm_source, "tc_tflops": args.tc_tflops,
                    "tc_source": args.tc_source},
+        "failed_candidates": sorted(failed),
         "dispatch": [[limit, describe(cfg)] for limit, cfg in mod.DISPATCH],
         "heads": [dataclasses.asdict(h) for h in heads],
         "rows": rows, "accuracy": acc,
@@ -299,31 +367,43 @@ def run(args) -> dict:
 
 
 def summary(data: dict) -> str:
-    lines = [f"{data['device']}: {data['seconds']:.0f} s"]
+    """A few lines: limits, speed-ups (as dispatched and best candidate) per head, bands, accuracy."""
+    lim = data["limits"]
+    lines = [f"{data['device']}: {data['seconds']:.0f} s; limits {lim['hbm_tbs']} TB/s ({lim['hbm_source']}), "
+             f"{lim['tc_tflops']} TFLOPS ({lim['tc_source']}); copy "
+             + ("not measured" if data["copy_tbs"] is None else f"{data['copy_tbs']:.2f} TB/s")]
     for head in data["heads"]:
         name = f"{head['n']}x{head['k']}"
-        speedups = " ".join(f"{r['batch']}:{r['speedup']:.2f}" for r in data["rows"] if r["head"] == name)
-        a = data["accuracy"][name]
-        lines.append(f"{name} speed-up by batch: {speedups}")
-        lines.append(f"{name} top-1 INT8=BF16 {100 * a['top1_int8_vs_bf16']:.2f} % over {a['states']} states, "
+        rows = [r for r in data["rows"] if r["head"] == name]
+        lines.append(f"{name} speed-up shipped: " + " ".join(f"{r['batch']}:{r['speedup']:.2f}" for r in rows))
+        if any("best_speedup" in r for r in rows):
+            lines.append(f"{name} speed-up best:    " + " ".join(
+                f"{r['batch']}:{r['best_speedup']:.2f}" for r in rows if "best_speedup" in r))
+    for band in (data.get("tuning") or {}).get("bands", []):
+        ratio = "-" if band["ratio"] is None else f"{band['ratio']:.3f}"
+        lines.append(f"band <= {band['limit'] or 'rest'}: shipped {band['shipped']} / best {band['suggested']} = {ratio}")
+    for key, a in data["accuracy"].items():
+        lines.append(f"{key}: top-1 INT8=BF16 {100 * a['top1_int8_vs_bf16']:.2f} % over {a['states']} states, "
                      f"max |INT8-BF16| {a['max_abs_int8_vs_bf16']:.4f}, mean {a['mean_abs_int8_vs_bf16']:.5f}")
+    if data.get("failed_candidates"):
+        lines.append("failed: " + "; ".join(data["failed_candidates"]))
     return "\n".join(lines)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for sweep.json, sweep.md and the plot")
-    parser.add_argument("--quick", action="store_true", help="5 batches, 4 candidates, 512 states")
+    parser.add_argument("--quick", action="store_true", help="5 batches, 2 candidates a band, 512 states")
     parser.add_argument("--no-tune", action="store_true", help="skip timing the candidate tiles")
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu under TRITON_INTERPRET=1")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="hidden-state and head dtype")
     parser.add_argument("--heads", help="VOCABxHIDDEN[,...] instead of the three Qwen heads")
     parser.add_argument("--batches", help="comma-separated row counts instead of 1..1024")
     parser.add_argument("--states", type=int, help=f"hidden states for the accuracy check (default {STATES})")
-    parser.add_argument("--hbm-tbs", type=float, default=HBM_TBS, help=f"HBM bandwidth in TB/s (default {HBM_TBS})")
-    parser.add_argument("--hbm-source", default=HBM_SOURCE, help="where the bandwidth figure comes from")
-    parser.add_argument("--tc-tflops", type=float, default=TC_TFLOPS, help=f"dense BF16 TFLOPS (default {TC_TFLOPS})")
-    parser.add_argument("--tc-source", default=TC_SOURCE, help="where the tensor-core figure comes from")
+    parser.add_argument("--hbm-tbs", type=float, help="HBM bandwidth in TB/s (default: the device's, DEVICE_LIMITS)")
+    parser.add_argument("--hbm-source", default="", help="where the --hbm-tbs figure comes from")
+    parser.add_argument("--tc-tflops", type=float, help="dense BF16 TFLOPS (default: the device's, DEVICE_LIMITS)")
+    parser.add_argument("--tc-source", default="", help="where the --tc-tflops figure comes from")
     args = parser.parse_args(argv)
     try:
         if args.states is not None and args.states < 1:
