@@ -7,7 +7,7 @@ code path, `maybe_apply` (quantize on first call, free the 16-bit shard, multipl
 shards' logits are concatenated along the vocabulary (vLLM's gather) and trimmed to the
 original vocabulary, then compared with the unsplit 16-bit head. Run twice: bf16 on the
 torch path (what a CPU rank runs) and fp16 through the Triton kernels under the interpreter,
-at a GEMV-sized and an MMA-sized row count.
+at a GEMV-sized and a SPLIT-sized row count (what DISPATCH routes 3 and 40 rows to).
 """
 
 from __future__ import annotations

@@ -122,9 +122,13 @@ def shared_memory_report(mod, k: int) -> list:
             q = torch.empty(1024, k, dtype=torch.int8, device="cuda")
             s = torch.empty(1024, dtype=torch.float32, device="cuda")
             out = torch.empty(m, 1024, dtype=torch.bfloat16, device="cuda")
+            # the split kernel takes x as hi, lo (int8) and a row scale
+            rows_in = (*mod.split_rows(x),) if c.kernel == mod.SPLIT else (x,)
+            extra = {"LO": mod.LO_STEPS} if c.kernel == mod.SPLIT else {}
             compiled = mod._KERNEL_FNS[c.kernel].warmup(
-                x, q, s, out, m, 1024, k, k, k, 1024, grid=(1,), BLOCK_M=c.block_m, BLOCK_N=c.block_n,
-                BLOCK_K=c.block_k, EVEN_K=k % c.block_k == 0, num_warps=c.num_warps, num_stages=c.num_stages)
+                *rows_in, q, s, out, m, 1024, k, k, k, 1024, grid=(1,), BLOCK_M=c.block_m, BLOCK_N=c.block_n,
+                BLOCK_K=c.block_k, EVEN_K=k % c.block_k == 0, num_warps=c.num_warps, num_stages=c.num_stages,
+                **extra)
             rows.append({"batch_up_to": limit, "budget": label, "config": dataclasses.asdict(c),
                          "estimate": mod.shared_memory_estimate(c), "compiled": compiled.metadata.shared})
             print(json.dumps(rows[-1]), flush=True)

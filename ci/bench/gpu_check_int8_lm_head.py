@@ -28,7 +28,7 @@ import torch
 from int8_lm_head_kernel import load_kernel_module
 
 SHAPES = ((248320, 3072), (151936, 4096), (32001, 2048), (4001, 1000))
-BATCHES = tuple(range(1, 17)) + (17, 33, 64, 100, 256, 600, 1024)  # > 32 rows: the MMA kernel
+BATCHES = tuple(range(1, 17)) + (17, 33, 64, 100, 256, 600, 1024)  # > 32 rows: the split kernel
 AGREEMENT_ROWS = 512
 # The quantizer divides in FP32 (relative error 2^-24 on codes up to 127): a value within
 # 127 * 2^-24 of a half step may round the other way, so a code is off by at most
@@ -78,6 +78,8 @@ def check_batches(mod, w: torch.Tensor, qw, gen: torch.Generator) -> dict:
         ref = x64 @ w64.t()
         ref_q = x64 @ wq64.t()
         acc_term = 2 * k * 2.0**-24 * (x64.abs() @ absq64.t())
+        if mod.table_config(m).kernel == mod.SPLIT:  # x coded as two int8 parts: xscale / (2 LO_STEPS) an entry
+            acc_term = acc_term + x64.abs().amax(dim=1, keepdim=True) / 127 / (2 * mod.LO_STEPS) * absq64.sum(dim=1)
         round_term = 2.0**-8 * torch.maximum(y.abs(), ref.abs())
         quant_term = x64.abs().sum(dim=1, keepdim=True) * amax[None, :] / 254
         worst_kernel = max(worst_kernel, ((y - ref_q).abs() - acc_term - 2.0**-8 * y.abs()).max().item())
