@@ -99,15 +99,15 @@ def test_damage_after_staging_is_caught_by_the_file_hash(files, tmp_path, capsys
     assert "sha256 differs after reassembly" in capsys.readouterr().err
 
 
-def _wheel(folder: Path, name: str, requires: list[str]) -> Path:
+def _wheel(folder: Path, name: str, requires: list[str], version: str = "1.0") -> Path:
     """A wheel holding only METADATA with these Requires-Dist lines."""
     import zipfile
 
-    whl = folder / f"{name}-1.0-py3-none-any.whl"
-    meta = "\n".join(["Metadata-Version: 2.1", f"Name: {name}", "Version: 1.0"]
+    whl = folder / f"{name}-{version}-py3-none-any.whl"
+    meta = "\n".join(["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
                      + [f"Requires-Dist: {r}" for r in requires])
     with zipfile.ZipFile(whl, "w") as zf:
-        zf.writestr(f"{name}-1.0.dist-info/METADATA", meta)
+        zf.writestr(f"{name}-{version}.dist-info/METADATA", meta)
     return whl
 
 
@@ -133,8 +133,52 @@ def test_extras_asked_later_for_a_chosen_package_are_resolved(tmp_path, monkeypa
     _wheel(index, "mistral_common", ["pet[country]>=1"])
     _wheel(index, "pet", ["country; extra == 'country'"])
     _wheel(index, "country", [])
-    monkeypatch.setattr(carry, "_device_has", lambda: set())
-    monkeypatch.setattr(carry, "_download", lambda spec, dest: next(index.glob(
-        carry._norm(spec.split(">")[0].split("[")[0]).replace("-", "_") + "-*.whl")))
-    got = [p.name.split("-")[0] for p in carry._resolve(index / "vllm-1.0-py3-none-any.whl", tmp_path)]
+    got = [p.name.split("-")[0] for p in _resolve_against(carry, index, monkeypatch)]
     assert got == ["country", "fastapi", "mistral_common", "pet"]
+
+
+def _resolve_against(carry, index: Path, monkeypatch) -> list[Path]:
+    """carry._resolve of index/vllm-1.0 with `_download` answering from index as pip would
+    (the newest wheel the requirement accepts) and nothing on the machine."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    def download(spec: str, dest: Path) -> Path:
+        req = Requirement(spec)
+        found = [w for w in index.glob(carry._norm(req.name).replace("-", "_") + "-*.whl")
+                 if req.specifier.contains(w.name.split("-")[1])]
+        if not found:
+            raise SystemExit(f"no wheel for {spec}")
+        return max(found, key=lambda w: Version(w.name.split("-")[1]))
+
+    monkeypatch.setattr(carry, "_device_has", lambda: set())
+    monkeypatch.setattr(carry, "_download", download)
+    return carry._resolve(index / "vllm-1.0-py3-none-any.whl", index)
+
+
+def test_a_release_that_refuses_vllms_pin_gives_way_to_an_older_one(tmp_path, monkeypatch):
+    """vLLM 0.26.0 pins apache-tvm-ffi==0.1.10; the newest xgrammar wants >=0.1.11 (the server
+    then failed on the GPU machine): an older xgrammar that accepts the pin is carried."""
+    carry = _carry()
+    index = tmp_path / "index"
+    index.mkdir()
+    _wheel(index, "vllm", ["ffi==1.0", "grammar>=1"])
+    _wheel(index, "ffi", [], version="1.0")
+    _wheel(index, "ffi", [], version="1.1")
+    _wheel(index, "grammar", ["ffi>=1.1"], version="2.0")
+    _wheel(index, "grammar", ["ffi>=1.1"], version="1.9")
+    _wheel(index, "grammar", ["ffi>=1.0"], version="1.8")
+    got = sorted(p.name for p in _resolve_against(carry, index, monkeypatch))
+    assert got == ["ffi-1.0-py3-none-any.whl", "grammar-1.8-py3-none-any.whl"]
+
+
+def test_a_clash_between_two_chosen_packages_stops_naming_both(tmp_path, monkeypatch, capsys):
+    carry = _carry()
+    index = tmp_path / "index"
+    index.mkdir()
+    _wheel(index, "vllm", ["ffi", "grammar"])
+    _wheel(index, "ffi", [], version="1.0")
+    _wheel(index, "grammar", ["ffi>=2"])
+    with pytest.raises(SystemExit):
+        _resolve_against(carry, index, monkeypatch)
+    assert "grammar needs 'ffi>=2' but ffi-1.0-py3-none-any.whl was chosen" in capsys.readouterr().err

@@ -31,11 +31,10 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import urllib.request
 import zipfile
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Dict, Iterable, List, NoReturn, Optional, Set
 
 INDEX = "https://pypi.org/simple"
 PIECE_BYTES = 58 * 1024 * 1024  # under 64 MiB with the repository (~1.5 MB) beside it
@@ -60,7 +59,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fail(message: str) -> "NoReturn":  # type: ignore[name-defined]
+def _fail(message: str) -> NoReturn:
     print(f"carry: error: {message}", file=sys.stderr)
     raise SystemExit(2)
 
@@ -110,21 +109,51 @@ def _requirements(wheel: Path, extras: Iterable[str] = ()) -> List[str]:
 
 
 def _download(requirement: str, dest: Path) -> Path:
-    """One py3.12 manylinux x86_64 wheel for `requirement` (no dependencies), via pip."""
-    before = set(dest.iterdir())
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+    """One py3.12 manylinux x86_64 wheel for `requirement` (no dependencies), via pip.
+
+    The file is the one pip names ("Saved ..." or "File was already downloaded ..."): dest may
+    hold other versions of the same project from an earlier resolution.
+    """
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--progress-bar", "off",
            "--python-version", "3.12", "--implementation", "cp", "-d", str(dest), requirement]
     for plat in PLATFORMS:
         cmd[-1:-1] = ["--platform", plat]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         _fail(f"cannot download a py3.12 x86_64 wheel for {requirement!r}: {proc.stderr.strip().splitlines()[-1:]}")
-    new = set(dest.iterdir()) - before
-    if new:
-        return new.pop()
+    named = re.findall(r"^\s*(?:Saved|File was already downloaded) (.+\.whl)\s*$", proc.stdout, re.MULTILINE)
+    if len(named) != 1:
+        _fail(f"pip download {requirement!r} named {len(named)} wheels; expected one")
+    return Path(named[0])
+
+
+def _version(wheel: Path) -> str:
+    return wheel.name.split("-")[1]
+
+
+def _clashes(wheel: Path, pins: Dict[str, str]) -> Optional[str]:
+    """The first requirement of `wheel` that refuses a version vLLM pins (`==`), or None."""
     from packaging.requirements import Requirement
-    name = _norm(Requirement(requirement).name)
-    return next(p for p in dest.iterdir() if _norm(p.name.split("-")[0]) == name)
+
+    for line in _requirements(wheel):
+        req = Requirement(line)
+        pinned = pins.get(_norm(req.name))
+        if pinned is not None and not req.specifier.contains(pinned, prereleases=True):
+            return line
+    return None
+
+
+def _pins(wheel: Path) -> Dict[str, str]:
+    """vLLM's exact pins (`name==X`): the versions its own build was made against."""
+    from packaging.requirements import Requirement
+
+    out = {}
+    for line in _requirements(wheel):
+        req = Requirement(line)
+        exact = [s.version for s in req.specifier if s.operator == "=="]
+        if exact:
+            out[_norm(req.name)] = exact[0]
+    return out
 
 
 # Requirements left behind on purpose: optional kernel stacks that vLLM imports only when asked
@@ -145,31 +174,51 @@ def _device_has() -> Set[str]:
 
 
 def _resolve(vllm_wheel: Path, deps_dir: Path) -> List[Path]:
-    """Breadth-first closure of the requirements the machine lacks, one wheel per name."""
+    """Breadth-first closure of the requirements the machine lacks, one wheel per name.
+
+    Not pip's backtracking resolver (that one insists on resolving torch's CUDA wheels for the
+    machine, which it has), but the two conflicts that occur: a package whose newest release
+    needs another version than vLLM pins is taken at an older release that accepts the pin
+    (vLLM 0.26.0 pins apache-tvm-ffi==0.1.10, xgrammar 0.2.8 wants >=0.1.11, 0.2.7 takes it);
+    any other clash between two chosen versions stops with both named.
+    """
     from packaging.requirements import Requirement
 
     have = _device_has()
-    todo = list(_requirements(vllm_wheel))
+    pins = _pins(vllm_wheel)
+    todo = [(r, "vllm") for r in _requirements(vllm_wheel)]
     chosen: Dict[str, Path] = {}
     extras: Dict[str, Set[str]] = {}  # extras already resolved per chosen name
     while todo:
-        req = Requirement(todo.pop(0))
+        line, by = todo.pop(0)
+        req = Requirement(line)
         name = _norm(req.name)
         if name in have or name == "vllm":
             continue
         if name in chosen:
+            if not req.specifier.contains(_version(chosen[name]), prereleases=True):
+                _fail(f"{by} needs {line!r} but {chosen[name].name} was chosen; resolve it by hand")
             # A later requirement may ask for extras of a package chosen without them
             # (fastapi[standard] pulls pydantic-extra-types; mistral-common needs its [pycountry]).
             more = set(req.extras) - extras[name]
             if more:
                 extras[name] |= more
-                todo.extend(_requirements(chosen[name], more))
+                todo.extend((r, name) for r in _requirements(chosen[name], more))
             continue
         spec = f"{req.name}{req.specifier}"
         wheel = _download(spec, deps_dir)
+        for _ in range(10):
+            clash = _clashes(wheel, pins)
+            if clash is None:
+                break
+            spec = req.name + ",".join(filter(None, [str(req.specifier), f"<{_version(wheel)}"]))
+            print(f"  ~ {wheel.name} needs {clash!r} against vLLM's pin; trying {spec}", flush=True)
+            wheel = _download(spec, deps_dir)
+        else:
+            _fail(f"no release of {req.name} in the last ten accepts vLLM's pins; resolve it by hand")
         chosen[name], extras[name] = wheel, set(req.extras)
         print(f"  + {wheel.name}", flush=True)
-        todo.extend(_requirements(wheel, req.extras))
+        todo.extend((r, name) for r in _requirements(wheel, req.extras))
     return sorted(chosen.values())
 
 
