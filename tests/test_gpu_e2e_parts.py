@@ -166,22 +166,33 @@ def test_overlay_patched_by_run_sh_leaves_the_site_alone(tmp_path, mod):
 
 
 class _Run:
-    """The part of e2e.Run the stock-drafter judgement reads: the servers by name."""
+    """The part of e2e.Run the stock judgements read: the servers by name."""
 
-    def __init__(self, server: "serve.Server") -> None:
-        self.servers = {"mtp-stock": server}
+    def __init__(self, name: str, server: "serve.Server") -> None:
+        self.servers = {name: server}
 
 
-@pytest.mark.parametrize("log, passed", [("gpu-e2e-0.21.0/servers/mtp-stock/server.log", True),
-                                         ("gpu-e2e-0.21.0/servers/mtp-missing/server.log", False)],
-                         ids=["real-0.21-refusal", "another-failure"])
-def test_stock_without_the_mod_refusing_to_start_counts_only_for_the_strict_loading_error(log, passed):
-    """vLLM 0.21.0 on the H200 refused to start with the head un-indexed (log committed from
-    that run); a start failure for any other reason (here the mod's own refusal) must not pass."""
+RESULTS = REPO / "ci" / "bench" / "results"
+
+
+@pytest.mark.parametrize("scenario, log, passed", [
+    ("mtp", "gpu-e2e-0.21.0/servers/mtp-stock/server.log", True),
+    ("mtp", "gpu-e2e-0.21.0/servers/mtp-missing/server.log", False),
+    ("hybrid", "gpu-e2e-0.26.0/servers/hybrid-stock/server.log", True),
+    ("hybrid", "gpu-e2e-0.21.0/servers/mtp-stock/server.log", False),
+], ids=["mtp-real-0.21-refusal", "mtp-another-failure", "hybrid-real-0.26-refusal", "hybrid-another-failure"])
+def test_a_stock_server_that_refused_counts_only_for_vllms_own_refusal(scenario, log, passed):
+    """Logs committed from the GPU runs: 0.21.0 refused the un-indexed MTP head, 0.26.0 the FP8
+    shared experts. A start failure for another reason (the mod's own refusal, the other
+    scenario's error) must not pass."""
     import e2e_scenarios as scenarios
 
-    server = serve.Server("mtp-stock", [], {}, REPO / "ci" / "bench" / "results" / log, 0, exit_code=1)
-    report = checks.Report("mtp-weights")
-    scenarios._stock_has_no_drafter(report, _Run(server), None)
+    name = f"{scenario}-stock"
+    server = serve.Server(name, [], {}, RESULTS / log, 0, exit_code=1)
+    report = checks.Report(scenario)
+    if scenario == "mtp":
+        scenarios._stock_has_no_drafter(report, _Run(name, server), None)
+    else:
+        scenarios._stock_refused(report, _Run(name, server), name, scenarios.NO_FP8_PARAM, "stock")
     assert [c["passed"] for c in report.checks] == [passed]
     assert report.data["stock_outcome"] == ("refused to start" if passed else "did not start")
