@@ -179,8 +179,9 @@ def test_check_community_table_json_and_exit_codes(tmp_path: Path, capsys):
     good, bad = sites(tmp_path)
     assert main(["check", "--community", str(FIXTURES), "patch-root-skipping", "--vllm", f"dir:{good}"]) == 0
     assert "1 checked, 1 green, 0 not (0 skipped silently); 0 of 1 mods not checkable" in capsys.readouterr().out
-    assert main(["check", str(FIXTURES / "patch-root-skipping"), "--vllm", f"dir:{bad}"]) == 1  # detected
-    assert "  skipped  skipped silently: guard.patch (run.sh line 3)" in capsys.readouterr().out
+    assert main(["check", str(FIXTURES / "patch-root-skipping"), "--vllm", f"dir:{bad}", "--json"]) == 1  # detected
+    [row] = json.loads(capsys.readouterr().out)["results"]  # JSON: the table's width follows the tmp path
+    assert row["status"] == "skipped" and row["reason"].startswith("skipped silently: guard.patch (run.sh line 3)")
     assert main(["check", "--community", str(FIXTURES), "--vllm", f"dir:{good}", "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert {r["mod"] for r in doc["results"]} == {m.name for m in FIXTURES.iterdir() if read_mod(m).checkable}
