@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Dict, Iterator, List, Tuple
@@ -21,6 +24,7 @@ from typing import Dict, Iterator, List, Tuple
 import pytest
 
 import realtree
+from modfactory import make_mod, make_site
 from realtree import GOAL, OPPOSITE, START, Trees, run_quietly
 from sparkmods.runtime import applier, fsops
 from sparkmods.runtime.journal import JOURNAL_NAME, STATE_DIR, Entry, Journal, transact
@@ -148,6 +152,33 @@ def test_failure_mid_rename_rolls_back_and_names_the_file(tmp_path: Path, monkey
 def _sums(name: str) -> List[str]:
     import hashlib
     return [hashlib.sha256(name.upper().encode() + s).hexdigest() for s in (b"\n", b"2\n")]
+
+
+SEND_SIGINT = "import os, signal; os.kill(os.getpid(), signal.SIGINT)"
+
+
+@pytest.mark.parametrize("module,line", [
+    ("boot", SEND_SIGINT),
+    ("applier", SEND_SIGINT),
+    ("applier", f"exec({SEND_SIGINT!r})"),  # as when it lands in the code a dataclass is built from
+])
+def test_sigint_while_the_runtime_is_imported_is_one_line(tmp_path: Path, module: str, line: str) -> None:
+    """A real SIGINT while run.sh's Python imports the runtime (the mod's copy of `module` sends
+    it to itself as its last line): Python's KeyboardInterrupt, answered with one line and 130."""
+    site = make_site(tmp_path / "site")
+    mod = make_mod(tmp_path / "mods")
+    source = mod / "_sparkmods" / f"{module}.py"
+    source.write_text(source.read_text() + f"\n{line}\n")
+    before = realtree.snapshot(site)
+    env = {"PATH": os.environ["PATH"], "PYTHON_ROOT": str(site), "SPARKMODS_PYTHON": sys.executable,
+           "SPARKMODS_CACHE_DIR": str(tmp_path / "cache")}
+    out = subprocess.run(["bash", str(mod / "run.sh")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=60, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # not inherited ignored
+    assert out.returncode == 130, out.stdout + out.stderr
+    assert out.stderr == "" and out.stdout.splitlines() == [
+        "[demo] interrupted by SIGINT outside a change to vLLM's files: nothing is half-done "
+        "(the lines above say what was done)"]
+    assert realtree.snapshot(site) == before and not (site / STATE_DIR).exists()
 
 
 @pytest.mark.network

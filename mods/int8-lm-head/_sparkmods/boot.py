@@ -68,6 +68,8 @@ def _store(cache: Path, entry: Path, data: bytes) -> None:
             fh.write(data)
         os.replace(tmp, entry)
     except OSError:
+        pass
+    finally:  # also after a KeyboardInterrupt (a SIGINT while run.sh starts); gone after the replace
         try:
             tmp.unlink()
         except OSError:

@@ -1,5 +1,28 @@
-"""`python3 -m _sparkmods [apply|check|revert]` from run.sh inside a mod folder."""
+"""`python3 -m _sparkmods [apply|check|revert]` from run.sh inside a mod folder.
 
-from .boot import main
+A SIGINT outside applier.run (which turns it into an orderly interruption) raises Python's
+KeyboardInterrupt: while the runtime is still being imported, or in the instant after run
+returned. Either way no change to vLLM is under way: one line instead of a traceback, and
+exit 130 as after any SIGINT. (A SIGINT during the interpreter's own start-up, before this
+file runs, stays Python's.)
+"""
 
-raise SystemExit(main())
+try:  # first: a SIGINT at any later line is caught
+    import sys
+
+    from .boot import main
+
+    code = main()
+except KeyboardInterrupt:
+    import os
+    import sys
+    from pathlib import Path
+
+    print(f"[{Path(__file__).resolve().parent.parent.name}] interrupted by SIGINT outside a change to "
+          "vLLM's files: nothing is half-done (the lines above say what was done)", flush=True)
+    # Not sys.exit: CPython marks a KeyboardInterrupt that ends a string exec/eval (dataclasses
+    # and namedtuple build their methods so) as unhandled even once it is caught, and under
+    # `python -m` then ends the process by SIGINT instead of with the exit code. Nothing but
+    # the line above is left to flush.
+    os._exit(130)
+sys.exit(code)
