@@ -12,6 +12,7 @@ with SIGINT / SIGTERM sent to itself. For every N until the run completes:
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -19,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -147,6 +148,60 @@ def test_failure_mid_rename_rolls_back_and_names_the_file(tmp_path: Path, monkey
     assert err.value.filename.endswith("vllm/b.py") and "No space" in err.value.strerror
     assert (site / "vllm/a.py").read_bytes() == b"A\n" and (site / "vllm/b.py").read_bytes() == b"B\n"
     assert realtree.strays(site, []) == []
+
+
+def full_disk_run(action: str, mods: Path, site: Path, budget: Optional[int]) -> Tuple[int, str, int]:
+    """The action in a child whose os.write fails with ENOSPC once `budget` bytes are written, as
+    on a full disk (None: no limit); (exit status, output, bytes written)."""
+    log, count = site.parent / "child.log", site.parent / "written"
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 99
+        try:
+            real_write, written = os.write, [0]
+
+            def write(fd: int, data) -> int:
+                room = len(data) if budget is None else min(len(data), budget - written[0])
+                if room <= 0 and len(data):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                done = real_write(fd, bytes(data[:room]))
+                written[0] += done
+                return done
+
+            fsops.os.write = write  # the child's own os module: the parent never sees it
+            with open(log, "w") as sink:
+                code = applier.run(action, mods, site, site.parent, False, applier.Printer(mods.name, sink))
+            count.write_text(str(written[0]))
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), log.read_text(), int(count.read_text())
+
+
+@pytest.mark.parametrize("action", ["apply", "revert"])
+def test_a_full_disk_at_any_write_rolls_back_and_names_the_file(tmp_path: Path, action: str) -> None:
+    """Every write of an apply or revert (journal, copies, staged files, state.json) hitting a
+    full disk: one line naming the file that could not be written, exit 1, the tree as before
+    with no journal or temp left (all bytes are written before the first rename, a half-written
+    temp is removed, and a rollback with nothing moved writes nothing), and the action works
+    once there is room."""
+    trees = Trees(tmp_path / "trees", next(m for m in MODS if m.name == "mtp-weights"), realtree.synthesized_site)
+    site, workspace = trees.fresh(START[action])
+    status, out, total = full_disk_run(action, trees.mod, site, None)
+    assert status == 0 and total > 0, out
+    for budget in sorted({0, 1, *range(0, total, max(1, total // 40))}):
+        site, workspace = trees.fresh(START[action])
+        status, out, _ = full_disk_run(action, trees.mod, site, budget)
+        assert status == 1, (budget, out)
+        (line,) = out.splitlines()
+        assert "No space left on device; rolled back, nothing was changed" in line, line
+        named = line.split("ERROR: ", 1)[1].split(": No space", 1)[0]
+        assert Path(named).is_relative_to(site) and Path(named).name != "None", line
+        trees.assert_at(site, workspace, START[action])
+        assert not (site / STATE_DIR / JOURNAL_NAME).exists()
+        rc, out = run_quietly(action, trees.mod, site, workspace)
+        assert rc == 0 and "found an interrupted" not in out, out
+        trees.assert_at(site, workspace, GOAL[action])
 
 
 def _sums(name: str) -> List[str]:

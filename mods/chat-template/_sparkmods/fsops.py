@@ -167,6 +167,10 @@ def stage(path: Path, data: bytes, mode: int) -> Path:
         finally:
             os.close(fd)
     except OSError as exc:
+        try:
+            os.unlink(tmp)  # a half-written temp (full disk) would only hold on to the space
+        except OSError:
+            pass
         raise _named(exc, path) from None
     return tmp
 

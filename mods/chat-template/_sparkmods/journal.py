@@ -17,6 +17,7 @@ pristine files are never lost. Settling is idempotent: it can itself be killed a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -140,17 +141,34 @@ def drop_bytecode(target: Path) -> None:
             fsops.remove(pyc)
 
 
+def _bytes_to_write(site: Path, journal: Journal, direction: str) -> List["tuple[Path, str, Callable[[], bytes], int]"]:
+    """(target, sha256, bytes, mode) of every file the settle must write, state.json included."""
+    out = []
+    for e in journal.entries:
+        sha, copy = _side(e, direction)
+        if sha is not None and not _holds(site, e.path, sha):
+            out.append((safe_target(site, e.path), sha, lambda c=copy: (site / c).read_bytes(), e.mode))
+    if journal.op == APPLY and direction == FORWARD:
+        data = json.dumps(journal.state, indent=1, sort_keys=True).encode()
+        out.append((state_dir(site, journal.mod) / STATE_FILE, hashlib.sha256(data).hexdigest(), lambda: data, 0o644))
+    return out
+
+
+def _stage(target: Path, sha: str, data: Callable[[], bytes], mode: int) -> None:
+    """Stage target's new bytes beside it, unless its temp already holds them (an apply's)."""
+    if fsops.digest(fsops.temp_path(target)) != sha:
+        fsops.stage(target, data(), mode)
+
+
 def _put(site: Path, e: Entry, direction: str) -> None:
-    sha, copy = _side(e, direction)
+    sha, _ = _side(e, direction)
     target = safe_target(site, e.path)
     if _holds(site, e.path, sha):
         return
     if sha is None:
         fsops.remove(target)
-    elif copy == temp_rel(e.path):
-        fsops.publish(fsops.temp_path(target), target)
     else:
-        fsops.write_file(target, (site / copy).read_bytes(), e.mode)  # type: ignore[operator]
+        fsops.publish(fsops.temp_path(target), target)
     drop_bytecode(target)
 
 
@@ -162,7 +180,7 @@ def _finish(site: Path, journal: Journal, direction: str) -> None:
         raise JournalError(f"{off[0]} changed while the {journal.op} of {journal.mod} was being settled")
     folder = state_dir(site, journal.mod)
     if journal.op == APPLY and direction == FORWARD:
-        fsops.write_file(folder / STATE_FILE, json.dumps(journal.state, indent=1, sort_keys=True).encode())
+        fsops.publish(fsops.temp_path(folder / STATE_FILE), folder / STATE_FILE)  # staged by settle
     elif journal.op == APPLY or direction == FORWARD:
         fsops.remove_tree(folder)  # apply rolled back / revert complete: the tree is pristine
     else:
@@ -190,9 +208,11 @@ def settle(site: Path, journal: Journal, prefer: str) -> str:
             f"an interrupted {journal.op} of {journal.mod} can be neither finished nor rolled back: "
             f"{blocked[prefer][0]}; {blocked[other][0]} (files changed by something else?); "
             f"the journal {_journal_path(site)} is kept: reinstall vLLM, then delete it")
-    if journal.direction != choice:
-        journal.direction = choice
-        journal.save(site)
+    if journal.direction != choice and any(not _holds(site, e.path, _side(e, choice)[0]) for e in journal.entries):
+        journal.direction = choice  # recorded only when files must move: on a full disk, a run
+        journal.save(site)  # that failed before its first rename rolls back without writing
+    for item in _bytes_to_write(site, journal, choice):  # every byte is on disk before the first
+        _stage(*item)  # rename, so a full disk fails here, where nothing has moved yet
     for e in journal.entries:
         _put(site, e, choice)
     _finish(site, journal, choice)
@@ -220,13 +240,24 @@ def transact(site: Path, journal: Journal, payload: Dict[str, bytes]) -> None:
     except BaseException as exc:
         with shielded():
             side = BACK
-            if _journal_path(site).exists():
-                side = settle(site, Journal.load(site), BACK)
-            else:
-                sweep(site, [e.path for e in journal.entries])
+            try:
+                if _journal_path(site).exists():
+                    side = settle(site, Journal.load(site), BACK)
+                else:
+                    sweep(site, [e.path for e in journal.entries])
+            except (OSError, JournalError) as failed:
+                raise JournalError(f"{_what(exc)}; rolling back failed too ({_what(failed)}); the journal "
+                                   f"{_journal_path(site)} is kept: the next run.sh (any action) settles it")
         if isinstance(exc, Interrupted):
             exc.completed = side == FORWARD  # too late to roll back: the change was finished instead
         raise
+
+
+def _what(exc: BaseException) -> str:
+    """An error in a few words, naming its file."""
+    if isinstance(exc, OSError) and exc.filename:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    return str(exc) or type(exc).__name__
 
 
 def recover(site: Path, say: Callable[[str], None]) -> None:
