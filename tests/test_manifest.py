@@ -55,6 +55,7 @@ def test_good_manifest_selects_by_version():
     (("variant", 0, "verified"), ["zero"], "variant[0].verified[0]", "not a PEP 440 version"),
     (("variant", 0, "patches"), ["../escape.patch"], "variant[0].patches[0]", "'..'"),
     (("variant", 0, "patches"), [], "variant[0].patches", "needs patches or install"),
+    (("variant", 0, "patches"), "patches/a.patch", "variant[0].patches", "must be an array, got str"),
     (("variant", 0, "install"), [{"src": "f", "dest": "/etc/x"}], "variant[0].install[0].dest", "must start with"),
     (("variant", 0, "install"), [{"src": "f", "dest": "workspace:a/b"}], "variant[0].install[0].dest", "one file"),
     (("variant", 0, "colour"), "red", "variant[0].colour", "unknown key"),

@@ -174,7 +174,8 @@ class _Validator:
             rng = Range(self.string(table["vllm"], where + "vllm"))
         except InvalidRange as exc:
             raise self.fail(where + "vllm", str(exc)) from None
-        patches = [self.relpath(p, f"{where}patches[{k}]") for k, p in enumerate(table.get("patches", []))]
+        patches = [self.relpath(p, f"{where}patches[{k}]")
+                   for k, p in enumerate(self.list_of(table.get("patches", []), where + "patches"))]
         installs = [self.install(t, f"{where}install[{k}]") for k, t in enumerate(self.list_of(table.get("install", []), where + "install"))]
         if not patches and not installs:
             raise self.fail(where + "patches", "a variant needs patches or install entries")
