@@ -13,6 +13,7 @@ with SIGINT / SIGTERM sent to itself. For every N until the run completes:
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import signal
@@ -150,17 +151,18 @@ def test_failure_mid_rename_rolls_back_and_names_the_file(tmp_path: Path, monkey
     assert realtree.strays(site, []) == []
 
 
-def full_disk_run(action: str, mods: Path, site: Path, budget: Optional[int]) -> Tuple[int, str, int]:
+def full_disk_run(action: str, mods: Path, site: Path, budget: Optional[int]) -> Tuple[int, str, List[int]]:
     """The action in a child whose os.write fails with ENOSPC once `budget` bytes are written, as
-    on a full disk (None: no limit); (exit status, output, bytes written)."""
+    on a full disk (None: no limit); (exit status, output, bytes written before each write)."""
     log, count = site.parent / "child.log", site.parent / "written"
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         code = 99
         try:
-            real_write, written = os.write, [0]
+            real_write, written, starts = os.write, [0], []
 
             def write(fd: int, data) -> int:
+                starts.append(written[0])
                 room = len(data) if budget is None else min(len(data), budget - written[0])
                 if room <= 0 and len(data):
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -171,25 +173,25 @@ def full_disk_run(action: str, mods: Path, site: Path, budget: Optional[int]) ->
             fsops.os.write = write  # the child's own os module: the parent never sees it
             with open(log, "w") as sink:
                 code = applier.run(action, mods, site, site.parent, False, applier.Printer(mods.name, sink))
-            count.write_text(str(written[0]))
+            count.write_text(json.dumps(starts + written))
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), log.read_text(), int(count.read_text())
+    return os.waitstatus_to_exitcode(status), log.read_text(), json.loads(count.read_text())
 
 
 @pytest.mark.parametrize("action", ["apply", "revert"])
 def test_a_full_disk_at_any_write_rolls_back_and_names_the_file(tmp_path: Path, action: str) -> None:
     """Every write of an apply or revert (journal, copies, staged files, state.json) hitting a
-    full disk: one line naming the file that could not be written, exit 1, the tree as before
+    full disk, at its first byte or half-way: one line naming the file that could not be written, exit 1, the tree as before
     with no journal or temp left (all bytes are written before the first rename, a half-written
     temp is removed, and a rollback with nothing moved writes nothing), and the action works
     once there is room."""
     trees = Trees(tmp_path / "trees", next(m for m in MODS if m.name == "mtp-weights"), realtree.synthesized_site)
     site, workspace = trees.fresh(START[action])
-    status, out, total = full_disk_run(action, trees.mod, site, None)
-    assert status == 0 and total > 0, out
-    for budget in sorted({0, 1, *range(0, total, max(1, total // 40))}):
+    status, out, bounds = full_disk_run(action, trees.mod, site, None)
+    assert status == 0 and len(bounds) > 4, out
+    for budget in sorted({b for start, end in zip(bounds, bounds[1:]) for b in (start, (start + end) // 2)}):
         site, workspace = trees.fresh(START[action])
         status, out, _ = full_disk_run(action, trees.mod, site, budget)
         assert status == 1, (budget, out)
