@@ -183,10 +183,10 @@ def full_disk_run(action: str, mods: Path, site: Path, budget: Optional[int]) ->
 @pytest.mark.parametrize("action", ["apply", "revert"])
 def test_a_full_disk_at_any_write_rolls_back_and_names_the_file(tmp_path: Path, action: str) -> None:
     """Every write of an apply or revert (journal, copies, staged files, state.json) hitting a
-    full disk, at its first byte or half-way: one line naming the file that could not be written, exit 1, the tree as before
-    with no journal or temp left (all bytes are written before the first rename, a half-written
-    temp is removed, and a rollback with nothing moved writes nothing), and the action works
-    once there is room."""
+    full disk, at its first byte or half-way: one line naming the file that could not be
+    written, exit 1, the tree as before with no journal or temp left (all bytes are written
+    before the first rename, a half-written temp is removed, and a rollback with nothing moved
+    writes nothing), and the action works once there is room."""
     trees = Trees(tmp_path / "trees", next(m for m in MODS if m.name == "mtp-weights"), realtree.synthesized_site)
     site, workspace = trees.fresh(START[action])
     status, out, bounds = full_disk_run(action, trees.mod, site, None)
