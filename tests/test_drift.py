@@ -257,3 +257,29 @@ def test_nightly_report_says_why_a_row_drifts(tmp_path: Path):
     assert [r.result.status for r in report.broken] == ["drift"]
     md = report.markdown()
     assert "`drift`, variant `v1`" in md and "does not accept 'hf_config', 'revision'" in md
+
+
+def test_a_module_read_while_another_thread_collects_it_waits_for_the_whole_table(monkeypatch):
+    """Modules are shared by the check threads and collected on first use; a second reader
+    must wait for the first one's collection, not see its half-filled tables (a matrix cell
+    once said 'fp8.py defines no Fp8Config' that way)."""
+    import threading
+    import time
+
+    from sparkmods.rebase import resolve
+
+    started = threading.Event()
+    collect = resolve._collect
+
+    def slow_collect(mod, body, typing_only):
+        started.set()
+        time.sleep(0.3)
+        collect(mod, body, typing_only)
+
+    monkeypatch.setattr(resolve, "_collect", slow_collect)
+    module = resolve.Module("vllm.x", "vllm/x.py", False, b"class Fp8Config:\n    pass\n")
+    first = threading.Thread(target=lambda: module.bindings)
+    first.start()
+    assert started.wait(10)
+    assert "Fp8Config" in module.bindings  # read while the first thread is still collecting
+    first.join()

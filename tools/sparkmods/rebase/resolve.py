@@ -123,6 +123,7 @@ class Module:
         self.name, self.path, self.is_package = name, path, is_package
         self._data = data  # None: not Python we can read (namespace package, extension module)
         self._dynamic = dynamic
+        self._done = data is None  # parsed and collected (or nothing to parse)
         self._tree: Optional[ast.Module] = None
         self._bindings: Dict[str, List[ast.AST]] = {}
         self._typing_only: Dict[str, List[ast.AST]] = {}
@@ -130,17 +131,23 @@ class Module:
         self._all_names: Optional[List[str]] = None
 
     def _ready(self) -> "Module":
-        """Parse and collect once (under a lock: Modules are shared by the check threads)."""
-        if self._data is not None:
+        """Parse and collect once (under a lock: Modules are shared by the check threads).
+
+        `_done` turns true only after the tables are complete: a thread that finds it false
+        waits on the lock, so nobody reads half-collected tables (that read "defines no
+        Fp8Config" in one matrix cell while another thread was still collecting fp8.py).
+        """
+        if not self._done:
             with _COLLECTING:
-                data, self._data = self._data, None
-                if data is not None:
+                if not self._done:
+                    data, self._data = self._data, None
                     try:
-                        self._tree = _PARSED.parse(data)
+                        self._tree = _PARSED.parse(data)  # type: ignore[arg-type]
                     except (SyntaxError, ValueError):
                         self._tree = None
                     if self._tree is not None:
                         _collect(self, self._tree.body, typing_only=False)
+                    self._done = True
         return self
 
     @property
