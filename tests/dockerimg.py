@@ -29,7 +29,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import docker
 import docker.errors
@@ -131,8 +131,11 @@ def _add_site_dir_pth(root: Path) -> None:
     (site_dir / PTH_NAME).write_text(SITE_DIR + "\n")
 
 
-def build_rootfs_tarball(dest: Path) -> None:
-    """debootstrap a minimal Debian with python3 into the tarball dest (needs root)."""
+def build_rootfs_tarball(dest: Path, include: Sequence[str] = tuple(DEBOOTSTRAP_INCLUDE)) -> None:
+    """debootstrap a minimal Debian with the packages include (and their dependencies) into the tarball dest.
+
+    Needs root. Other images (tests/sshnode.py) pass a longer include list for their own rootfs.
+    """
     if os.geteuid() != 0:
         raise RuntimeError(f"building {dest.name} needs root (debootstrap); run the docker tests as root "
                            "or copy a tarball built elsewhere to that path")
@@ -142,7 +145,7 @@ def build_rootfs_tarball(dest: Path) -> None:
     root = work / "root"
     debs = cache_dir() / "debs"
     debs.mkdir(exist_ok=True)
-    cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(DEBOOTSTRAP_INCLUDE)}",
+    cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(include)}",
            f"--cache-dir={debs}", DEBIAN_SUITE, str(root), DEBIAN_MIRROR]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -108,6 +108,18 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
 
+# check_login IP: one ssh login to a worker before anything starts. ssh's own complaint (no
+# route, host key not in known_hosts, key refused), joined into the one line, says which it was.
+check_login() {
+    local ip=$1 why
+    if why=$("${ssh_cmd[@]}" -- "$ip" true 2>&1 </dev/null); then return 0; fi
+    why=$(printf '%s' "$why" | tr -s '\r\n' ' ')
+    why=${why% }
+    die "cannot log in to node $ip with ${ssh_cmd[*]} (${why:-ssh failed}): the head needs key login there" \
+        "without a prompt and the node's host key in known_hosts (run ssh $ip true once by hand)," \
+        "or set SPARKMODS_SSH; nothing was started"
+}
+
 preflight() {
     local ip name
     command -v tar >/dev/null || die "tar is needed to copy the mods"
@@ -115,8 +127,9 @@ preflight() {
         if [[ "${!name:-}" == *$'\n'* ]]; then die "\$$name holds a newline; docker --env-file cannot pass it"; fi
     done
     for ip in "${nodes[@]}"; do
+        if ! is_local "$ip"; then check_login "$ip"; fi
         on_node "$ip" docker version --format '{{.Server.Version}}' >/dev/null 2>&1 \
-            || die "no Docker engine answers on node $ip (check ssh and docker there)"
+            || die "no Docker engine answers on node $ip: install or start docker there for the login user; nothing was started"
     done
 }
 
