@@ -18,9 +18,11 @@ known before the node starts.
 from __future__ import annotations
 
 import io
+import ipaddress
 import json
 import os
 import platform
+import random
 import socket
 import subprocess
 import tarfile
@@ -32,6 +34,8 @@ from typing import Iterator, List, Mapping
 from urllib.parse import urlparse
 
 import docker
+import docker.errors
+import docker.types
 from docker.models.containers import Container
 
 from dockerimg import (BASE_CHANGES, BUILD_RECIPE_VERSION, DEBIAN_SUITE, DEBOOTSTRAP_INCLUDE, ROOTFS_TRIM,
@@ -77,6 +81,27 @@ def ensure_ssh_node_image(client: docker.DockerClient) -> str:
             client.api.import_image(src=str(tarball), repository=ROOTFS_REPO, tag=key, changes=BASE_CHANGES)
         _build(client, tag, DOCKERFILE.format(rootfs=rootfs), {"docker": WRAPPER.encode()})
     return tag
+
+
+@contextmanager
+def free_network(client: docker.DockerClient, name: str) -> Iterator[ipaddress.IPv4Network]:
+    """A bridge network on a free random /24 (parallel tests each get their own; no fixed
+    addresses), removed on exit. This machine holds the subnet's first address; nodes take others."""
+    for _ in range(20):
+        subnet = ipaddress.ip_network(f"172.{random.randint(18, 31)}.{random.randint(0, 255)}.0/24")
+        try:
+            network = client.networks.create(name, driver="bridge", ipam=docker.types.IPAMConfig(
+                pool_configs=[docker.types.IPAMPool(subnet=str(subnet))]))
+            break
+        except docker.errors.APIError as exc:
+            if "overlap" not in str(exc):
+                raise
+    else:
+        raise RuntimeError("no free /24 for a test network")
+    try:
+        yield subnet
+    finally:
+        network.remove()
 
 
 def keygen(path: Path) -> Path:

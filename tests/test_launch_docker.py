@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import io
-import ipaddress
 import json
 import os
-import random
 import re
 import signal
 import subprocess
@@ -36,6 +34,7 @@ import pytest
 
 from dockerimg import build_vllm_image, default_build_metadata
 from modfactory import make_mod, unified
+from sshnode import free_network
 from sparkmods.cli import main
 from sparkmods.runtime.manifest import load_manifest
 from sparkmods.runtime.modcheck import check_mod
@@ -183,24 +182,12 @@ def launch(tmp_path, docker_engine, launch_image, vllm_py_files) -> Iterator[Lau
 @pytest.fixture
 def node_network(docker_engine, launch) -> Iterator[List[str]]:
     """A Docker network with a free /24; returns the two node addresses (head first)."""
-    for _ in range(20):
-        subnet = ipaddress.ip_network(f"172.{random.randint(18, 31)}.{random.randint(0, 255)}.0/24")
-        name = f"{launch.prefix}-net"
-        try:
-            network = docker_engine.networks.create(name, driver="bridge", ipam=docker.types.IPAMConfig(
-                pool_configs=[docker.types.IPAMPool(subnet=str(subnet))]))
-            break
-        except docker.errors.APIError as exc:
-            if "overlap" not in str(exc):
-                raise
-    else:
-        pytest.fail("no free /24 for the test network")
-    launch.network = name
-    hosts = list(subnet.hosts())
-    yield [str(hosts[9]), str(hosts[10])]
-    for name in launch.containers(docker_engine):
-        docker_engine.containers.get(name).remove(force=True)
-    network.remove()
+    with free_network(docker_engine, f"{launch.prefix}-net") as subnet:
+        launch.network = f"{launch.prefix}-net"
+        hosts = list(subnet.hosts())
+        yield [str(hosts[9]), str(hosts[10])]
+        for name in launch.containers(docker_engine):
+            docker_engine.containers.get(name).remove(force=True)
 
 
 def sha(data: bytes) -> str:

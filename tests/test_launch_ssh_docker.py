@@ -14,7 +14,6 @@ what to do, and nothing started anywhere.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import uuid
 from pathlib import Path
@@ -22,9 +21,9 @@ from typing import Iterator, List, Tuple
 
 import pytest
 
-from sshnode import SshNode, client_config, ensure_ssh_node_image, keygen, ssh_node
+from sshnode import SshNode, client_config, ensure_ssh_node_image, free_network, keygen, ssh_node
 from test_launch_docker import (REAL_MODS, Launch, assert_node_patched, launch, launch_image,  # noqa: F401
-                                node_network, serve_args, vllm_py_files)
+                                serve_args, vllm_py_files)
 
 pytestmark = pytest.mark.docker
 
@@ -46,19 +45,17 @@ def keys(tmp_path) -> Tuple[Path, Path]:
 
 
 @pytest.fixture
-def head_and_node(docker_engine, launch, node_network, node_image, keys) -> Iterator[Tuple[str, SshNode]]:
-    """(A, B): A this machine's address on the test network, B an ssh node at a free address there.
+def head_and_node(docker_engine, launch, node_image, keys) -> Iterator[Tuple[str, SshNode]]:
+    """(A, B): A this machine's address on a fresh Docker network, B an ssh node there.
 
-    node_network makes the network; the script is not told about it (it reaches B through ssh).
+    The script is not told about the network: it reaches B through ssh only.
     """
-    network = launch.network
-    launch.network = None
-    subnet = docker_engine.networks.get(network).attrs["IPAM"]["Config"][0]["Subnet"]
-    gateway = str(next(ipaddress.ip_network(subnet).hosts()))  # the engine gives this machine the first address
     client_key, host_key = keys
-    with ssh_node(docker_engine, node_image, f"sparkmods-sshnode-{uuid.uuid4().hex[:8]}", network, node_network[1],
-                  Path(f"{client_key}.pub"), host_key) as node:
-        yield gateway, node
+    with free_network(docker_engine, f"{launch.prefix}-net") as subnet:
+        hosts = list(subnet.hosts())
+        with ssh_node(docker_engine, node_image, f"sparkmods-sshnode-{uuid.uuid4().hex[:8]}", f"{launch.prefix}-net",
+                      str(hosts[10]), Path(f"{client_key}.pub"), host_key) as node:
+            yield str(hosts[0]), node  # the engine gives this machine the first address
 
 
 def ssh_setting(launch: Launch, identity: Path, known: str) -> str:
