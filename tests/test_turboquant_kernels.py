@@ -295,6 +295,39 @@ def test_decode_matches_reference_and_plain_attention(fmt: ModuleType, tq: Modul
     assert torch.allclose(out[0].float(), plain[0].float(), atol=2e-2, rtol=2e-2)
 
 
+VARIANTS = ("bytes/select", "fields/gather", "fields/select")  # bytes/gather: the test above
+
+
+@pytest.mark.parametrize("group", [16, 1])
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("name", DTYPES)
+def test_decode_variants_match_the_reference(fmt: ModuleType, tq: ModuleType, name: str, d: int, variant: str, group: int) -> None:
+    """Every decode variant the benchmark sweeps gives the reference's attention, for GQA groups of
+    16 (Qwen3.5) and 1, ragged lengths, and three splits of which the 21-token request leaves
+    one empty."""
+    case = stored(fmt, tq, name, d)
+    query = torch.randn(len(LENS), HKV * group, d, generator=torch.Generator().manual_seed(group)).to(torch.bfloat16)
+    lens = torch.tensor(LENS, dtype=torch.int32)
+    ref = fmt.ref_decode(query, case["kernel"], TABLE, lens, d ** -0.5, case["spec"])
+    kernel, lookup = variant.split("/")
+    cfg = tq.DecodeConfig(block_n=16, num_warps=4, num_stages=1, min_chunk=8, kernel=kernel, key_lookup=lookup)
+    out = tq.tq_decode(query, case["kernel"], TABLE, lens, d ** -0.5, case["spec"], num_splits=3, config=cfg)
+    assert out.shape == query.shape and rel(out, ref) < 1e-2
+    assert torch.allclose(out[0].float(), ref[0].float(), atol=2e-2, rtol=2e-2)
+
+
+def test_decode_config_refuses_unknown_variants_and_defaults_come_from_the_table(tq: ModuleType) -> None:
+    with pytest.raises(ValueError, match="unknown decode variant"):
+        tq.DecodeConfig(32, 4, 2, 128, kernel="words")
+    for (head, batch_band, context_band), cfg in tq.DEFAULT_DECODE.items():
+        batch = 1 if batch_band in ("1", "*") else 8
+        context = 4096 if context_band in ("short", "*") else 131072
+        if tq.shape_band(batch, context) == (batch_band, context_band) or "*" in (batch_band, context_band):
+            assert isinstance(tq.default_decode_config(head, batch, context), tq.DecodeConfig)
+    assert tq.default_decode_config(64).label() == tq.default_decode_config(128).label()
+
+
 def test_decode_writes_into_out_and_gives_zeros_for_an_empty_request(fmt: ModuleType, tq: ModuleType) -> None:
     case = stored(fmt, tq, "turboquant_k3v4_nc", 128)
     query = torch.randn(2, HQ, 128, generator=torch.Generator().manual_seed(3)).to(torch.float16)

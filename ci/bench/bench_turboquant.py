@@ -17,8 +17,13 @@ Four sections, written to DIR/turboquant_bench.json and DIR/turboquant_bench.md:
                vLLM's paged Triton attention for bf16 and fp8 when --upstream-site has vLLM,
                ours per dtype, and upstream 0.21's TurboQuant decode per dtype.
 --upstream-site is a site-packages folder (or source tree) holding vLLM 0.21.x; it is put first on
-sys.path. --sweep also times tile configurations of our decode kernel. Exit 0 when every
-correctness check passes, 1 when one fails, 2 on bad arguments.
+sys.path. --sweep also times every decode variant (kernel "bytes"/"fields" x key lookup
+"gather"/"select") in a few tile/split configurations per dtype and shape, checks each against
+ours, prints the best per shape against bf16 SDPA and the DEFAULT_DECODE lines for tq_triton.py;
+`--apply-defaults DIR/turboquant_bench.json` (CPU, no --out) writes those lines into
+mods/turboquant/files/tq_triton.py (then run `sparkmods sync`). Each request's block table is cut
+to its context (a server with max_model_len = context), so split counts follow the context.
+Exit 0 when every correctness check passes, 1 when one fails, 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -167,7 +172,8 @@ class _Parser(argparse.ArgumentParser):
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """Parse and check the command line; InputError (exit 2) names what is wrong and what to do."""
     p = _Parser(prog="bench_turboquant.py", description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, required=True, help="folder for turboquant_bench.json/.md")
+    p.add_argument("--out", type=Path, help="folder for turboquant_bench.json/.md (required unless --apply-defaults)")
+    p.add_argument("--apply-defaults", type=Path, metavar="JSON", help="write the sweep's DEFAULT_DECODE lines from this results file into tq_triton.py")
     p.add_argument("--upstream-site", type=Path, help="site-packages (or tree) with vLLM 0.21.x")
     p.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes, no timings")
     p.add_argument("--sweep", action="store_true", help="also time tile configurations of our decode")
@@ -179,6 +185,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--q-heads", type=int, help="default 32 (Qwen3.5-122B), 4 with --smoke")
     p.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (multiple of 16)")
     args = p.parse_args(list(argv))
+    if args.out is None and args.apply_defaults is None:
+        raise InputError("--out DIR is required (or --apply-defaults JSON)")
     if args.upstream_site is not None and not (args.upstream_site / UPSTREAM_MARKER).is_file():
         raise InputError(f"--upstream-site {args.upstream_site}: no {UPSTREAM_MARKER} there; point it at the site-packages of a vLLM >= 0.20 install")
     if args.smoke and args.upstream_site is not None:
@@ -399,17 +407,18 @@ def kv_bytes(fmt: ModuleType, up: Optional[Upstream], names: Sequence[str], head
     return rows
 
 
-def median_us(fn: Callable[[], Any], smoke: bool) -> Tuple[Optional[float], str]:
-    """Median GPU time of fn in microseconds under a CUDA graph (plain do_bench if capture fails)."""
+def median_us(fn: Callable[[], Any], smoke: bool, rep: int = 200) -> Tuple[Optional[float], str]:
+    """Median GPU time of fn in microseconds under a CUDA graph (plain do_bench if capture fails);
+    rep is the milliseconds spent timing (the sweep uses less)."""
     if smoke:
         return None, "skipped (smoke)"
     from triton.testing import do_bench, do_bench_cudagraph
 
     fn()
     try:
-        return 1e3 * do_bench_cudagraph(fn, rep=200, return_mode="median"), "cudagraph"
+        return 1e3 * do_bench_cudagraph(fn, rep=rep, return_mode="median"), "cudagraph"
     except Exception as exc:  # a kernel that cannot be captured is still timed, and said so
-        return 1e3 * do_bench(fn, warmup=25, rep=200, return_mode="median"), f"eager ({type(exc).__name__})"
+        return 1e3 * do_bench(fn, warmup=25, rep=rep, return_mode="median"), f"eager ({type(exc).__name__})"
 
 
 @dataclass
@@ -444,19 +453,18 @@ class Bench:
                 store_all(self.work, peer.store, theirs)
             for batch in self.args.batches:
                 for context in self.args.contexts:
-                    self._case(name, spec, ours, peer, theirs, batch, context, correctness, timings)
+                    out = self._case(name, spec, ours, peer, theirs, batch, context, correctness, timings)
+                    if self.args.sweep:
+                        self._sweep(name, spec, ours, batch, context, out)
             del ours, theirs
-        if self.args.sweep and not self.args.smoke:
-            self.results["sweep"] = self._sweep()
 
     def _case(self, name: str, spec: Any, ours: Any, peer: Optional[UpstreamTQ], theirs: Any, batch: int, context: int,
-              correctness: List[Dict[str, Any]], timings: List[Dict[str, Any]]) -> None:
+              correctness: List[Dict[str, Any]], timings: List[Dict[str, Any]]) -> Any:
+        """Check and time ours (default config) and upstream's at one shape; returns our output."""
         import torch
 
         work = self.work
-        q = work.query[:batch].contiguous()
-        bt = work.block_table[:batch].contiguous()
-        lens = torch.full((batch,), context, dtype=torch.int32, device=q.device)
+        q, bt, lens = self._inputs(batch, context)
         out = self.tq.tq_decode(q, ours, bt, lens, work.scale, spec)
         ref = torch.cat([self.fmt.ref_decode(q[b:b + 1], ours, bt[b:b + 1], lens[b:b + 1], work.scale, spec) for b in range(batch)])
         exact = exact_attention(work, batch, context)
@@ -472,6 +480,15 @@ class Bench:
             t_up, how = median_us(decode, False)
             timings.append({"kind": f"upstream {name}", "batch": batch, "context": context, "us": t_up, "method": how})
         correctness.append(row)
+        return out
+
+    def _inputs(self, batch: int, context: int) -> Tuple[Any, Any, Any]:
+        """Queries, block table cut to the context's pages, and lengths of `batch` requests."""
+        import torch
+
+        q = self.work.query[:batch].contiguous()
+        bt = self.work.block_table[:batch, :-(-context // self.work.block_size)].contiguous()
+        return q, bt, torch.full((batch,), context, dtype=torch.int32, device=q.device)
 
     def _yardsticks(self, timings: List[Dict[str, Any]]) -> None:
         """bf16 and fp8 caches: SDPA over a contiguous cache (flash kernel, one read of K and V per
@@ -506,30 +523,125 @@ class Bench:
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
 
-    def _sweep(self) -> List[Dict[str, Any]]:
-        """Time tile configurations of our decode for turboquant_k3v4_nc at every shape."""
-        import torch
+    def _sweep(self, name: str, spec: Any, cache: Any, batch: int, context: int, ours: Any) -> None:
+        """Time every candidate decode config at one shape; a config whose output differs from the
+        default's by more than REL_TOLERANCE is a failure (the default table must stay correct)."""
+        q, bt, lens = self._inputs(batch, context)
+        rows = self.results.setdefault("sweep", [])
+        for cfg in sweep_configs(self.tq, self.args.head_size, spec.key_fp8):
+            row = {"dtype": name, "batch": batch, "context": context, "config": cfg.label()}
+            try:
+                err = rel_err(self.tq.tq_decode(q, cache, bt, lens, self.work.scale, spec, config=cfg), ours)
+                us, how = median_us(lambda: self.tq.tq_decode(q, cache, bt, lens, self.work.scale, spec, config=cfg), self.args.smoke, rep=60)
+            except Exception as exc:  # e.g. out of shared memory: record and go on
+                err, us, how = None, None, f"failed: {type(exc).__name__}: {str(exc)[:120]}"
+            if err is not None and err > REL_TOLERANCE:
+                self.failures.append(f"sweep {name} b{batch} ctx {context} {cfg.label()}: differs from the default by {err:.3g}")
+                us = None
+            rows.append({**row, "vs_default": err, "us": us, "method": how})
 
-        spec = self.fmt.tq_spec("turboquant_k3v4_nc")
-        cache = torch.zeros(self.fmt.cache_shape(self.work.num_blocks, self.args.block_size, self.args.kv_heads, self.args.head_size, spec),
-                            dtype=torch.uint8, device=self.work.key.device)
-        store_all(self.work, lambda k, v, c, s: self.tq.tq_store(k, v, c, s, spec), cache)
-        rows = []
-        for batch in self.args.batches:
-            for context in self.args.contexts:
-                q = self.work.query[:batch].contiguous()
-                bt = self.work.block_table[:batch].contiguous()
-                lens = torch.full((batch,), context, dtype=torch.int32, device=q.device)
-                for block_n in (16, 32, 64):
-                    for warps in (2, 4, 8):
-                        for stages in (1, 2, 3):
-                            cfg = self.tq.DecodeConfig(block_n, warps, stages, 2 * block_n)
-                            try:
-                                us, how = median_us(lambda: self.tq.tq_decode(q, cache, bt, lens, self.work.scale, spec, config=cfg), False)
-                            except Exception as exc:  # e.g. out of shared memory: record and go on
-                                us, how = None, f"failed: {type(exc).__name__}"
-                            rows.append({"batch": batch, "context": context, "block_n": block_n, "num_warps": warps, "num_stages": stages, "us": us, "method": how})
-        return rows
+
+def sweep_configs(tq: ModuleType, head_size: int, key_fp8: bool) -> List[Any]:
+    """The decode configs the sweep times: the old kernel, the current defaults for this head size,
+    and the new variants in a few tile and split shapes (key lookups only for codebook keys).
+    About a dozen per shape keeps a full head-256 sweep within a few minutes on an H100."""
+    cfg = tq.DecodeConfig
+    old = cfg(32 if head_size >= 256 else 64, 4, 2, 128)
+    found = [old] + [c for (head, _, _), c in tq.DEFAULT_DECODE.items() if head == head_size]
+    lookups = ("gather",) if key_fp8 else ("gather", "select")
+    for lookup in lookups:
+        found += [cfg(32, 4, 2, 128, "fields", lookup, 2), cfg(32, 4, 2, 128, "fields", lookup, 4),
+                  cfg(64, 4, 2, 128, "fields", lookup, 2), cfg(64, 8, 2, 256, "fields", lookup, 4),
+                  cfg(16, 4, 3, 64, "fields", lookup, 4)]
+    found += [cfg(32, 4, 2, 128, "bytes", "select", 2)] if not key_fp8 else []
+    return list(dict.fromkeys(found))
+
+
+def sweep_summary(rows: Sequence[Dict[str, Any]], timings: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Per (dtype, batch, context): the fastest config, the old kernel's and bf16 SDPA's time."""
+    bf16 = {(t["batch"], t["context"]): t["us"] for t in timings if t["kind"] == "bf16 sdpa"}
+    shapes: Dict[Tuple[str, int, int], List[Dict[str, Any]]] = {}
+    for r in rows:
+        shapes.setdefault((r["dtype"], r["batch"], r["context"]), []).append(r)
+    out = []
+    for (name, batch, context), group in shapes.items():
+        timed = [r for r in group if r["us"] is not None]
+        if not timed:
+            continue
+        best = min(timed, key=lambda r: r["us"])
+        ref = bf16.get((batch, context))
+        out.append({"dtype": name, "batch": batch, "context": context, "best": best["config"], "best_us": best["us"],
+                    "old_us": group[0]["us"], "bf16_us": ref, "vs_bf16": None if ref is None else round(best["us"] / ref, 3)})
+    return out
+
+
+def default_table(tq: ModuleType, head_size: int, rows: Sequence[Dict[str, Any]]) -> Dict[Tuple[int, str, str], str]:
+    """Per (batch band, context band): the config with the smallest geometric-mean slowdown against
+    the best config of each shape in the band, over every dtype (only configs timed at every
+    shape of the band qualify). Values are the labels of DecodeConfig."""
+    best: Dict[Tuple[str, int, int], float] = {}
+    for r in rows:
+        if r["us"] is not None:
+            key = (r["dtype"], r["batch"], r["context"])
+            best[key] = min(best.get(key, math.inf), r["us"])
+    bands: Dict[Tuple[str, str], Dict[str, List[float]]] = {}
+    shapes_in: Dict[Tuple[str, str], set] = {}
+    for r in rows:
+        band = tq.shape_band(r["batch"], r["context"])
+        shapes_in.setdefault(band, set()).add((r["dtype"], r["batch"], r["context"]))
+        if r["us"] is not None:
+            bands.setdefault(band, {}).setdefault(r["config"], []).append(math.log(r["us"] / best[(r["dtype"], r["batch"], r["context"])]))
+    table = {}
+    for band, by_config in bands.items():
+        full = {c: sum(v) / len(v) for c, v in by_config.items() if len(v) == len(shapes_in[band])}
+        if full:
+            table[(head_size, *band)] = min(full, key=full.__getitem__)
+    return table
+
+
+def config_from_label(tq: ModuleType, label: str) -> Any:
+    """DecodeConfig from its label (kernel/lookup/nN/wW/sS/cC/pP)."""
+    kernel, lookup, *nums = label.split("/")
+    n, w, s, c, p = (int(x[1:]) for x in nums)
+    return tq.DecodeConfig(n, w, s, c, kernel, lookup, p)
+
+
+def table_lines(tq: ModuleType, table: Dict[Tuple[int, str, str], str]) -> List[str]:
+    """The DEFAULT_DECODE entries as Python source lines (a '*' entry for each head size too)."""
+    lines = []
+    for head in sorted({k[0] for k in table}):
+        entries = {k: v for k, v in table.items() if k[0] == head}
+        fallback = entries.get((head, "many", "long")) or next(iter(entries.values()))
+        for (h, batch_band, context_band), label in sorted(entries.items()) + [((head, "*", "*"), fallback)]:
+            c = config_from_label(tq, label)
+            lines.append(f'    ({h}, "{batch_band}", "{context_band}"): DecodeConfig({c.block_n}, {c.num_warps}, {c.num_stages}, {c.min_chunk}, '
+                         f'"{c.kernel}", "{c.key_lookup}", {c.programs_per_sm}),')
+    return lines
+
+
+TABLE_START = "DEFAULT_DECODE: Dict[Tuple[int, str, str], DecodeConfig] = {\n"
+
+
+def apply_defaults(results_path: Path, module_path: Path) -> str:
+    """Replace this head size's DEFAULT_DECODE entries in module_path by the sweep's choice; returns
+    a one-line summary. InputError when the results hold no sweep or the table is not found."""
+    try:
+        results = json.loads(results_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"--apply-defaults {results_path}: cannot read it ({exc}); pass DIR/turboquant_bench.json of a --sweep run") from None
+    if not results.get("sweep") or "default_table" not in results:
+        raise InputError(f"--apply-defaults {results_path}: no sweep in it; run the benchmark with --sweep first")
+    head = results["meta"]["head_size"]
+    source = module_path.read_text()
+    start = source.find(TABLE_START)
+    end = source.find("\n}\n", start)
+    if start < 0 or end < 0:
+        raise InputError(f"--apply-defaults: {module_path} has no DEFAULT_DECODE table; restore it from git")
+    body = source[start + len(TABLE_START):end + 1].splitlines()
+    kept = [line for line in body if not line.strip().startswith(f"({head},")]
+    new = [line for line in results["default_table"]]
+    module_path.write_text(source[:start + len(TABLE_START)] + "\n".join(kept + new) + source[end:])
+    return f"wrote {len(new)} DEFAULT_DECODE entries for head {head} into {module_path}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -600,6 +712,11 @@ def render(results: Dict[str, Any]) -> str:
         columns = ["kind"] + list(dict.fromkeys(c for row in matrix for c in row if c != "kind"))
         out += ["## Decode attention, median microseconds per call (CUDA graph replay)", "", markdown_table(matrix, columns), ""]
     out += ["## Goal check", ""] + [f"- {line}" for line in verdicts(results["timings"])] + [""]
+    if results.get("sweep_best"):
+        out += ["## Sweep: fastest decode config per shape (old = the kernel before the sweep's variants)", "",
+                markdown_table(results["sweep_best"], ["dtype", "batch", "context", "best", "best_us", "old_us", "bf16_us", "vs_bf16"]), ""]
+        out += ["## DEFAULT_DECODE lines for tq_triton.py (or: bench_turboquant.py --apply-defaults DIR/turboquant_bench.json)", "", "```python"]
+        out += results["default_table"] + ["```", ""]
     if results.get("notes"):
         out += ["## Notes", ""] + [f"- {n}" for n in results["notes"]] + [""]
     if results.get("failures"):
@@ -610,6 +727,9 @@ def render(results: Dict[str, Any]) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
+        if args.apply_defaults is not None:
+            print(apply_defaults(args.apply_defaults, MOD_FILES / "tq_triton.py"))
+            return 0
         fmt, tq = load_modules(interpret=args.smoke)
         try:
             up = load_upstream(args.upstream_site) if args.upstream_site is not None else None
@@ -638,6 +758,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                        "upstream": f"vLLM {up.version} ({args.upstream_site})" if up else None, "seconds": round(time.time() - started, 1)}
     results["notes"] = up.notes if up else []
     results["failures"] = bench.failures
+    if results.get("sweep"):
+        results["sweep_best"] = sweep_summary(results["sweep"], results["timings"])
+        results["default_table"] = table_lines(tq, default_table(tq, args.head_size, results["sweep"]))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "turboquant_bench.json").write_text(json.dumps(results, indent=1) + "\n")
     report = render(results)

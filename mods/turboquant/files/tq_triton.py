@@ -35,17 +35,57 @@ _LOG2E = 1.4426950408889634
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Tile and launch choices of the decode kernel (the benchmark sweeps them)."""
+    """Kernel variant, tile and launch choices of the decode (the benchmark sweeps them).
+
+    kernel "bytes" unpacks each token's codes byte by byte into natural element order (one
+    reshape per bit plane, which costs shared-memory round trips); "fields" loads every 8
+    elements' codes as one word (int32 for 4 bits; uint16 + uint8 planes for 3 bits) and takes
+    the scores and the value sum as 8 matrix products, one per field of the word, so the chain
+    from load to tl.dot is elementwise only. key_lookup "gather" reads the centroid of each key
+    code from a table in memory; "select" picks it in registers by a binary tree over the code
+    bits. programs_per_sm sets the split count (more programs hide more memory latency).
+    """
 
     block_n: int  # tokens per tile
     num_warps: int
     num_stages: int
     min_chunk: int  # fewest tokens a split is given before another split is opened
+    kernel: str = "bytes"  # "bytes" or "fields"
+    key_lookup: str = "gather"  # "gather" or "select" (codebook keys only)
+    programs_per_sm: int = 2
+
+    def __post_init__(self) -> None:
+        if self.kernel not in ("bytes", "fields") or self.key_lookup not in ("gather", "select"):
+            raise ValueError(f"unknown decode variant kernel={self.kernel!r} key_lookup={self.key_lookup!r}")
+
+    def label(self) -> str:
+        """Short name for tables: kernel/lookup/nBLOCK_N/wWARPS/sSTAGES/cMIN_CHUNK/pPROGRAMS."""
+        return (f"{self.kernel}/{self.key_lookup}/n{self.block_n}/w{self.num_warps}/s{self.num_stages}"
+                f"/c{self.min_chunk}/p{self.programs_per_sm}")
 
 
-def default_decode_config(head_size: int) -> DecodeConfig:
-    """A tile of 16 KB of unpacked keys per step; the benchmark prints how the others compare."""
-    return DecodeConfig(block_n=32 if head_size >= 256 else 64, num_warps=4, num_stages=2, min_chunk=128)
+# Default decode config per (head size, batch band, context band), set from the benchmark's
+# --sweep output (it prints these lines). Bands: batch "1" (one request) or "many"; context
+# "short" (< 16k) or "long". A shape with no entry uses the head size's "*" entry.
+DEFAULT_DECODE: Dict[Tuple[int, str, str], DecodeConfig] = {
+    (256, "*", "*"): DecodeConfig(32, 4, 2, 128),
+    (128, "*", "*"): DecodeConfig(64, 4, 2, 128),
+}
+
+
+def shape_band(batch: int, max_context: int) -> Tuple[str, str]:
+    """The (batch band, context band) of a decode call, the keys of DEFAULT_DECODE."""
+    return ("1" if batch <= 1 else "many", "short" if max_context < 16384 else "long")
+
+
+def default_decode_config(head_size: int, batch: int = 1, max_context: int = 0) -> DecodeConfig:
+    """The table's choice for this shape; head sizes without an entry use the 256 or 128 one."""
+    table_head = head_size if any(k[0] == head_size for k in DEFAULT_DECODE) else (256 if head_size >= 256 else 128)
+    bands = shape_band(batch, max_context)
+    for key in ((table_head, *bands), (table_head, bands[0], "*"), (table_head, "*", bands[1]), (table_head, "*", "*")):
+        if key in DEFAULT_DECODE:
+            return DEFAULT_DECODE[key]
+    raise KeyError(f"DEFAULT_DECODE has no entry for head size {table_head}")
 
 
 @dataclass(frozen=True)
@@ -264,7 +304,7 @@ def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_
                          KEY_FP8: tl.constexpr, KEY_BITS: tl.constexpr, VALUE_BITS: tl.constexpr,
                          KEY_CODE_BYTES: tl.constexpr, VALUE_CODE_BYTES: tl.constexpr,
                          OFF_VC: tl.constexpr, OFF_KN: tl.constexpr, OFF_VS: tl.constexpr, OFF_VZ: tl.constexpr,
-                         BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
+                         BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr, SELECT: tl.constexpr):
     """Partial attention of the G query heads of one KV head over one split of one request."""
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -295,7 +335,7 @@ def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_
                 k = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
                 qk = tl.dot(q, tl.trans(k)) * qk_scale
             else:
-                k = tl.load(centroid_ptr + _load_codes(key_rows, valid, KEY_BITS, D, BLOCK_N))
+                k = _centroids(_load_codes(key_rows, valid, KEY_BITS, D, BLOCK_N), centroid_ptr, KEY_BITS, SELECT)
                 knorm = _load_half(region + OFF_KN, pos, valid)
                 qk = tl.dot(q, tl.trans(k)) * (knorm * qk_scale)[None, :]
             qk = tl.where(valid[None, :], qk, float("-inf"))
@@ -316,6 +356,201 @@ def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_
         part = (req * tl.num_programs(1) * G + q_heads) * num_splits + split
         tl.store(part_o_ptr + part[:, None].to(tl.int64) * D + d[None, :], out, mask=row_ok[:, None])
         tl.store(part_lse_ptr + part, lse, mask=row_ok)
+
+
+@triton.jit
+def _load_words(rows, valid, BITS: tl.constexpr, W: tl.constexpr, TOKENS_LAST: tl.constexpr):
+    """Codes of elements 8w .. 8w+7 of BLOCK_N tokens whose code bytes start at rows, as (lo, hi)
+    int32 [BLOCK_N, W] ([W, BLOCK_N] with TOKENS_LAST, the orientation tl.dot wants for keys, so
+    no transpose goes through shared memory). 4 bits: lo is the little-endian int32 of nibbles
+    (hi repeats it); 3 bits: lo is the uint16 of 2-bit fields of the low plane, hi the byte of
+    the high-bit plane."""
+    if TOKENS_LAST:
+        w = tl.arange(0, W)[:, None]
+        tok = rows[None, :]
+        ok = valid[None, :]
+    else:
+        w = tl.arange(0, W)[None, :]
+        tok = rows[:, None]
+        ok = valid[:, None]
+    if BITS == 4:
+        lo = tl.load(tok.to(tl.pointer_type(tl.int32)) + w, mask=ok, other=0)
+        hi = lo
+    else:
+        lo = tl.load(tok.to(tl.pointer_type(tl.uint16)) + w, mask=ok, other=0).to(tl.int32)
+        hi = tl.load(tok + 2 * W + w, mask=ok, other=0).to(tl.int32)
+    return lo, hi
+
+
+@triton.jit
+def _field_codes(lo, hi, F: tl.constexpr, BITS: tl.constexpr):
+    """Codes of element 8w + F of every word (int32 [BLOCK_N, W])."""
+    if BITS == 4:
+        codes = (lo >> (4 * F)) & 15
+    else:
+        codes = ((lo >> (2 * F)) & 3) | (((hi >> F) & 1) << 2)
+    return codes
+
+
+@triton.jit
+def _code_to_half(codes):
+    """float16 of small non-negative integer codes without an int-to-float conversion: the code
+    ORed into the mantissa of 1024.0 is 1024 + code exactly."""
+    return (codes | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
+
+
+@triton.jit
+def _select8(codes, c_ptr):
+    """c_ptr[codes & 7] (float16) by a binary tree of selects over the three low code bits."""
+    b0 = (codes & 1) != 0
+    t0 = tl.where(b0, tl.load(c_ptr + 1), tl.load(c_ptr))
+    t1 = tl.where(b0, tl.load(c_ptr + 3), tl.load(c_ptr + 2))
+    t2 = tl.where(b0, tl.load(c_ptr + 5), tl.load(c_ptr + 4))
+    t3 = tl.where(b0, tl.load(c_ptr + 7), tl.load(c_ptr + 6))
+    b1 = (codes & 2) != 0
+    return tl.where((codes & 4) != 0, tl.where(b1, t3, t2), tl.where(b1, t1, t0))
+
+
+@triton.jit
+def _centroids(codes, c_ptr, BITS: tl.constexpr, SELECT: tl.constexpr):
+    """Codebook values (float16) of key codes: a gather from memory or selects in registers."""
+    if SELECT:
+        if BITS == 4:
+            val = tl.where((codes & 8) != 0, _select8(codes, c_ptr + 8), _select8(codes, c_ptr))
+        else:
+            val = _select8(codes, c_ptr)
+    else:
+        val = tl.load(c_ptr + codes)
+    return val
+
+
+@triton.jit
+def _key_field_dot(qk, q_f, klo, khi, c_ptr, F: tl.constexpr, BITS: tl.constexpr, SELECT: tl.constexpr):
+    """qk + scores of field F: q_f [GP, W] (query elements 8w + F) against field F of the key
+    words klo/khi [W, BLOCK_N]."""
+    return tl.dot(q_f, _centroids(_field_codes(klo, khi, F, BITS), c_ptr, BITS, SELECT), qk)
+
+
+@triton.jit
+def _value_field_acc(acc, alpha, pv, vlo, vhi, F: tl.constexpr, BITS: tl.constexpr):
+    """Running sum of field F of the value codes weighted by pv (probability x scale)."""
+    return acc * alpha[:, None] + tl.dot(pv, _code_to_half(_field_codes(vlo, vhi, F, BITS)))
+
+
+@triton.jit
+def _q_field(q_rows, row_ok, F: tl.constexpr, W: tl.constexpr):
+    """Query elements 8w + F of the group's query heads as float16 [GP, W]."""
+    return tl.load(q_rows + (tl.arange(0, W) * 8 + F)[None, :], mask=row_ok[:, None], other=0.0).to(tl.float16)
+
+
+@triton.jit
+def _store_field(part_rows, row_ok, acc, acc_zero, inv_l, F: tl.constexpr, W: tl.constexpr):
+    """Write the normalised partial output of field F to columns 8w + F."""
+    tl.store(part_rows + (tl.arange(0, W) * 8 + F)[None, :], (acc + acc_zero[:, None]) * inv_l[:, None], mask=row_ok[:, None])
+
+
+@triton.jit
+def _decode_fields_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_o_ptr, part_lse_ptr,
+                          stride_qb, stride_qh, stride_bt, page_stride, num_splits, sm_scale,
+                          G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                          BLOCK_SIZE: tl.constexpr, SLOT: tl.constexpr,
+                          KEY_FP8: tl.constexpr, KEY_BITS: tl.constexpr, VALUE_BITS: tl.constexpr,
+                          KEY_CODE_BYTES: tl.constexpr, VALUE_CODE_BYTES: tl.constexpr,
+                          OFF_VC: tl.constexpr, OFF_KN: tl.constexpr, OFF_VS: tl.constexpr, OFF_VZ: tl.constexpr,
+                          BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr, SELECT: tl.constexpr):
+    """_decode_split_kernel's result with word loads and one matrix product per field of a word.
+
+    Element d = 8w + f is field f of word w. Field f of every key word meets query elements
+    8w + f (loaded once per program), so scores need no reordering of the keys; the values'
+    field f accumulates into output columns 8w + f, written in that order at the end.
+    """
+    W: tl.constexpr = D // 8
+    split = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    req = tl.program_id(2)
+    seq_len = tl.load(lens_ptr + req)
+    used, start, end = _split_range(seq_len, split, num_splits, BLOCK_N, MIN_CHUNK)
+    if split < used:
+        rows = tl.arange(0, GP)
+        row_ok = rows < G
+        q_heads = kv_head * G + rows
+        q_rows = q_ptr + req * stride_qb + q_heads[:, None] * stride_qh
+        d = tl.arange(0, D)
+        if KEY_FP8:
+            q = tl.load(q_rows + d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float16)
+        else:
+            q0 = _q_field(q_rows, row_ok, 0, W)
+            q1 = _q_field(q_rows, row_ok, 1, W)
+            q2 = _q_field(q_rows, row_ok, 2, W)
+            q3 = _q_field(q_rows, row_ok, 3, W)
+            q4 = _q_field(q_rows, row_ok, 4, W)
+            q5 = _q_field(q_rows, row_ok, 5, W)
+            q6 = _q_field(q_rows, row_ok, 6, W)
+            q7 = _q_field(q_rows, row_ok, 7, W)
+        m_i = tl.full([GP], float("-inf"), tl.float32)
+        l_i = tl.zeros([GP], tl.float32)
+        acc0 = tl.zeros([GP, W], tl.float32)
+        acc1 = tl.zeros([GP, W], tl.float32)
+        acc2 = tl.zeros([GP, W], tl.float32)
+        acc3 = tl.zeros([GP, W], tl.float32)
+        acc4 = tl.zeros([GP, W], tl.float32)
+        acc5 = tl.zeros([GP, W], tl.float32)
+        acc6 = tl.zeros([GP, W], tl.float32)
+        acc7 = tl.zeros([GP, W], tl.float32)
+        acc_zero = tl.zeros([GP], tl.float32)
+        head_base = kv_head * (BLOCK_SIZE * SLOT)
+        bt_row = bt_ptr + req.to(tl.int64) * stride_bt
+        qk_scale = sm_scale * 1.4426950408889634
+        for n0 in range(start, end, BLOCK_N):
+            offs = n0 + tl.arange(0, BLOCK_N)
+            valid = offs < end
+            region, pos = _token_bases(cache_ptr, bt_row, offs, valid, page_stride, head_base, BLOCK_SIZE)
+            key_rows = region + pos * KEY_CODE_BYTES
+            if KEY_FP8:
+                raw = tl.load(key_rows[:, None] + d[None, :], mask=valid[:, None], other=0)
+                qk = tl.dot(q, tl.trans(raw.to(tl.float8e4nv, bitcast=True).to(tl.float16))) * qk_scale
+            else:
+                klo, khi = _load_words(key_rows, valid, KEY_BITS, W, True)
+                qk = tl.zeros([GP, BLOCK_N], tl.float32)
+                qk = _key_field_dot(qk, q0, klo, khi, centroid_ptr, 0, KEY_BITS, SELECT)
+                qk = _key_field_dot(qk, q1, klo, khi, centroid_ptr, 1, KEY_BITS, SELECT)
+                qk = _key_field_dot(qk, q2, klo, khi, centroid_ptr, 2, KEY_BITS, SELECT)
+                qk = _key_field_dot(qk, q3, klo, khi, centroid_ptr, 3, KEY_BITS, SELECT)
+                qk = _key_field_dot(qk, q4, klo, khi, centroid_ptr, 4, KEY_BITS, SELECT)
+                qk = _key_field_dot(qk, q5, klo, khi, centroid_ptr, 5, KEY_BITS, SELECT)
+                qk = _key_field_dot(qk, q6, klo, khi, centroid_ptr, 6, KEY_BITS, SELECT)
+                qk = _key_field_dot(qk, q7, klo, khi, centroid_ptr, 7, KEY_BITS, SELECT)
+                qk = qk * (_load_half(region + OFF_KN, pos, valid) * qk_scale)[None, :]
+            qk = tl.where(valid[None, :], qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
+            vlo, vhi = _load_words(region + OFF_VC + pos * VALUE_CODE_BYTES, valid, VALUE_BITS, W, False)
+            pv = (p * _load_half(region + OFF_VS, pos, valid)[None, :]).to(tl.float16)
+            acc0 = _value_field_acc(acc0, alpha, pv, vlo, vhi, 0, VALUE_BITS)
+            acc1 = _value_field_acc(acc1, alpha, pv, vlo, vhi, 1, VALUE_BITS)
+            acc2 = _value_field_acc(acc2, alpha, pv, vlo, vhi, 2, VALUE_BITS)
+            acc3 = _value_field_acc(acc3, alpha, pv, vlo, vhi, 3, VALUE_BITS)
+            acc4 = _value_field_acc(acc4, alpha, pv, vlo, vhi, 4, VALUE_BITS)
+            acc5 = _value_field_acc(acc5, alpha, pv, vlo, vhi, 5, VALUE_BITS)
+            acc6 = _value_field_acc(acc6, alpha, pv, vlo, vhi, 6, VALUE_BITS)
+            acc7 = _value_field_acc(acc7, alpha, pv, vlo, vhi, 7, VALUE_BITS)
+            acc_zero = acc_zero * alpha + tl.sum(p * _load_half(region + OFF_VZ, pos, valid)[None, :], axis=1)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            m_i = m_new
+        filled = l_i > 0.0
+        inv_l = 1.0 / tl.where(filled, l_i, 1.0)
+        part = (req * tl.num_programs(1) * G + q_heads) * num_splits + split
+        part_rows = part_o_ptr + part[:, None].to(tl.int64) * D
+        _store_field(part_rows, row_ok, acc0, acc_zero, inv_l, 0, W)
+        _store_field(part_rows, row_ok, acc1, acc_zero, inv_l, 1, W)
+        _store_field(part_rows, row_ok, acc2, acc_zero, inv_l, 2, W)
+        _store_field(part_rows, row_ok, acc3, acc_zero, inv_l, 3, W)
+        _store_field(part_rows, row_ok, acc4, acc_zero, inv_l, 4, W)
+        _store_field(part_rows, row_ok, acc5, acc_zero, inv_l, 5, W)
+        _store_field(part_rows, row_ok, acc6, acc_zero, inv_l, 6, W)
+        _store_field(part_rows, row_ok, acc7, acc_zero, inv_l, 7, W)
+        tl.store(part_lse_ptr + part, tl.where(filled, m_i + tl.log2(tl.where(filled, l_i, 1.0)), float("-inf")), mask=row_ok)
 
 
 @triton.jit
@@ -355,9 +590,9 @@ def _sm_count(device: torch.device) -> int:
 
 
 def num_splits_for(batch: int, num_kv_heads: int, max_context: int, device: torch.device, config: DecodeConfig) -> int:
-    """Split count from shapes only: about two programs per SM at the longest context the block
-    table can hold; fewer are used on the device when a request is short (min_chunk)."""
-    wanted = triton.cdiv(2 * _sm_count(device), max(batch * num_kv_heads, 1))
+    """Split count from shapes only: config.programs_per_sm programs per SM at the longest context
+    the block table can hold; fewer are used on the device when a request is short (min_chunk)."""
+    wanted = triton.cdiv(config.programs_per_sm * _sm_count(device), max(batch * num_kv_heads, 1))
     return max(1, min(wanted, triton.cdiv(max_context, config.min_chunk), 256))
 
 
@@ -371,7 +606,7 @@ def tq_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Te
     block_size, num_kv_heads, layout = fmt.cache_geometry(kv_cache, spec, head_size)
     if num_q_heads % num_kv_heads:
         raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
-    cfg = config or default_decode_config(head_size)
+    cfg = config or default_decode_config(head_size, batch, block_table.shape[1] * block_size)
     if out is None:
         out = torch.empty_like(query)
     if batch == 0:
@@ -384,11 +619,13 @@ def tq_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Te
     part_o = torch.empty(batch * num_q_heads * splits, head_size, dtype=torch.float32, device=query.device)
     part_lse = torch.empty(batch * num_q_heads * splits, dtype=torch.float32, device=query.device)
     group = num_q_heads // num_kv_heads
-    _decode_split_kernel[(splits, num_kv_heads, batch)](
+    fields = cfg.kernel == "fields" and head_size >= 128  # a field of a word is D/8 wide; tl.dot needs 16
+    kernel = _decode_fields_kernel if fields else _decode_split_kernel
+    kernel[(splits, num_kv_heads, batch)](
         q, kv_cache, block_table, seq_lens, tab.centroids_half, part_o, part_lse,
         q.stride(0), q.stride(1), block_table.stride(0), kv_cache.stride(0), splits, float(scale),
         G=group, GP=max(16, triton.next_power_of_2(group)), D=head_size, BLOCK_SIZE=block_size,
-        BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, **_layout_constants(spec, layout, block_size),
+        BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, **_layout_constants(spec, layout, block_size), SELECT=int(cfg.key_lookup == "select"),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     _decode_merge_kernel[(batch, num_q_heads)](
         part_o, part_lse, seq_lens, out, out.stride(0), out.stride(1), splits,
