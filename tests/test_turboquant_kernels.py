@@ -412,6 +412,36 @@ def test_bench_goal_check_reads_the_timings() -> None:
     assert table[2] == "| ours turboquant_k3v4_nc | 5 | 10 |" and table[3] == "| upstream turboquant_k3v4_nc | 4 | 12 |"
 
 
+def test_bench_sweep_picks_a_timed_config_per_band_and_apply_defaults_writes_it(tq: ModuleType, tmp_path: Path) -> None:
+    """The band winner is the config with the smallest mean log slowdown over the band's shapes
+    (not the one fastest at a single shape), a config missing a shape of its band never wins,
+    and --apply-defaults replaces only this head size's entries of the table."""
+    fast, steady, partial = "fields/select/n32/w4/s2/c128/p4", "fields/gather/n64/w4/s2/c128/p2", "bytes/select/n16/w4/s3/c64/p4"
+    times = {(1, 32768): {fast: 10.0, steady: 12.0, partial: 1.0}, (1, 131072): {fast: 40.0, steady: 20.0},
+             (8, 4096): {fast: 5.0, steady: 6.0}}
+    rows = [{"dtype": "turboquant_k3v4_nc", "batch": b, "context": c, "config": cfg, "us": us}
+            for (b, c), by in times.items() for cfg, us in by.items()]
+    rows.append({"dtype": "turboquant_k3v4_nc", "batch": 8, "context": 4096, "config": partial, "us": None})
+    table = BENCH.default_table(tq, 256, rows)
+    assert table == {(256, "1", "long"): steady, (256, "many", "short"): fast}
+    lines = BENCH.table_lines(tq, table)
+    assert lines[-1] == '    (256, "*", "*"): DecodeConfig(64, 4, 2, 128, "fields", "gather", 2),'  # no "many long": the first band
+    best = BENCH.sweep_summary(rows, [{"kind": "bf16 sdpa", "batch": 1, "context": 32768, "us": 2.0}])
+    assert best[0]["best"] == partial and best[0]["vs_bf16"] == 0.5
+    module = tmp_path / "tq_triton.py"
+    source = (REPO / "mods" / "turboquant" / "files" / "tq_triton.py").read_text()
+    module.write_text(source)
+    results = tmp_path / "turboquant_bench.json"
+    results.write_text(json.dumps({"meta": {"head_size": 256}, "sweep": rows, "default_table": lines}))
+    BENCH.apply_defaults(results, module)
+    written = module.read_text()
+    assert written.count('(256, "') == 3 and '(128, "*", "*")' in written and lines[0] in written
+    assert written.replace("\n".join(lines), "") != source  # only the table changed, and it did
+    results.write_text(json.dumps({"meta": {"head_size": 256}}))
+    with pytest.raises(BENCH.InputError, match="no sweep"):
+        BENCH.apply_defaults(results, module)
+
+
 def test_bench_smoke_run_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     proc = subprocess.run([sys.executable, str(BENCH_PATH), "--smoke", "--out", str(out), "--contexts", "1,37", "--batches", "2",
