@@ -144,7 +144,8 @@ class Launch:
 
     def generate(self, *layout: str) -> None:
         code = main(["launch", str(self.recipe), *layout, "--standalone",
-                     "--pass-env", "STANDIN_SLEEP", "--pass-env", "STANDIN_EXIT", "-o", str(self.script)])
+                     "--pass-env", "STANDIN_SLEEP", "--pass-env", "STANDIN_EXIT",
+                     "--pass-env", "STANDIN_WAIT_REPORTS", "-o", str(self.script)])
         assert code == 0
 
     def env(self, **extra: str) -> Dict[str, str]:

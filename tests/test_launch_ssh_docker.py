@@ -82,7 +82,7 @@ def test_node_b_is_reached_over_ssh_and_modded_like_a(launch, docker_engine, hea
     head, node = head_and_node
     two_node_script(launch, head, node.ip)
     ssh = ssh_setting(launch, keys[0], node.known_hosts_line())
-    done = launch.run(SPARKMODS_SSH=ssh, STANDIN_SLEEP="5")  # the head waits so B's rank reports first
+    done = launch.run(SPARKMODS_SSH=ssh, STANDIN_WAIT_REPORTS="2")  # the head ends only once B's rank reported
     assert done.returncode == 0, done.stderr
 
     assert re.search(rf"Accepted publickey for root from {re.escape(head)} ", node.sshd_log()), node.sshd_log()
