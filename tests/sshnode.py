@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import socket
 import subprocess
 import tarfile
@@ -106,6 +107,8 @@ def free_network(client: docker.DockerClient, name: str) -> Iterator[ipaddress.I
 
 def keygen(path: Path) -> Path:
     """A fresh ed25519 key pair without a passphrase at path and path.pub."""
+    if shutil.which("ssh-keygen") is None or shutil.which("ssh") is None:
+        raise RuntimeError("the ssh tests need the OpenSSH client here (ssh, ssh-keygen): apt-get install openssh-client")
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", str(path)], check=True)
     return path
 
