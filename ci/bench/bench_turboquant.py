@@ -553,7 +553,7 @@ def sweep_configs(tq: ModuleType, head_size: int, key_fp8: bool) -> List[Any]:
         found += [cfg(32, 4, 2, 128, "fields", lookup, 2), cfg(32, 4, 2, 128, "fields", lookup, 4),
                   cfg(64, 4, 2, 128, "fields", lookup, 2), cfg(64, 8, 2, 256, "fields", lookup, 4),
                   cfg(16, 4, 3, 64, "fields", lookup, 4)]
-    found += [cfg(32, 4, 2, 128, "bytes", "select", 2)] if not key_fp8 else []
+    found += [cfg(32, 4, 2, 128, "bytes", "gather", 4)] + ([cfg(32, 4, 2, 128, "bytes", "select", 2)] if not key_fp8 else [])
     return list(dict.fromkeys(found))
 
 

@@ -555,10 +555,11 @@ def _decode_fields_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part
 
 @triton.jit
 def _decode_merge_kernel(part_o_ptr, part_lse_ptr, lens_ptr, out_ptr, stride_ob, stride_oh, num_splits,
-                         HQ: tl.constexpr, D: tl.constexpr, SPLITS_P: tl.constexpr,
+                         HQ: tl.constexpr, D: tl.constexpr, SPLITS_P: tl.constexpr, MERGE_ROWS: tl.constexpr,
                          BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
-    """Merge the splits of one (request, query head) by their log-sum-exp weights, one split's
-    partial output at a time (a whole [splits, D] tile would not fit in registers)."""
+    """Merge the splits of one (request, query head) by their log-sum-exp weights, MERGE_ROWS
+    splits' partial outputs per step (one split per step leaves a single request's merge a
+    chain of dependent loads; all splits at once would not fit in registers)."""
     req = tl.program_id(0)
     head = tl.program_id(1)
     seq_len = tl.load(lens_ptr + req)
@@ -569,12 +570,14 @@ def _decode_merge_kernel(part_o_ptr, part_lse_ptr, lens_ptr, out_ptr, stride_ob,
     top = tl.max(tl.where(lse > float("-inf"), lse, -1e30), axis=0)
     total = tl.sum(tl.where(lse > float("-inf"), tl.exp2(lse - top), 0.0), axis=0)
     d = tl.arange(0, D)
+    r = tl.arange(0, MERGE_ROWS)
     acc = tl.zeros([D], tl.float32)
-    for i in range(0, used):
-        lse_i = tl.load(part_lse_ptr + first + i)
-        live = (tl.zeros([D], tl.float32) + lse_i) > float("-inf")  # a split with no token wrote no output
-        part = tl.load(part_o_ptr + (first + i).to(tl.int64) * D + d, mask=live, other=0.0)
-        acc += tl.where(live, tl.exp2(lse_i - top), 0.0) * part
+    for i in range(0, used, MERGE_ROWS):
+        rows = i + r
+        lse_r = tl.load(part_lse_ptr + first + rows, mask=rows < used, other=float("-inf"))
+        live = lse_r > float("-inf")  # a split with no token wrote no output
+        part = tl.load(part_o_ptr + (first + rows).to(tl.int64)[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
+        acc += tl.sum(tl.where(live, tl.exp2(lse_r - top), 0.0)[:, None] * part, axis=0)
     out = acc / tl.where(total > 0.0, total, 1.0)
     tl.store(out_ptr + req * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
 
@@ -629,7 +632,7 @@ def tq_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Te
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     _decode_merge_kernel[(batch, num_q_heads)](
         part_o, part_lse, seq_lens, out, out.stride(0), out.stride(1), splits,
-        HQ=num_q_heads, D=head_size, SPLITS_P=triton.next_power_of_2(splits),
+        HQ=num_q_heads, D=head_size, SPLITS_P=triton.next_power_of_2(splits), MERGE_ROWS=min(16, triton.next_power_of_2(splits)),
         BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, num_warps=4)
     return out
 
