@@ -33,6 +33,8 @@ install_packages() {
     local wanted=()
     command -v debootstrap >/dev/null || wanted+=(debootstrap)
     command -v shellcheck >/dev/null || wanted+=(shellcheck)
+    # ssh and ssh-keygen: the launch tests reach a second node (an sshd container) over real ssh.
+    command -v ssh-keygen >/dev/null || wanted+=(openssh-client)
     # debootstrap checks Debian's Release signature with this keyring (not preinstalled on Ubuntu).
     [[ -e /usr/share/keyrings/debian-archive-keyring.gpg ]] || wanted+=(debian-archive-keyring)
     local need_engine=false
@@ -40,7 +42,7 @@ install_packages() {
     if [[ ${#wanted[@]} -eq 0 && "$need_engine" == false ]]; then
         return 0
     fi
-    command -v apt-get >/dev/null || die "apt-get not found: install dockerd, debootstrap and shellcheck by hand"
+    command -v apt-get >/dev/null || die "apt-get not found: install dockerd, debootstrap, shellcheck and the OpenSSH client by hand"
     export DEBIAN_FRONTEND=noninteractive
     say "apt-get update"
     apt-get update -qq || say "apt-get update reported errors; trying to install anyway"

@@ -265,7 +265,7 @@ def test_two_nodes_without_ray_start_headless_ranks(launch, docker_engine, node_
     launch.recipe.write_text(launch.recipe.read_text().replace(
         " \\\n    --speculative-config '{{\"method\": \"mtp\", \"num_speculative_tokens\": 2}}'", ""))
     launch.generate("--nodes", f"{head},{worker}", "--no-ray")
-    done = launch.run(STANDIN_SLEEP="5")  # the head waits so the worker's rank can report first
+    done = launch.run(STANDIN_WAIT_REPORTS="2")  # each rank stays up until both have reported
     assert done.returncode == 0, done.stderr
     by_host = {r["node"]["hostname"]: r["argv"] for r in launch.reports()}
     assert sorted(by_host) == ["node-0", "node-1"]
