@@ -295,7 +295,7 @@ def test_decode_matches_reference_and_plain_attention(fmt: ModuleType, tq: Modul
     assert torch.allclose(out[0].float(), plain[0].float(), atol=2e-2, rtol=2e-2)
 
 
-VARIANTS = ("bytes/select", "fields/gather", "fields/select")  # bytes/gather: the test above
+VARIANTS = ("bytes/select", "bytes/poly", "fields/gather", "fields/select", "fields/poly")  # bytes/gather: the test above
 
 
 @pytest.mark.parametrize("group", [16, 1])
@@ -311,7 +311,7 @@ def test_decode_variants_match_the_reference(fmt: ModuleType, tq: ModuleType, na
     lens = torch.tensor(LENS, dtype=torch.int32)
     ref = fmt.ref_decode(query, case["kernel"], TABLE, lens, d ** -0.5, case["spec"])
     kernel, lookup = variant.split("/")
-    cfg = tq.DecodeConfig(block_n=16, num_warps=4, num_stages=1, min_chunk=8, kernel=kernel, key_lookup=lookup)
+    cfg = tq.DecodeConfig(block_n=16, num_warps=4, num_stages=1, min_chunk=8, kernel=kernel, key_lookup=lookup, max_regs=128)
     out = tq.tq_decode(query, case["kernel"], TABLE, lens, d ** -0.5, case["spec"], num_splits=3, config=cfg)
     assert out.shape == query.shape and rel(out, ref) < 1e-2
     assert torch.allclose(out[0].float(), ref[0].float(), atol=2e-2, rtol=2e-2)
@@ -416,7 +416,7 @@ def test_bench_sweep_picks_a_timed_config_per_band_and_apply_defaults_writes_it(
     """The band winner is the config with the smallest mean log slowdown over the band's shapes
     (not the one fastest at a single shape), a config missing a shape of its band never wins,
     and --apply-defaults replaces only this head size's entries of the table."""
-    fast, steady, partial = "fields/select/n32/w4/s2/c128/p4", "fields/gather/n64/w4/s2/c128/p2", "bytes/select/n16/w4/s3/c64/p4"
+    fast, steady, partial = "fields/select/n32/w4/s2/c128/p4/r128", "fields/gather/n64/w4/s2/c128/p2/r0", "bytes/poly/n16/w4/s3/c64/p4/r0"
     times = {(1, 32768): {fast: 10.0, steady: 12.0, partial: 1.0}, (1, 131072): {fast: 40.0, steady: 20.0},
              (8, 4096): {fast: 5.0, steady: 6.0}}
     rows = [{"dtype": "turboquant_k3v4_nc", "batch": b, "context": c, "config": cfg, "us": us}
@@ -425,7 +425,7 @@ def test_bench_sweep_picks_a_timed_config_per_band_and_apply_defaults_writes_it(
     table = BENCH.default_table(tq, 256, rows)
     assert table == {(256, "1", "long"): steady, (256, "many", "short"): fast}
     lines = BENCH.table_lines(tq, table)
-    assert lines[-1] == '    (256, "*", "*"): DecodeConfig(64, 4, 2, 128, "fields", "gather", 2),'  # no "many long": the first band
+    assert lines[-1] == '    (256, "*", "*"): DecodeConfig(64, 4, 2, 128, "fields", "gather", 2, 0),'  # no "many long": the first band
     best = BENCH.sweep_summary(rows, [{"kind": "bf16 sdpa", "batch": 1, "context": 32768, "us": 2.0}])
     assert best[0]["best"] == partial and best[0]["vs_bf16"] == 0.5
     module = tmp_path / "tq_triton.py"

@@ -453,14 +453,15 @@ class Bench:
                 store_all(self.work, peer.store, theirs)
             for batch in self.args.batches:
                 for context in self.args.contexts:
-                    out = self._case(name, spec, ours, peer, theirs, batch, context, correctness, timings)
+                    ref = self._case(name, spec, ours, peer, theirs, batch, context, correctness, timings)
                     if self.args.sweep:
-                        self._sweep(name, spec, ours, batch, context, out)
+                        self._sweep(name, spec, ours, batch, context, ref)
             del ours, theirs
 
     def _case(self, name: str, spec: Any, ours: Any, peer: Optional[UpstreamTQ], theirs: Any, batch: int, context: int,
               correctness: List[Dict[str, Any]], timings: List[Dict[str, Any]]) -> Any:
-        """Check and time ours (default config) and upstream's at one shape; returns our output."""
+        """Check and time ours (default config) and upstream's at one shape; returns the reference
+        output (the PyTorch one, tq_format.ref_decode)."""
         import torch
 
         work = self.work
@@ -480,7 +481,7 @@ class Bench:
             t_up, how = median_us(decode, False)
             timings.append({"kind": f"upstream {name}", "batch": batch, "context": context, "us": t_up, "method": how})
         correctness.append(row)
-        return out
+        return ref
 
     def _inputs(self, batch: int, context: int) -> Tuple[Any, Any, Any]:
         """Queries, block table cut to the context's pages, and lengths of `batch` requests."""
@@ -523,37 +524,37 @@ class Bench:
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
 
-    def _sweep(self, name: str, spec: Any, cache: Any, batch: int, context: int, ours: Any) -> None:
+    def _sweep(self, name: str, spec: Any, cache: Any, batch: int, context: int, ref: Any) -> None:
         """Time every candidate decode config at one shape; a config whose output differs from the
-        default's by more than REL_TOLERANCE is a failure (the default table must stay correct)."""
+        reference by more than REL_TOLERANCE is a failure and gets no time (so it never becomes a
+        default)."""
         q, bt, lens = self._inputs(batch, context)
         rows = self.results.setdefault("sweep", [])
         for cfg in sweep_configs(self.tq, self.args.head_size, spec.key_fp8):
-            row = {"dtype": name, "batch": batch, "context": context, "config": cfg.label()}
+            row: Dict[str, Any] = {"dtype": name, "batch": batch, "context": context, "config": cfg.label()}
             try:
-                err = rel_err(self.tq.tq_decode(q, cache, bt, lens, self.work.scale, spec, config=cfg), ours)
-                us, how = median_us(lambda: self.tq.tq_decode(q, cache, bt, lens, self.work.scale, spec, config=cfg), self.args.smoke, rep=60)
+                err = rel_err(self.tq.tq_decode(q, cache, bt, lens, self.work.scale, spec, config=cfg), ref)
+                us, how = median_us(lambda: self.tq.tq_decode(q, cache, bt, lens, self.work.scale, spec, config=cfg), self.args.smoke, rep=20)
             except Exception as exc:  # e.g. out of shared memory: record and go on
                 err, us, how = None, None, f"failed: {type(exc).__name__}: {str(exc)[:120]}"
             if err is not None and err > REL_TOLERANCE:
-                self.failures.append(f"sweep {name} b{batch} ctx {context} {cfg.label()}: differs from the default by {err:.3g}")
+                self.failures.append(f"sweep {name} b{batch} ctx {context} {cfg.label()}: ours vs reference {err:.3g} > {REL_TOLERANCE}")
                 us = None
-            rows.append({**row, "vs_default": err, "us": us, "method": how})
+            rows.append({**row, "vs_reference": err, "us": us, "method": how})
 
 
 def sweep_configs(tq: ModuleType, head_size: int, key_fp8: bool) -> List[Any]:
     """The decode configs the sweep times: the old kernel, the current defaults for this head size,
-    and the new variants in a few tile and split shapes (key lookups only for codebook keys).
-    About a dozen per shape keeps a full head-256 sweep within a few minutes on an H100."""
+    and the new variants in a few tile, split and register shapes (key lookups only for codebook
+    keys). About a dozen per shape keeps a full head-256 sweep within a few minutes on an H100."""
     cfg = tq.DecodeConfig
-    old = cfg(32 if head_size >= 256 else 64, 4, 2, 128)
-    found = [old] + [c for (head, _, _), c in tq.DEFAULT_DECODE.items() if head == head_size]
-    lookups = ("gather",) if key_fp8 else ("gather", "select")
-    for lookup in lookups:
-        found += [cfg(32, 4, 2, 128, "fields", lookup, 2), cfg(32, 4, 2, 128, "fields", lookup, 4),
-                  cfg(64, 4, 2, 128, "fields", lookup, 2), cfg(64, 8, 2, 256, "fields", lookup, 4),
-                  cfg(16, 4, 3, 64, "fields", lookup, 4)]
-    found += [cfg(32, 4, 2, 128, "bytes", "gather", 4)] + ([cfg(32, 4, 2, 128, "bytes", "select", 2)] if not key_fp8 else [])
+    found = [cfg(32 if head_size >= 256 else 64, 4, 2, 128)]  # the kernel before the variants
+    found += [c for (head, _, _), c in tq.DEFAULT_DECODE.items() if head == head_size]
+    found += [cfg(32, 4, 2, 128, "bytes", "gather", 4), cfg(32, 4, 2, 128, "fields", "gather", 2),
+              cfg(64, 4, 2, 128, "fields", "gather", 2), cfg(16, 4, 3, 64, "fields", "gather", 4),
+              cfg(32, 4, 2, 128, "fields", "gather", 8, 96)]
+    for lookup in ("gather",) if key_fp8 else tq.KEY_LOOKUPS:
+        found += [cfg(32, 4, 2, 128, "fields", lookup, 4, 128), cfg(64, 8, 2, 256, "fields", lookup, 4)]
     return list(dict.fromkeys(found))
 
 
@@ -600,10 +601,10 @@ def default_table(tq: ModuleType, head_size: int, rows: Sequence[Dict[str, Any]]
 
 
 def config_from_label(tq: ModuleType, label: str) -> Any:
-    """DecodeConfig from its label (kernel/lookup/nN/wW/sS/cC/pP)."""
+    """DecodeConfig from its label (kernel/lookup/nN/wW/sS/cC/pP/rR)."""
     kernel, lookup, *nums = label.split("/")
-    n, w, s, c, p = (int(x[1:]) for x in nums)
-    return tq.DecodeConfig(n, w, s, c, kernel, lookup, p)
+    n, w, s, c, p, r = (int(x[1:]) for x in nums)
+    return tq.DecodeConfig(n, w, s, c, kernel, lookup, p, r)
 
 
 def table_lines(tq: ModuleType, table: Dict[Tuple[int, str, str], str]) -> List[str]:
@@ -617,7 +618,7 @@ def table_lines(tq: ModuleType, table: Dict[Tuple[int, str, str], str]) -> List[
         for (h, batch_band, context_band), label in sorted(entries.items()) + [((head, "*", "*"), fallback)]:
             c = config_from_label(tq, label)
             lines.append(f'    ({h}, "{batch_band}", "{context_band}"): DecodeConfig({c.block_n}, {c.num_warps}, {c.num_stages}, {c.min_chunk}, '
-                         f'"{c.kernel}", "{c.key_lookup}", {c.programs_per_sm}),')
+                         f'"{c.kernel}", "{c.key_lookup}", {c.programs_per_sm}, {c.max_regs}),')
     return lines
 
 

@@ -33,6 +33,9 @@ except ImportError:  # loaded from the mod folder (tests, benchmark)
 _LOG2E = 1.4426950408889634
 
 
+KEY_LOOKUPS = ("gather", "select", "poly")
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     """Kernel variant, tile and launch choices of the decode (the benchmark sweeps them).
@@ -43,7 +46,8 @@ class DecodeConfig:
     the scores and the value sum as 8 matrix products, one per field of the word, so the chain
     from load to tl.dot is elementwise only. key_lookup "gather" reads the centroid of each key
     code from a table in memory; "select" picks it in registers by a binary tree over the code
-    bits. programs_per_sm sets the split count (more programs hide more memory latency).
+    bits; "poly" evaluates the polynomial through the (odd-symmetric) codebook, exact to float32
+    rounding, with full-rate arithmetic only (see _codebook_poly). programs_per_sm sets the split count (more programs hide more memory latency).
     """
 
     block_n: int  # tokens per tile
@@ -51,17 +55,18 @@ class DecodeConfig:
     num_stages: int
     min_chunk: int  # fewest tokens a split is given before another split is opened
     kernel: str = "bytes"  # "bytes" or "fields"
-    key_lookup: str = "gather"  # "gather" or "select" (codebook keys only)
+    key_lookup: str = "gather"  # "gather", "select" or "poly" (codebook keys only)
     programs_per_sm: int = 2
+    max_regs: int = 0  # register cap per thread (Triton's maxnreg); 0 = the compiler's choice
 
     def __post_init__(self) -> None:
-        if self.kernel not in ("bytes", "fields") or self.key_lookup not in ("gather", "select"):
+        if self.kernel not in ("bytes", "fields") or self.key_lookup not in KEY_LOOKUPS:
             raise ValueError(f"unknown decode variant kernel={self.kernel!r} key_lookup={self.key_lookup!r}")
 
     def label(self) -> str:
-        """Short name for tables: kernel/lookup/nBLOCK_N/wWARPS/sSTAGES/cMIN_CHUNK/pPROGRAMS."""
+        """Short name for tables: kernel/lookup/nBLOCK_N/wWARPS/sSTAGES/cMIN_CHUNK/pPROGRAMS/rMAX_REGS."""
         return (f"{self.kernel}/{self.key_lookup}/n{self.block_n}/w{self.num_warps}/s{self.num_stages}"
-                f"/c{self.min_chunk}/p{self.programs_per_sm}")
+                f"/c{self.min_chunk}/p{self.programs_per_sm}/r{self.max_regs}")
 
 
 # Default decode config per (head size, batch band, context band), set from the benchmark's
@@ -95,6 +100,7 @@ class _Tables:
     centroids: torch.Tensor  # [2^bits] float32
     centroids_half: torch.Tensor  # [2^bits] float16 (decode feeds the matrix unit in fp16)
     midpoints: torch.Tensor  # [2^bits - 1] float32
+    poly: torch.Tensor  # [8] float32, _codebook_poly's coefficients
 
 
 _TABLES: Dict[Tuple[str, int, str], _Tables] = {}
@@ -112,9 +118,32 @@ def tables(spec: fmt.TQSpec, head_size: int, device: Any) -> _Tables:
         rot = fmt.rotation(head_size, device)
         bits = spec.value_bits if spec.key_fp8 else spec.key_bits  # FP8 keys use no codebook
         centroids, midpoints = fmt.codebook(head_size, bits)
-        found = _Tables(rot.T.contiguous(), rot.contiguous(), centroids.to(device), centroids.to(device=device, dtype=torch.float16), midpoints.to(device))
+        found = _Tables(rot.T.contiguous(), rot.contiguous(), centroids.to(device), centroids.to(device=device, dtype=torch.float16), midpoints.to(device),
+                        _codebook_poly(centroids).to(device))
         _TABLES[key] = found
     return found
+
+
+def _codebook_poly(centroids: torch.Tensor) -> torch.Tensor:
+    """Coefficients of a polynomial through the codebook, for the "poly" key lookup.
+
+    With x = code - (2^b - 1) / 2 the Lloyd-Max codebook is odd in x (c(-x) = -c(x)). 3 bits:
+    c = x * P(x^2), P of degree 3 through the 4 positive points; 4 bits: c = sign(x) * P(|x|),
+    P of degree 7 through the 8 positive points. Solved in float64; evaluated by Horner in
+    float32 the result is the codebook to float32 rounding (a few 1e-8 at head 128 and 256),
+    far below the float16 the keys are fed to the matrix unit in. 2 bits or fewer: zeros
+    (not used). Padded to 8 coefficients.
+    """
+    n = centroids.numel()
+    out = torch.zeros(8, dtype=torch.float64)
+    if n in (8, 16):
+        c = centroids.double().cpu()
+        x = torch.arange(n // 2, n, dtype=torch.float64) - (n - 1) / 2
+        base, target = (x * x, c[n // 2:] / x) if n == 8 else (x, c[n // 2:])
+        terms = n // 2
+        coeffs = torch.linalg.solve(torch.stack([base ** k for k in range(terms)], 1), target)
+        out[:terms] = coeffs
+    return out.float()
 
 
 def _layout_constants(spec: fmt.TQSpec, layout: fmt.SlotLayout, block_size: int) -> Dict[str, int]:
@@ -297,65 +326,165 @@ def _split_range(seq_len, split, num_splits, BLOCK_N: tl.constexpr, MIN_CHUNK: t
 
 
 @triton.jit
-def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_o_ptr, part_lse_ptr,
+def _group_rows(kv_head, G: tl.constexpr, GP: tl.constexpr):
+    """Row indices [GP] of the query heads that share kv_head, which of them exist, and their heads."""
+    rows = tl.arange(0, GP)
+    return rows < G, kv_head * G + rows
+
+
+@triton.jit
+def _tile(cache_ptr, bt_ptr, req, stride_bt, kv_head, n0, end, page_stride,
+          BLOCK_SIZE: tl.constexpr, SLOT: tl.constexpr, KEY_CODE_BYTES: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Tokens n0 .. n0+BLOCK_N-1 of a split ending at end: which exist, the byte pointer to each
+    one's KV-head region, its position in the page and the start of its key codes."""
+    offs = n0 + tl.arange(0, BLOCK_N)
+    valid = offs < end
+    region, pos = _token_bases(cache_ptr, bt_ptr + req.to(tl.int64) * stride_bt, offs, valid, page_stride,
+                               kv_head * (BLOCK_SIZE * SLOT), BLOCK_SIZE)
+    return valid, region, pos, region + pos * KEY_CODE_BYTES
+
+
+@triton.jit
+def _fp8_scores(q, key_rows, valid, qk_scale, D: tl.constexpr):
+    """Scores (log2 units) of q [GP, D] against FP8 keys stored as D bytes per token."""
+    raw = tl.load(key_rows[:, None] + tl.arange(0, D)[None, :], mask=valid[:, None], other=0)
+    return tl.dot(q, tl.trans(raw.to(tl.float8e4nv, bitcast=True).to(tl.float16))) * qk_scale
+
+
+@triton.jit
+def _online_softmax(qk, valid, m_i):
+    """One tile's step of the running softmax: new row maxima, the rescale of what came before and
+    the tile's unnormalised probabilities (tokens past the split's end get none)."""
+    qk = tl.where(valid[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+    return m_new, tl.exp2(m_i - m_new), tl.exp2(qk - m_new[:, None])
+
+
+@triton.jit
+def _zero_and_mass(acc_zero, l_i, alpha, p, vzero_ptr, pos, valid):
+    """Running sums of probability x value zero point (added to every output element) and of
+    probability (the softmax denominator)."""
+    acc_zero = acc_zero * alpha + tl.sum(p * _load_half(vzero_ptr, pos, valid)[None, :], axis=1)
+    return acc_zero, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def _part_index(req, kv_head, split, num_splits, q_heads, G: tl.constexpr):
+    """Row of each query head's partial result of this split in part_o / part_lse."""
+    return (req * tl.num_programs(1) * G + q_heads) * num_splits + split
+
+
+@triton.jit
+def _store_lse(part_lse_ptr, part, row_ok, m_i, l_i):
+    """Log2-sum-exp of each row's scores (-inf for a split that saw no token: the merge skips it)."""
+    filled = l_i > 0.0
+    tl.store(part_lse_ptr + part, tl.where(filled, m_i + tl.log2(tl.where(filled, l_i, 1.0)), float("-inf")), mask=row_ok)
+
+
+@triton.jit
+def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, poly_ptr, part_o_ptr, part_lse_ptr,
                          stride_qb, stride_qh, stride_bt, page_stride, num_splits, sm_scale,
                          G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
                          BLOCK_SIZE: tl.constexpr, SLOT: tl.constexpr,
                          KEY_FP8: tl.constexpr, KEY_BITS: tl.constexpr, VALUE_BITS: tl.constexpr,
                          KEY_CODE_BYTES: tl.constexpr, VALUE_CODE_BYTES: tl.constexpr,
                          OFF_VC: tl.constexpr, OFF_KN: tl.constexpr, OFF_VS: tl.constexpr, OFF_VZ: tl.constexpr,
-                         BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr, SELECT: tl.constexpr):
-    """Partial attention of the G query heads of one KV head over one split of one request."""
+                         BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr, LOOKUP: tl.constexpr, FIELDS: tl.constexpr):
+    """Partial attention of the G query heads of one KV head over one split of one request.
+
+    FIELDS=0 ("bytes"): codes are unpacked byte by byte into element order and each tile takes
+    two matrix products. FIELDS=1 ("fields"): element d = 8w + f is field f of word w; field f
+    of every key word meets query elements 8w + f (loaded once per program), so scores need no
+    reordering of the keys, and the values' field f accumulates into output columns 8w + f,
+    written in that order at the end: 8 matrix products per tile for scores and 8 for values.
+    """
+    W: tl.constexpr = D // 8
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
     req = tl.program_id(2)
     seq_len = tl.load(lens_ptr + req)
     used, start, end = _split_range(seq_len, split, num_splits, BLOCK_N, MIN_CHUNK)
     if split < used:
-        rows = tl.arange(0, GP)
-        row_ok = rows < G
+        row_ok, q_heads = _group_rows(kv_head, G, GP)
+        q_rows = q_ptr + req * stride_qb + q_heads[:, None] * stride_qh
         d = tl.arange(0, D)
-        q_heads = kv_head * G + rows
-        q = tl.load(q_ptr + req * stride_qb + q_heads[:, None] * stride_qh + d[None, :], mask=row_ok[:, None], other=0.0)
-        q = q.to(tl.float16)
         m_i = tl.full([GP], float("-inf"), tl.float32)
         l_i = tl.zeros([GP], tl.float32)
-        acc = tl.zeros([GP, D], tl.float32)
         acc_zero = tl.zeros([GP], tl.float32)
-        head_base = kv_head * (BLOCK_SIZE * SLOT)
-        bt_row = bt_ptr + req.to(tl.int64) * stride_bt
         qk_scale = sm_scale * 1.4426950408889634
+        part = _part_index(req, kv_head, split, num_splits, q_heads, G)
+        if KEY_FP8 or not FIELDS:
+            q = tl.load(q_rows + d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float16)
+        if FIELDS:
+            if not KEY_FP8:
+                q0 = _q_field(q_rows, row_ok, 0, W)
+                q1 = _q_field(q_rows, row_ok, 1, W)
+                q2 = _q_field(q_rows, row_ok, 2, W)
+                q3 = _q_field(q_rows, row_ok, 3, W)
+                q4 = _q_field(q_rows, row_ok, 4, W)
+                q5 = _q_field(q_rows, row_ok, 5, W)
+                q6 = _q_field(q_rows, row_ok, 6, W)
+                q7 = _q_field(q_rows, row_ok, 7, W)
+            acc0 = tl.zeros([GP, W], tl.float32)
+            acc1 = tl.zeros([GP, W], tl.float32)
+            acc2 = tl.zeros([GP, W], tl.float32)
+            acc3 = tl.zeros([GP, W], tl.float32)
+            acc4 = tl.zeros([GP, W], tl.float32)
+            acc5 = tl.zeros([GP, W], tl.float32)
+            acc6 = tl.zeros([GP, W], tl.float32)
+            acc7 = tl.zeros([GP, W], tl.float32)
+        else:
+            acc = tl.zeros([GP, D], tl.float32)
         for n0 in range(start, end, BLOCK_N):
-            offs = n0 + tl.arange(0, BLOCK_N)
-            valid = offs < end
-            region, pos = _token_bases(cache_ptr, bt_row, offs, valid, page_stride, head_base, BLOCK_SIZE)
-            key_rows = region + pos * KEY_CODE_BYTES
+            valid, region, pos, key_rows = _tile(cache_ptr, bt_ptr, req, stride_bt, kv_head, n0, end, page_stride,
+                                                 BLOCK_SIZE, SLOT, KEY_CODE_BYTES, BLOCK_N)
             if KEY_FP8:
-                raw = tl.load(key_rows[:, None] + d[None, :], mask=valid[:, None], other=0)
-                k = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-                qk = tl.dot(q, tl.trans(k)) * qk_scale
+                qk = _fp8_scores(q, key_rows, valid, qk_scale, D)
+            elif FIELDS:
+                klo, khi = _load_words(key_rows, valid, KEY_BITS, W, True)
+                qk = tl.zeros([GP, BLOCK_N], tl.float32)
+                qk = _key_field_dot(qk, q0, klo, khi, centroid_ptr, poly_ptr, 0, KEY_BITS, LOOKUP)
+                qk = _key_field_dot(qk, q1, klo, khi, centroid_ptr, poly_ptr, 1, KEY_BITS, LOOKUP)
+                qk = _key_field_dot(qk, q2, klo, khi, centroid_ptr, poly_ptr, 2, KEY_BITS, LOOKUP)
+                qk = _key_field_dot(qk, q3, klo, khi, centroid_ptr, poly_ptr, 3, KEY_BITS, LOOKUP)
+                qk = _key_field_dot(qk, q4, klo, khi, centroid_ptr, poly_ptr, 4, KEY_BITS, LOOKUP)
+                qk = _key_field_dot(qk, q5, klo, khi, centroid_ptr, poly_ptr, 5, KEY_BITS, LOOKUP)
+                qk = _key_field_dot(qk, q6, klo, khi, centroid_ptr, poly_ptr, 6, KEY_BITS, LOOKUP)
+                qk = _key_field_dot(qk, q7, klo, khi, centroid_ptr, poly_ptr, 7, KEY_BITS, LOOKUP)
+                qk = qk * (_load_half(region + OFF_KN, pos, valid) * qk_scale)[None, :]
             else:
-                k = _centroids(_load_codes(key_rows, valid, KEY_BITS, D, BLOCK_N), centroid_ptr, KEY_BITS, SELECT)
-                knorm = _load_half(region + OFF_KN, pos, valid)
-                qk = tl.dot(q, tl.trans(k)) * (knorm * qk_scale)[None, :]
-            qk = tl.where(valid[None, :], qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(qk - m_new[:, None])
-            vcodes = _load_codes(region + OFF_VC + pos * VALUE_CODE_BYTES, valid, VALUE_BITS, D, BLOCK_N)
-            vscale = _load_half(region + OFF_VS, pos, valid)
-            vzero = _load_half(region + OFF_VZ, pos, valid)
-            acc = acc * alpha[:, None] + tl.dot((p * vscale[None, :]).to(tl.float16), vcodes.to(tl.float16))
-            acc_zero = acc_zero * alpha + tl.sum(p * vzero[None, :], axis=1)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            m_i = m_new
-        filled = l_i > 0.0
-        safe_l = tl.where(filled, l_i, 1.0)
-        out = (acc + acc_zero[:, None]) / safe_l[:, None]
-        lse = tl.where(filled, m_i + tl.log2(safe_l), float("-inf"))
-        part = (req * tl.num_programs(1) * G + q_heads) * num_splits + split
-        tl.store(part_o_ptr + part[:, None].to(tl.int64) * D + d[None, :], out, mask=row_ok[:, None])
-        tl.store(part_lse_ptr + part, lse, mask=row_ok)
+                k = _centroids(_load_codes(key_rows, valid, KEY_BITS, D, BLOCK_N), centroid_ptr, poly_ptr, KEY_BITS, LOOKUP)
+                qk = tl.dot(q, tl.trans(k)) * (_load_half(region + OFF_KN, pos, valid) * qk_scale)[None, :]
+            m_i, alpha, p = _online_softmax(qk, valid, m_i)
+            pv = (p * _load_half(region + OFF_VS, pos, valid)[None, :]).to(tl.float16)
+            value_rows = region + OFF_VC + pos * VALUE_CODE_BYTES
+            if FIELDS:
+                vlo, vhi = _load_words(value_rows, valid, VALUE_BITS, W, False)
+                acc0 = _value_field_acc(acc0, alpha, pv, vlo, vhi, 0, VALUE_BITS)
+                acc1 = _value_field_acc(acc1, alpha, pv, vlo, vhi, 1, VALUE_BITS)
+                acc2 = _value_field_acc(acc2, alpha, pv, vlo, vhi, 2, VALUE_BITS)
+                acc3 = _value_field_acc(acc3, alpha, pv, vlo, vhi, 3, VALUE_BITS)
+                acc4 = _value_field_acc(acc4, alpha, pv, vlo, vhi, 4, VALUE_BITS)
+                acc5 = _value_field_acc(acc5, alpha, pv, vlo, vhi, 5, VALUE_BITS)
+                acc6 = _value_field_acc(acc6, alpha, pv, vlo, vhi, 6, VALUE_BITS)
+                acc7 = _value_field_acc(acc7, alpha, pv, vlo, vhi, 7, VALUE_BITS)
+            else:
+                acc = acc * alpha[:, None] + tl.dot(pv, _load_codes(value_rows, valid, VALUE_BITS, D, BLOCK_N).to(tl.float16))
+            acc_zero, l_i = _zero_and_mass(acc_zero, l_i, alpha, p, region + OFF_VZ, pos, valid)
+        inv_l = 1.0 / tl.where(l_i > 0.0, l_i, 1.0)
+        if FIELDS:
+            part_rows = part_o_ptr + part[:, None].to(tl.int64) * D
+            _store_field(part_rows, row_ok, acc0, acc_zero, inv_l, 0, W)
+            _store_field(part_rows, row_ok, acc1, acc_zero, inv_l, 1, W)
+            _store_field(part_rows, row_ok, acc2, acc_zero, inv_l, 2, W)
+            _store_field(part_rows, row_ok, acc3, acc_zero, inv_l, 3, W)
+            _store_field(part_rows, row_ok, acc4, acc_zero, inv_l, 4, W)
+            _store_field(part_rows, row_ok, acc5, acc_zero, inv_l, 5, W)
+            _store_field(part_rows, row_ok, acc6, acc_zero, inv_l, 6, W)
+            _store_field(part_rows, row_ok, acc7, acc_zero, inv_l, 7, W)
+        else:
+            tl.store(part_o_ptr + part[:, None].to(tl.int64) * D + d[None, :], (acc + acc_zero[:, None]) * inv_l[:, None], mask=row_ok[:, None])
+        _store_lse(part_lse_ptr, part, row_ok, m_i, l_i)
 
 
 @triton.jit
@@ -412,23 +541,44 @@ def _select8(codes, c_ptr):
 
 
 @triton.jit
-def _centroids(codes, c_ptr, BITS: tl.constexpr, SELECT: tl.constexpr):
-    """Codebook values (float16) of key codes: a gather from memory or selects in registers."""
-    if SELECT:
+def _poly(codes, p_ptr, BITS: tl.constexpr):
+    """Codebook values (float16) of codes from _codebook_poly's coefficients at p_ptr. The code
+    becomes a float without an int-to-float conversion: 2 * code ORed into the mantissa of 2^22
+    (where a float step is 0.5) is 2^22 + code, and 2^22 + (2^b - 1) / 2 is exact too."""
+    x = ((codes << 1) | 0x4A800000).to(tl.float32, bitcast=True) - (4194304.0 + ((1 << BITS) - 1) * 0.5)
+    if BITS == 3:
+        t = x * x
+        val = x * (((tl.load(p_ptr + 3) * t + tl.load(p_ptr + 2)) * t + tl.load(p_ptr + 1)) * t + tl.load(p_ptr))
+    else:
+        a = tl.abs(x)
+        val = tl.load(p_ptr + 7)
+        for k in tl.static_range(7):
+            val = val * a + tl.load(p_ptr + 6 - k)
+        val = tl.where(x < 0, -val, val)
+    return val.to(tl.float16)
+
+
+@triton.jit
+def _centroids(codes, c_ptr, p_ptr, BITS: tl.constexpr, LOOKUP: tl.constexpr):
+    """Codebook values (float16) of key codes: 0 a gather from memory, 1 selects in registers,
+    2 a polynomial."""
+    if LOOKUP == 1:
         if BITS == 4:
             val = tl.where((codes & 8) != 0, _select8(codes, c_ptr + 8), _select8(codes, c_ptr))
         else:
             val = _select8(codes, c_ptr)
+    elif LOOKUP == 2:
+        val = _poly(codes, p_ptr, BITS)
     else:
         val = tl.load(c_ptr + codes)
     return val
 
 
 @triton.jit
-def _key_field_dot(qk, q_f, klo, khi, c_ptr, F: tl.constexpr, BITS: tl.constexpr, SELECT: tl.constexpr):
+def _key_field_dot(qk, q_f, klo, khi, c_ptr, p_ptr, F: tl.constexpr, BITS: tl.constexpr, LOOKUP: tl.constexpr):
     """qk + scores of field F: q_f [GP, W] (query elements 8w + F) against field F of the key
     words klo/khi [W, BLOCK_N]."""
-    return tl.dot(q_f, _centroids(_field_codes(klo, khi, F, BITS), c_ptr, BITS, SELECT), qk)
+    return tl.dot(q_f, _centroids(_field_codes(klo, khi, F, BITS), c_ptr, p_ptr, BITS, LOOKUP), qk)
 
 
 @triton.jit
@@ -447,110 +597,6 @@ def _q_field(q_rows, row_ok, F: tl.constexpr, W: tl.constexpr):
 def _store_field(part_rows, row_ok, acc, acc_zero, inv_l, F: tl.constexpr, W: tl.constexpr):
     """Write the normalised partial output of field F to columns 8w + F."""
     tl.store(part_rows + (tl.arange(0, W) * 8 + F)[None, :], (acc + acc_zero[:, None]) * inv_l[:, None], mask=row_ok[:, None])
-
-
-@triton.jit
-def _decode_fields_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_o_ptr, part_lse_ptr,
-                          stride_qb, stride_qh, stride_bt, page_stride, num_splits, sm_scale,
-                          G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
-                          BLOCK_SIZE: tl.constexpr, SLOT: tl.constexpr,
-                          KEY_FP8: tl.constexpr, KEY_BITS: tl.constexpr, VALUE_BITS: tl.constexpr,
-                          KEY_CODE_BYTES: tl.constexpr, VALUE_CODE_BYTES: tl.constexpr,
-                          OFF_VC: tl.constexpr, OFF_KN: tl.constexpr, OFF_VS: tl.constexpr, OFF_VZ: tl.constexpr,
-                          BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr, SELECT: tl.constexpr):
-    """_decode_split_kernel's result with word loads and one matrix product per field of a word.
-
-    Element d = 8w + f is field f of word w. Field f of every key word meets query elements
-    8w + f (loaded once per program), so scores need no reordering of the keys; the values'
-    field f accumulates into output columns 8w + f, written in that order at the end.
-    """
-    W: tl.constexpr = D // 8
-    split = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    req = tl.program_id(2)
-    seq_len = tl.load(lens_ptr + req)
-    used, start, end = _split_range(seq_len, split, num_splits, BLOCK_N, MIN_CHUNK)
-    if split < used:
-        rows = tl.arange(0, GP)
-        row_ok = rows < G
-        q_heads = kv_head * G + rows
-        q_rows = q_ptr + req * stride_qb + q_heads[:, None] * stride_qh
-        d = tl.arange(0, D)
-        if KEY_FP8:
-            q = tl.load(q_rows + d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float16)
-        else:
-            q0 = _q_field(q_rows, row_ok, 0, W)
-            q1 = _q_field(q_rows, row_ok, 1, W)
-            q2 = _q_field(q_rows, row_ok, 2, W)
-            q3 = _q_field(q_rows, row_ok, 3, W)
-            q4 = _q_field(q_rows, row_ok, 4, W)
-            q5 = _q_field(q_rows, row_ok, 5, W)
-            q6 = _q_field(q_rows, row_ok, 6, W)
-            q7 = _q_field(q_rows, row_ok, 7, W)
-        m_i = tl.full([GP], float("-inf"), tl.float32)
-        l_i = tl.zeros([GP], tl.float32)
-        acc0 = tl.zeros([GP, W], tl.float32)
-        acc1 = tl.zeros([GP, W], tl.float32)
-        acc2 = tl.zeros([GP, W], tl.float32)
-        acc3 = tl.zeros([GP, W], tl.float32)
-        acc4 = tl.zeros([GP, W], tl.float32)
-        acc5 = tl.zeros([GP, W], tl.float32)
-        acc6 = tl.zeros([GP, W], tl.float32)
-        acc7 = tl.zeros([GP, W], tl.float32)
-        acc_zero = tl.zeros([GP], tl.float32)
-        head_base = kv_head * (BLOCK_SIZE * SLOT)
-        bt_row = bt_ptr + req.to(tl.int64) * stride_bt
-        qk_scale = sm_scale * 1.4426950408889634
-        for n0 in range(start, end, BLOCK_N):
-            offs = n0 + tl.arange(0, BLOCK_N)
-            valid = offs < end
-            region, pos = _token_bases(cache_ptr, bt_row, offs, valid, page_stride, head_base, BLOCK_SIZE)
-            key_rows = region + pos * KEY_CODE_BYTES
-            if KEY_FP8:
-                raw = tl.load(key_rows[:, None] + d[None, :], mask=valid[:, None], other=0)
-                qk = tl.dot(q, tl.trans(raw.to(tl.float8e4nv, bitcast=True).to(tl.float16))) * qk_scale
-            else:
-                klo, khi = _load_words(key_rows, valid, KEY_BITS, W, True)
-                qk = tl.zeros([GP, BLOCK_N], tl.float32)
-                qk = _key_field_dot(qk, q0, klo, khi, centroid_ptr, 0, KEY_BITS, SELECT)
-                qk = _key_field_dot(qk, q1, klo, khi, centroid_ptr, 1, KEY_BITS, SELECT)
-                qk = _key_field_dot(qk, q2, klo, khi, centroid_ptr, 2, KEY_BITS, SELECT)
-                qk = _key_field_dot(qk, q3, klo, khi, centroid_ptr, 3, KEY_BITS, SELECT)
-                qk = _key_field_dot(qk, q4, klo, khi, centroid_ptr, 4, KEY_BITS, SELECT)
-                qk = _key_field_dot(qk, q5, klo, khi, centroid_ptr, 5, KEY_BITS, SELECT)
-                qk = _key_field_dot(qk, q6, klo, khi, centroid_ptr, 6, KEY_BITS, SELECT)
-                qk = _key_field_dot(qk, q7, klo, khi, centroid_ptr, 7, KEY_BITS, SELECT)
-                qk = qk * (_load_half(region + OFF_KN, pos, valid) * qk_scale)[None, :]
-            qk = tl.where(valid[None, :], qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(qk - m_new[:, None])
-            vlo, vhi = _load_words(region + OFF_VC + pos * VALUE_CODE_BYTES, valid, VALUE_BITS, W, False)
-            pv = (p * _load_half(region + OFF_VS, pos, valid)[None, :]).to(tl.float16)
-            acc0 = _value_field_acc(acc0, alpha, pv, vlo, vhi, 0, VALUE_BITS)
-            acc1 = _value_field_acc(acc1, alpha, pv, vlo, vhi, 1, VALUE_BITS)
-            acc2 = _value_field_acc(acc2, alpha, pv, vlo, vhi, 2, VALUE_BITS)
-            acc3 = _value_field_acc(acc3, alpha, pv, vlo, vhi, 3, VALUE_BITS)
-            acc4 = _value_field_acc(acc4, alpha, pv, vlo, vhi, 4, VALUE_BITS)
-            acc5 = _value_field_acc(acc5, alpha, pv, vlo, vhi, 5, VALUE_BITS)
-            acc6 = _value_field_acc(acc6, alpha, pv, vlo, vhi, 6, VALUE_BITS)
-            acc7 = _value_field_acc(acc7, alpha, pv, vlo, vhi, 7, VALUE_BITS)
-            acc_zero = acc_zero * alpha + tl.sum(p * _load_half(region + OFF_VZ, pos, valid)[None, :], axis=1)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            m_i = m_new
-        filled = l_i > 0.0
-        inv_l = 1.0 / tl.where(filled, l_i, 1.0)
-        part = (req * tl.num_programs(1) * G + q_heads) * num_splits + split
-        part_rows = part_o_ptr + part[:, None].to(tl.int64) * D
-        _store_field(part_rows, row_ok, acc0, acc_zero, inv_l, 0, W)
-        _store_field(part_rows, row_ok, acc1, acc_zero, inv_l, 1, W)
-        _store_field(part_rows, row_ok, acc2, acc_zero, inv_l, 2, W)
-        _store_field(part_rows, row_ok, acc3, acc_zero, inv_l, 3, W)
-        _store_field(part_rows, row_ok, acc4, acc_zero, inv_l, 4, W)
-        _store_field(part_rows, row_ok, acc5, acc_zero, inv_l, 5, W)
-        _store_field(part_rows, row_ok, acc6, acc_zero, inv_l, 6, W)
-        _store_field(part_rows, row_ok, acc7, acc_zero, inv_l, 7, W)
-        tl.store(part_lse_ptr + part, tl.where(filled, m_i + tl.log2(tl.where(filled, l_i, 1.0)), float("-inf")), mask=row_ok)
 
 
 @triton.jit
@@ -623,13 +669,12 @@ def tq_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Te
     part_lse = torch.empty(batch * num_q_heads * splits, dtype=torch.float32, device=query.device)
     group = num_q_heads // num_kv_heads
     fields = cfg.kernel == "fields" and head_size >= 128  # a field of a word is D/8 wide; tl.dot needs 16
-    kernel = _decode_fields_kernel if fields else _decode_split_kernel
-    kernel[(splits, num_kv_heads, batch)](
-        q, kv_cache, block_table, seq_lens, tab.centroids_half, part_o, part_lse,
+    _decode_split_kernel[(splits, num_kv_heads, batch)](
+        q, kv_cache, block_table, seq_lens, tab.centroids_half, tab.poly, part_o, part_lse,
         q.stride(0), q.stride(1), block_table.stride(0), kv_cache.stride(0), splits, float(scale),
         G=group, GP=max(16, triton.next_power_of_2(group)), D=head_size, BLOCK_SIZE=block_size,
-        BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, **_layout_constants(spec, layout, block_size), SELECT=int(cfg.key_lookup == "select"),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, **_layout_constants(spec, layout, block_size), LOOKUP=KEY_LOOKUPS.index(cfg.key_lookup), FIELDS=int(fields),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.max_regs} if cfg.max_regs else {}))
     _decode_merge_kernel[(batch, num_q_heads)](
         part_o, part_lse, seq_lens, out, out.stride(0), out.stride(1), splits,
         HQ=num_q_heads, D=head_size, SPLITS_P=triton.next_power_of_2(splits), MERGE_ROWS=min(16, triton.next_power_of_2(splits)),
