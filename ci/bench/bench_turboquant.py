@@ -552,7 +552,7 @@ def sweep_configs(tq: ModuleType, head_size: int, key_fp8: bool) -> List[Any]:
     found += [c for (head, _, _), c in tq.DEFAULT_DECODE.items() if head == head_size]
     found += [cfg(32, 4, 2, 128, "bytes", "gather", 4), cfg(32, 4, 2, 128, "fields", "gather", 2),
               cfg(64, 4, 2, 128, "fields", "gather", 2), cfg(16, 4, 3, 64, "fields", "gather", 4),
-              cfg(32, 4, 2, 128, "fields", "gather", 8, 96)]
+              cfg(32, 4, 2, 128, "fields", "gather", 8, 96), cfg(32, 4, 3, 128, "fields", "gather", 4, 128)]
     for lookup in ("gather",) if key_fp8 else tq.KEY_LOOKUPS:
         found += [cfg(32, 4, 2, 128, "fields", lookup, 4, 128), cfg(64, 8, 2, 256, "fields", lookup, 4)]
     return list(dict.fromkeys(found))
