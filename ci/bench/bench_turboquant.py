@@ -422,7 +422,7 @@ def kv_bytes(fmt: ModuleType, up: Optional[Upstream], names: Sequence[str], head
     return rows
 
 
-def median_us(fn: Callable[[], Any], smoke: bool, rep: int = 200) -> Tuple[Optional[float], str]:
+def median_us(fn: Callable[[], Any], smoke: bool, rep: int = 100) -> Tuple[Optional[float], str]:
     """Median GPU time of fn in microseconds under a CUDA graph (plain do_bench if capture fails);
     rep is the milliseconds spent timing (the sweep uses less)."""
     if smoke:
@@ -599,11 +599,11 @@ def sweep_configs(tq: ModuleType, head_size: int, key_fp8: bool) -> List[Any]:
     cfg = tq.DecodeConfig
     found = [cfg(32 if head_size >= 256 else 64, 4, 2, 128)]  # the kernel before the variants
     found += [c for (head, _, _), c in tq.DEFAULT_DECODE.items() if head == head_size]
-    found += [cfg(32, 4, 2, 128, "bytes", "gather", 4), cfg(32, 4, 2, 128, "fields", "gather", 2),
+    found += [cfg(64, 4, 2, 128), cfg(32, 4, 2, 128, "bytes", "gather", 4), cfg(32, 4, 2, 128, "fields", "gather", 2),
               cfg(64, 4, 2, 128, "fields", "gather", 2), cfg(16, 4, 3, 64, "fields", "gather", 4),
               cfg(32, 4, 2, 128, "fields", "gather", 8, 96), cfg(32, 4, 3, 128, "fields", "gather", 4, 128)]
-    for lookup in ("gather",) if key_fp8 else tq.KEY_LOOKUPS:
-        found += [cfg(32, 4, 2, 128, "fields", lookup, 4, 128), cfg(64, 8, 2, 256, "fields", lookup, 4)]
+    found += [cfg(64, 8, 2, 256, "fields", "gather", 4)]
+    found += [cfg(32, 4, 2, 128, "fields", lookup, 4, 128) for lookup in (("gather",) if key_fp8 else tq.KEY_LOOKUPS)]
     return list(dict.fromkeys(found))
 
 
