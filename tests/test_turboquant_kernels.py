@@ -318,14 +318,27 @@ def test_decode_variants_match_the_reference(fmt: ModuleType, tq: ModuleType, na
 
 
 def test_decode_config_refuses_unknown_variants_and_defaults_come_from_the_table(tq: ModuleType) -> None:
+    """A shape gets its band's entry, else its batch or context band's, else the head size's '*'
+    entry; head sizes without entries use 256's (>= 256) or 128's."""
     with pytest.raises(ValueError, match="unknown decode variant"):
         tq.DecodeConfig(32, 4, 2, 128, kernel="words")
-    for (head, batch_band, context_band), cfg in tq.DEFAULT_DECODE.items():
-        batch = 1 if batch_band in ("1", "*") else 8
-        context = 4096 if context_band in ("short", "*") else 131072
-        if tq.shape_band(batch, context) == (batch_band, context_band) or "*" in (batch_band, context_band):
-            assert isinstance(tq.default_decode_config(head, batch, context), tq.DecodeConfig)
-    assert tq.default_decode_config(64).label() == tq.default_decode_config(128).label()
+    with pytest.raises(ValueError, match="unknown decode variant"):
+        tq.DecodeConfig(32, 4, 2, 128, key_lookup="table")
+    table = {(256, "1", "short"): tq.DecodeConfig(16, 4, 3, 64), (256, "many", "*"): tq.DecodeConfig(64, 8, 2, 256, "fields"),
+             (256, "*", "*"): tq.DecodeConfig(32, 4, 2, 128, "fields", "poly", 4, 128), (128, "*", "*"): tq.DecodeConfig(64, 4, 2, 128)}
+    saved = dict(tq.DEFAULT_DECODE)
+    try:
+        tq.DEFAULT_DECODE.clear()
+        tq.DEFAULT_DECODE.update(table)
+        assert tq.default_decode_config(256, 1, 4096) == table[(256, "1", "short")]
+        assert tq.default_decode_config(256, 8, 4096) == tq.default_decode_config(256, 8, 131072) == table[(256, "many", "*")]
+        assert tq.default_decode_config(256, 1, 131072) == tq.default_decode_config(512, 1, 65536) == table[(256, "*", "*")]
+        assert tq.default_decode_config(64, 8, 4096) == tq.default_decode_config(128, 1, 131072) == table[(128, "*", "*")]
+    finally:
+        tq.DEFAULT_DECODE.clear()
+        tq.DEFAULT_DECODE.update(saved)
+    for (head, _, _) in saved:  # the shipped table covers both head sizes
+        assert isinstance(tq.default_decode_config(head, 8, 131072), tq.DecodeConfig)
 
 
 def test_decode_writes_into_out_and_gives_zeros_for_an_empty_request(fmt: ModuleType, tq: ModuleType) -> None:
