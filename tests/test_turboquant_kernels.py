@@ -454,6 +454,10 @@ def test_bench_sweep_picks_a_timed_config_per_band_and_apply_defaults_writes_it(
     results.write_text(json.dumps({"meta": {"head_size": 256}}))
     with pytest.raises(BENCH.InputError, match="no sweep"):
         BENCH.apply_defaults(results, module)
+    results.write_text(json.dumps({"meta": {"head_size": 256}, "sweep": rows, "default_table": []}))
+    with pytest.raises(BENCH.InputError, match="timed nothing"):
+        BENCH.apply_defaults(results, module)
+    assert module.read_text() == written  # refused runs leave the file as it was
 
 
 def test_bench_smoke_run_end_to_end(tmp_path: Path) -> None:

@@ -683,6 +683,8 @@ def apply_defaults(results_path: Path, module_path: Path) -> str:
         raise InputError(f"--apply-defaults {results_path}: cannot read it ({exc}); pass DIR/turboquant_bench.json of a --sweep run") from None
     if not results.get("sweep") or "default_table" not in results:
         raise InputError(f"--apply-defaults {results_path}: no sweep in it; run the benchmark with --sweep first")
+    if not results["default_table"]:
+        raise InputError(f"--apply-defaults {results_path}: its sweep timed nothing (a --smoke run?); use a GPU run's results")
     head = results["meta"]["head_size"]
     source = module_path.read_text()
     start = source.find(TABLE_START)
