@@ -595,15 +595,26 @@ class Bench:
 def sweep_configs(tq: ModuleType, head_size: int, key_fp8: bool) -> List[Any]:
     """The decode configs the sweep times: the old kernel, the current defaults for this head size,
     and the new variants in a few tile, split and register shapes (key lookups only for codebook
-    keys). About a dozen per shape keeps a full head-256 sweep within a few minutes on an H100."""
+    keys, compared at one tile). About a dozen per shape keeps a full head-256 sweep within a few
+    minutes on an H100. Below head 256 a field of a word is 16 wide, and a [16 x 16] value
+    accumulator leaves 4 warps nothing to split (each would redo the same products: static
+    SASS of head 128 shows it), so the fields kernel runs 2 warps there, without a register cap
+    (it spills heavily under 168)."""
     cfg = tq.DecodeConfig
     found = [cfg(32 if head_size >= 256 else 64, 4, 2, 128)]  # the kernel before the variants
     found += [c for (head, _, _), c in tq.DEFAULT_DECODE.items() if head == head_size]
-    found += [cfg(64, 4, 2, 128), cfg(32, 4, 2, 128, "bytes", "gather", 4), cfg(32, 4, 2, 128, "fields", "gather", 2),
-              cfg(64, 4, 2, 128, "fields", "gather", 2), cfg(16, 4, 3, 64, "fields", "gather", 4),
-              cfg(32, 4, 2, 128, "fields", "gather", 8, 96), cfg(32, 4, 3, 128, "fields", "gather", 4, 128)]
-    found += [cfg(64, 8, 2, 256, "fields", "gather", 4)]
-    found += [cfg(32, 4, 2, 128, "fields", lookup, 4, 128) for lookup in (("gather",) if key_fp8 else tq.KEY_LOOKUPS)]
+    lookups = ("gather",) if key_fp8 else tq.KEY_LOOKUPS
+    if head_size >= 256:
+        found += [cfg(64, 4, 2, 128), cfg(32, 4, 2, 128, "bytes", "gather", 4), cfg(32, 4, 2, 128, "fields", "gather", 2),
+                  cfg(64, 4, 2, 128, "fields", "gather", 2), cfg(16, 4, 3, 64, "fields", "gather", 4),
+                  cfg(32, 4, 2, 128, "fields", "gather", 8, 96), cfg(32, 4, 3, 128, "fields", "gather", 4, 128),
+                  cfg(64, 8, 2, 256, "fields", "gather", 4)]
+        found += [cfg(32, 4, 2, 128, "fields", lookup, 4, 128) for lookup in lookups]
+    else:
+        found += [cfg(32, 4, 2, 128, "bytes", "gather", 4), cfg(64, 8, 2, 128, "bytes", "gather", 4),
+                  cfg(64, 2, 2, 128, "fields", "gather", 4), cfg(16, 2, 3, 64, "fields", "gather", 8),
+                  cfg(32, 2, 3, 128, "fields", "gather", 4), cfg(32, 2, 2, 128, "fields", "gather", 8)]
+        found += [cfg(32, 2, 2, 128, "fields", lookup, 4) for lookup in lookups]
     return list(dict.fromkeys(found))
 
 
