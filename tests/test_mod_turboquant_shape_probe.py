@@ -1,0 +1,133 @@
+"""Probe run by test_mod_turboquant_shape.py under a real vLLM 0.25-0.26 (stock, or with the mod).
+
+Not a pytest module: `python test_mod_turboquant_shape_probe.py JOB.json` in the vLLM venv
+(overlay site first on PYTHONPATH when the mod is applied) prints one PROBE-REPORT line.
+
+For each model and TurboQuant dtype it runs what `vllm serve --kv-cache-dtype DTYPE` runs up to
+the KV-cache tensors: the engine config (boundary layers), vLLM's Attention layer for every
+full-attention layer (backend, spec, KVQuantMode), vLLM's grouping of those specs, and then the
+GPU model runner's own `_allocate_kv_cache_tensors` and `_reshape_kv_cache_tensors` on the CPU
+(under the current vLLM config, as the worker calls them). The runner object carries only the
+attributes those two methods read; every value in it comes from vLLM's own code above.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from probekit import emit  # noqa: E402
+
+NUM_BLOCKS = 4
+
+
+def _layer_prefix(model_type: str, index: int) -> str:
+    head = "language_model.model" if model_type == "qwen3_5_moe" else "model"
+    return f"{head}.layers.{index}.self_attn.attn"
+
+
+def _cuda_backend(priorities: List[str], kv_cache_dtype: str) -> Any:
+    """The first backend of CUDA's priority list whose class takes this cache dtype: the
+    criterion that sends TurboQuant layers to TURBOQUANT and kept layers to FLASH_ATTN on a GPU
+    (vllm.platforms.cuda itself cannot be imported without libcuda)."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    for name in priorities:
+        cls = AttentionBackendEnum[name].get_class()
+        if cls.supports_kv_cache_dtype(kv_cache_dtype):
+            return cls
+    raise ValueError(f"no backend of {priorities} takes {kv_cache_dtype}")
+
+
+def _attention_layers(cfg: Any, model: Dict[str, Any], priorities: List[str]) -> Dict[str, Any]:
+    """vLLM's Attention layer at each full-attention index, on the backend a GPU would pick
+    for the cache dtype vLLM's own skip-layer rule gave the layer."""
+    import torch
+    from vllm.model_executor.layers.attention import Attention
+
+    torch.set_default_dtype(torch.bfloat16)
+    out = {}
+    for i in model["attention"]:
+        prefix = _layer_prefix(model["model_type"], i)
+        args = dict(num_heads=model["heads"], head_size=model["head_size"], scale=model["head_size"] ** -0.5,
+                    num_kv_heads=model["kv_heads"], cache_config=cfg.cache_config)
+        dtype = Attention(**args, prefix=prefix + ".dtype").kv_cache_dtype
+        out[prefix] = Attention(**args, prefix=prefix, attn_backend=_cuda_backend(priorities, dtype))
+    return out
+
+
+def _attention_groups(gid: int, group: Any, layers: Dict[str, Any]) -> List[Any]:
+    """The runner's attention groups of one KV-cache group (initialize_attn_backend's rule: one
+    per backend and per layer spec, the layer's own spec taken out of UniformTypeKVCacheSpecs)."""
+    from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
+    from vllm.v1.worker.utils import AttentionGroup
+
+    by_key: Dict[Any, Any] = {}
+    for name in group.layer_names:
+        spec = group.kv_cache_spec
+        if isinstance(spec, UniformTypeKVCacheSpecs):
+            spec = spec.kv_cache_specs[name]
+        backend = layers[name].attn_backend
+        by_key.setdefault((backend.full_cls_name(), spec), AttentionGroup(backend, [], spec, gid)).layer_names.append(name)
+    return list(by_key.values())
+
+
+def _shape(cfg: Any, layers: Dict[str, Any]) -> Dict[str, Any]:
+    """The runner's allocation and reshape of these layers' KV caches."""
+    import torch
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheTensor
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    specs = {name: layer.get_kv_cache_spec(cfg) for name, layer in layers.items()}
+    groups = get_kv_cache_groups(cfg, specs)
+    tensors = [KVCacheTensor(size=NUM_BLOCKS * specs[name].page_size_bytes, shared_by=[name]) for name in specs]
+    runner = object.__new__(GPUModelRunner)
+    runner.device, runner.cache_config, runner.runner_only_attn_layers = torch.device("cpu"), cfg.cache_config, set()
+    runner.kv_cache_config = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=tensors, kv_cache_groups=groups)
+    runner.attn_groups = [_attention_groups(gid, g, layers) for gid, g in enumerate(groups)]
+    out: Dict[str, Any] = {
+        "layers": {name: {"backend": layer.attn_backend.get_name(), "kv_cache_dtype": layer.kv_cache_dtype,
+                          "spec": type(specs[name]).__name__, "kv_quant_mode": specs[name].kv_quant_mode.name,
+                          "page_size_bytes": specs[name].page_size_bytes} for name, layer in layers.items()},
+        "groups": [{"spec": type(g.kv_cache_spec).__name__, "layers": len(g.layer_names)} for g in groups],
+    }
+    try:
+        raw = runner._allocate_kv_cache_tensors(runner.kv_cache_config)
+        caches = runner._reshape_kv_cache_tensors(raw, [g.kv_cache_spec.block_size for g in groups])
+    except Exception as exc:  # the test asserts on the message
+        out["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        return out
+    out["caches"] = {name: {"shape": list(t.shape), "dtype": str(t.dtype), "bytes": t.numel() * t.element_size(),
+                            "allocated": raw[name].numel()} for name, t in caches.items()}
+    return out
+
+
+def main(argv: List[str]) -> int:
+    (job,) = json.loads(Path(argv[0]).read_text(encoding="utf-8"))["cases"]
+    import vllm.platforms as platforms
+    from vllm.platforms.cpu import CpuPlatform
+
+    platforms._current_platform = CpuPlatform()  # no CUDA here; the code probed is platform-neutral
+    from vllm.config import set_current_vllm_config
+    from vllm.engine.arg_utils import EngineArgs
+
+    report: Dict[str, Any] = {}
+    for name, model in job["models"].items():
+        for dtype in job["dtypes"]:
+            cfg = EngineArgs(model=model["path"], kv_cache_dtype=dtype, skip_tokenizer_init=True, enforce_eager=True,
+                             max_model_len=4096).create_engine_config()
+            with set_current_vllm_config(cfg):
+                layers = _attention_layers(cfg, model, job["cuda_priorities"])
+                got = _shape(cfg, layers)
+            got["skip"] = list(cfg.cache_config.kv_cache_dtype_skip_layers)
+            report[f"{name}/{dtype}"] = got
+    emit(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
