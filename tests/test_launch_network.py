@@ -43,6 +43,12 @@ def test_turboquant_cache_dtypes_and_the_hybrid_refusal_follow_the_release():
     assert first.refuses_turboquant_on_hybrid() and not lifted.refuses_turboquant_on_hybrid()
 
 
+def test_only_025_and_026_shape_turboquant_layers_as_auto():
+    """What the H100 showed (0.26.0 cannot start any TurboQuant cache), read from each release."""
+    assert [facts(v).shapes_turboquant_as_auto() for v in ("0.24.0", "0.25.0", "0.26.0", "0.27.0", "0.29.0")] == [
+        False, True, True, False, False]
+
+
 def launch(recipe: Path, version: str, *args: str) -> int:
     return main(["launch", str(recipe), "--vllm", version, "--launch-cluster", str(STAND_IN),
                  "--image", "sparkmods-no-such-image:0", *args])
@@ -66,6 +72,13 @@ def test_turboquant_recipe_is_refused_before_021(capsys, tmp_path):
     assert launch(recipe, "0.19.1", "--solo") == 1
     assert "has no KV-cache dtype 'turboquant_k3v4_nc'" in capsys.readouterr().err
     assert launch(recipe, "0.21.0", "--solo", "-o", str(tmp_path / "l.sh")) == 0
+    assert launch(recipe, "0.26.0", "--solo") == 1
+    assert "kv-cache-dtype: vLLM 0.26.0" in capsys.readouterr().err
+
+
+def test_turboquant_recipe_with_its_mod_launches_on_026(capsys, tmp_path):
+    shipped = RECIPES / "qwen3.5-122b-a10b-turboquant.yaml"
+    assert launch(shipped, "0.26.0", "--solo", "-o", str(tmp_path / "l.sh")) == 0, capsys.readouterr().err
 
 
 def test_mtp_recipe_across_two_nodes_needs_ray(capsys, tmp_path):

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import pytest
 
@@ -117,9 +117,10 @@ CACHE_020 = 'from typing import Literal\nCacheDType = Literal["auto", "fp8", "tu
 REFUSAL = 'raise NotImplementedError("TurboQuant KV cache is not supported for hybrid (attention + Mamba) models.")\n'
 
 
-def problems(tmp_path: Path, version: str, cache_py: str, arg_utils: str, results: Sequence[ModResult]) -> List[str]:
+def problems(tmp_path: Path, version: str, cache_py: str, arg_utils: str, results: Sequence[ModResult],
+             more: Optional[Dict[str, str]] = None) -> List[str]:
     site = make_site(tmp_path / f"site-{version}", version, {
-        "vllm/config/cache.py": cache_py, "vllm/engine/arg_utils.py": arg_utils})
+        "vllm/config/cache.py": cache_py, "vllm/engine/arg_utils.py": arg_utils, **(more or {})})
     facts = TargetFacts(open_targets(f"dir:{site}#{version}")[0])
     plan = build_plan(load_recipe(RECIPE), LaunchOptions(), root=REPO)
     return [p.message for p in kv_cache_dtype(Context(plan, facts, list(results)))]
@@ -140,6 +141,23 @@ def test_turboquant_recipe_is_fine_on_018_to_020_with_the_mod(tmp_path, version,
         assert refused[0].startswith("vLLM 0.19.1 (") and "has no KV-cache dtype 'turboquant_k3v4_nc'" in refused[0]
     else:
         assert "refuses TurboQuant KV caches on hybrid models like Qwen3.5" in refused[0]
+
+
+# 0.25-0.26's runner shapes a layer whose spec has no quantisation mode as "auto"; 0.27 gives
+# TurboQuant layers a mode (kv_cache_interface), 0.29 drops the runner test.
+RUNNER_026 = 'layer_cache_dtype_str = ("auto" if kv_cache_spec.kv_quant_mode == KVQuantMode.NONE else dtype)\n'
+SPEC_027 = "class KVQuantMode:\n    def is_turboquant(self):\n        return True\n"
+
+
+def test_turboquant_recipe_on_025_026_needs_the_mod(tmp_path: Path) -> None:
+    files = {"vllm/v1/worker/gpu_model_runner.py": RUNNER_026, "vllm/v1/kv_cache_interface.py": "class KVQuantMode:\n    NONE = 0\n"}
+    others = [green("chat-template", "0.26.0", "any")]
+    refused = problems(tmp_path, "0.26.0", CACHE_020, "", others, files)
+    assert len(refused) == 1 and "cannot start a turboquant_k3v4_nc cache" in refused[0], refused
+    assert "add mods/turboquant to the recipe's mods" in refused[0]
+    assert problems(tmp_path, "0.26.0", CACHE_020, "", others + [green("turboquant", "0.26.0", "v0.21.0")], files) == []
+    fixed = {**files, "vllm/v1/kv_cache_interface.py": SPEC_027}  # 0.27-0.28: same runner, the spec has the mode
+    assert problems(tmp_path / "027", "0.27.0", CACHE_020, "", others, fixed) == []
 
 
 def test_a_turboquant_mod_that_does_not_apply_does_not_lift_the_refusal(tmp_path: Path) -> None:

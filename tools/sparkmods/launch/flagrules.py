@@ -152,7 +152,8 @@ def speculative_method(ctx: Context) -> Iterator[Problem]:
 
 def _turboquant_mod_applies(ctx: Context) -> bool:
     """The recipe applies the turboquant mod and it is green on the target: it brings the
-    turboquant_* dtypes to vLLM 0.18-0.19 and lifts 0.20's refusal of hybrid models."""
+    turboquant_* dtypes to vLLM 0.18-0.19, lifts 0.20's refusal of hybrid models and lets
+    0.25-0.26 start a TurboQuant cache at all."""
     return any(r.mod == TURBOQUANT_MOD and r.green for r in ctx.mod_results)
 
 
@@ -173,6 +174,11 @@ def kv_cache_dtype(ctx: Context) -> Iterator[Problem]:
         yield Problem("kv-cache-dtype", f"{ctx.where} refuses TurboQuant KV caches on hybrid models like Qwen3.5 "
                                         f"(lifted in vLLM 0.21.0): add mods/{TURBOQUANT_MOD} to the recipe's mods "
                                         "or use a newer image")
+    elif turboquant and ctx.facts.shapes_turboquant_as_auto():
+        yield Problem("kv-cache-dtype", f"{ctx.where} cannot start a {dtype} cache (its model runner shapes "
+                                        "TurboQuant layers as 'auto': \"Unknown TurboQuant cache dtype\", fixed "
+                                        f"in vLLM 0.27.0): add mods/{TURBOQUANT_MOD} to the recipe's mods or use "
+                                        "another image")
 
 
 def secrets(ctx: Context) -> Iterator[Problem]:

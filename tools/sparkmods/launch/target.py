@@ -12,13 +12,21 @@ from typing import Dict, FrozenSet, Iterable, Optional, Set
 
 from sparkmods import pyparse
 
-__all__ = ["TargetFacts", "literal_alias", "SPECULATIVE_PY", "CACHE_PY", "ARG_UTILS_PY"]
+__all__ = ["TargetFacts", "literal_alias", "SPECULATIVE_PY", "CACHE_PY", "ARG_UTILS_PY", "RUNNER_PY", "KV_INTERFACE_PY"]
 
 SPECULATIVE_PY = "vllm/config/speculative.py"
 CACHE_PY = "vllm/config/cache.py"
 ARG_UTILS_PY = "vllm/engine/arg_utils.py"
 # vLLM 0.20.x refuses TurboQuant KV caches on hybrid models with this message; 0.21 lifted it.
 TURBOQUANT_HYBRID_REFUSAL = "TurboQuant KV cache is not supported for hybrid"
+# vLLM 0.25.0-0.26.x: the model runner shapes every layer whose cache spec has no quantisation
+# mode as "auto", and TurboQuant layers get no mode before 0.27.0 adds `is_turboquant` to the
+# spec, so no turboquant_* cache starts (ValueError: Unknown TurboQuant cache dtype: 'auto';
+# seen on the H100, ci/bench/results/gpu-e2e-0.26.0-h100/). From 0.29 the runner test is gone.
+RUNNER_PY = "vllm/v1/worker/gpu_model_runner.py"
+KV_INTERFACE_PY = "vllm/v1/kv_cache_interface.py"
+RUNNER_AUTO_SHAPE = "kv_quant_mode == KVQuantMode.NONE"
+TURBOQUANT_SPEC_MODE = "def is_turboquant"
 
 
 def _aliases(tree: ast.Module) -> Dict[str, ast.expr]:
@@ -83,7 +91,7 @@ class TargetFacts:
         return f"vLLM {self.source.version} ({self.source.label})"
 
     def prefetch(self) -> None:
-        self.source.prefetch([SPECULATIVE_PY, CACHE_PY, ARG_UTILS_PY])
+        self.source.prefetch([SPECULATIVE_PY, CACHE_PY, ARG_UTILS_PY, RUNNER_PY, KV_INTERFACE_PY])
 
     def text(self, path: str) -> Optional[str]:
         if path not in self._text:
@@ -104,3 +112,8 @@ class TargetFacts:
     def refuses_turboquant_on_hybrid(self) -> bool:
         text = self.text(ARG_UTILS_PY)
         return text is not None and TURBOQUANT_HYBRID_REFUSAL in text
+
+    def shapes_turboquant_as_auto(self) -> bool:
+        """True where no turboquant_* cache can start (0.25.0-0.26.x, on any model)."""
+        runner, spec = self.text(RUNNER_PY), self.text(KV_INTERFACE_PY)
+        return runner is not None and RUNNER_AUTO_SHAPE in runner and (spec is None or TURBOQUANT_SPEC_MODE not in spec)
