@@ -73,9 +73,12 @@ class DecodeConfig:
 # --sweep output (it prints these lines). Bands: batch "1" (one request) or "many"; context
 # "short" (< 16k) or "long". A shape with no entry uses the head size's "*" entry.
 DEFAULT_DECODE: Dict[Tuple[int, str, str], DecodeConfig] = {
-    (256, "1", "short"): DecodeConfig(32, 8, 1, 64),  # first H100 sweep of the bytes kernel
-    (256, "*", "*"): DecodeConfig(64, 4, 2, 128),
     (128, "*", "*"): DecodeConfig(64, 4, 2, 128),
+    (256, "1", "long"): DecodeConfig(64, 4, 2, 128, "fields", "gather", 2, 0),
+    (256, "1", "short"): DecodeConfig(64, 4, 2, 128, "bytes", "gather", 2, 0),
+    (256, "many", "long"): DecodeConfig(32, 4, 2, 128, "fields", "gather", 4, 128),
+    (256, "many", "short"): DecodeConfig(64, 4, 2, 128, "bytes", "gather", 2, 0),
+    (256, "*", "*"): DecodeConfig(32, 4, 2, 128, "fields", "gather", 4, 128),
 }
 
 
