@@ -111,7 +111,8 @@ def snapshot(site: Path) -> Dict[str, str]:
 def strays(site: Path, mods: Sequence[str]) -> List[str]:
     """Files no finished run may leave: our temps anywhere, a journal, debris in the state folder.
 
-    Allowed in `.sparkmods/`: the lock file and, per applied mod, state.json and orig/ copies.
+    Allowed in `.sparkmods/`: the lock file and, per applied mod, state.json, orig/ copies and
+    run.sh's stamp (runtime/stamp.py).
     """
     out = [p.relative_to(site).as_posix() for p in site.rglob(f"*{TMP_SUFFIX}")]
     state = site / STATE_DIR
@@ -123,7 +124,7 @@ def strays(site: Path, mods: Sequence[str]) -> List[str]:
                 out.append(entry.relative_to(site).as_posix())
                 continue
             out += [p.relative_to(site).as_posix() for p in sorted(entry.iterdir())
-                    if p.name not in ("state.json", "orig")]
+                    if p.name not in ("state.json", "orig", "stamp")]
     return out
 
 

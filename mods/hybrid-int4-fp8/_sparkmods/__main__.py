@@ -1,4 +1,5 @@
-"""`python3 -m _sparkmods [apply|check|revert]` from run.sh inside a mod folder.
+"""`python3 -m _sparkmods [apply|check|revert]` inside a mod folder; run.sh imports it with
+`python3 -c` (as `-m` does, minus runpy's imports, a quarter of an already-applied run).
 
 A SIGINT outside applier.run (which turns it into an orderly interruption) raises Python's
 KeyboardInterrupt: while the runtime is still being imported, or in the instant after run
@@ -8,11 +9,16 @@ file runs, stays Python's.)
 """
 
 try:  # first: a SIGINT at any later line is caught
+    import os
     import sys
 
-    from .boot import main
+    from .stamp import quick
 
-    code = main()
+    code = quick(sys.argv[1:], os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+    if code is None:  # not the stamped already-applied case: the full runtime decides
+        from .boot import main
+
+        code = main()
 except KeyboardInterrupt:
     import os
     import sys

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence
 
-from . import fsops
+from . import fsops, stamp
 from .engine import APPLIED, CONFLICT, OK, OK_OFFSET, UnsafePath, plan, safe_target
 from .interrupts import Interrupted, deferred, exit_code, handled
 from .journal import (JOURNAL_NAME, STATE_DIR, STATE_FILE, Entry, Journal, JournalError, applied_rel, orig_rel, recover,
@@ -215,9 +215,28 @@ def apply_mod(mod_dir: Path, site: Path, workspace: Path, dry_run: bool = False,
         else:
             say(f"variant {variant.label} changes no vLLM file (vLLM {version})")
         _install_files(say, mod_dir, variant, workspace, dry_run)
+        if not dry_run and (result.status == APPLIED or result.changes()):
+            _stamp(manifest, mod_dir, site, version, variant)
     if variant.notes:
         say(variant.notes)
     return EXIT_OK
+
+
+def _stamp(manifest: Manifest, mod_dir: Path, site: Path, version: str, variant: Variant) -> None:
+    """Inside a mod (run.sh), after a run that leaves the mod on: the stamp that lets the next
+    run.sh say `already applied` without this module (stamp.py), if deciding again says so."""
+    if __package__ != "_sparkmods":
+        return  # the host's `sparkmods apply`: its manifest is mod.toml, not what run.sh reads
+    result = check_mod(manifest, mod_dir, version, _reader(site))
+    if result.status != APPLIED:
+        return
+    installs = [(i.name, mod_file(mod_dir, i.src, "install source")) for i in variant.install if not i.site]
+    try:
+        stamp.record(str(mod_dir), str(site), variant.label, version,
+                     list(variant.patches) + [i.src for i in variant.install], [f.path for f in result.files],
+                     installs, variant.notes)
+    except OSError:
+        pass  # a cache: without it the next run takes the full path
 
 
 def _site_installs(variant: Variant) -> List[str]:
