@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 from int8_lm_head_interp import BENCH, bench_module  # noqa: E402
 
 SWEEP = BENCH / "sweep_int8_lm_head.py"
+SHIPPED_PATCH = BENCH.parents[1] / "mods" / "int8-lm-head" / "patches" / "common" / "int8_lm_head.patch"
 
 
 def _sweep(out: Path, *extra: str, interpret: bool = True) -> subprocess.CompletedProcess:
@@ -62,6 +63,7 @@ def test_sweep_rows_limits_and_tuning(swept: Path, report: ModuleType) -> None:
         assert r["int8_config"] == sweep.describe(module.table_config(m))  # timed as DISPATCH routes it
         timed = data["tuning_times"][r["head"]][str(m)]
         assert r["int8_config"] in timed and r["best_us"] == min(t for t in timed.values() if t is not None)
+        assert {name.split()[0] for name in timed} >= {spec[0] for spec in sweep.CANDIDATE_BANDS[sweep.band_of(m)][1]}
         assert ("triton_bf16_us" in r) == (m >= sweep.YARDSTICK_FROM)
     bands = data["tuning"]["bands"]
     assert [b["limit"] for b in bands] == [limit for limit, _ in sweep.CANDIDATE_BANDS]
@@ -73,17 +75,95 @@ def test_sweep_rows_limits_and_tuning(swept: Path, report: ModuleType) -> None:
     for b in bands:  # each band's best tile serves that band in the suggested table
         cfg = next(c for limit, c in suggested if limit is None or (b["limit"] or 10**9) <= limit)
         assert sweep.describe(cfg) == b["suggested"]
-    kinds = {cfg.kernel for _, cfg in module.DISPATCH}
-    assert set(data["accuracy"]) == {f"{h} {kind}" for h in ("160x48", "70x40") for kind in kinds}
+    assert set(data["accuracy"]) == {f"{h} {kind}" for h in ("160x48", "70x40") for kind in sweep.KINDS}
     for name, a in data["accuracy"].items():
         assert a["states"] == 24 and 0.0 <= a["top1_int8_vs_bf16"] <= 1.0
         assert a["max_abs_int8_vs_bf16"] >= a["mean_abs_int8_vs_bf16"] > 0.0
+    acc = data["accuracy"]
+    for h in ("160x48", "70x40"):  # x rounded to int8 costs more than weight rounding alone
+        assert acc[f"{h} w8a8"]["mean_abs_int8_vs_bf16"] > acc[f"{h} split"]["mean_abs_int8_vs_bf16"]
+    drops = data["tuning"]["top1_drops_pp"]
+    assert drops == pytest.approx({kind: max(100 * (acc[f"{h} gemv"]["top1_int8_vs_bf16"] - acc[f"{h} {kind}"]["top1_int8_vs_bf16"])
+                                             for h in ("160x48", "70x40")) for kind in sweep.KINDS})
+    for b in bands:
+        assert b["top1_drop_pp"] == drops[b["suggested"].split()[0]]
+        assert b["top1_drop_pp"] <= sweep.TOP1_TOLERANCE_PP or b["suggested"] == b["shipped"]
+
+
+def _tuned(times: dict) -> dict:
+    """tuning_times for one head: every batch of the 256-row band timed at these candidates."""
+    return {"1x1": {m: dict(times) for m in (192, 256)}}
+
+
+def _accuracy(w8a8_top1: float) -> dict:
+    return {f"1x1 {kind}": {"top1_int8_vs_bf16": w8a8_top1 if kind == "w8a8" else 0.978}
+            for kind in ("gemv", "mma", "split", "w8a8")}
+
+
+@pytest.mark.parametrize("w8a8_top1,chosen", [(0.970, "split"), (0.974, "w8a8")])
+def test_the_band_table_keeps_w8a8_only_within_half_a_point_of_gemv(w8a8_top1: float, chosen: str, swept: Path) -> None:
+    """0.8 points below gemv: the faster w8a8 tile is reported, not suggested; 0.4 points: suggested."""
+    sweep = bench_module("sweep_int8_lm_head")
+    module = bench_module("int8_lm_head_kernel").load_kernel_module(swept)
+    times = {"split 64x256x128 w8 s3": 700.0, "w8a8 128x256x128 w8 s3": 500.0, "gemv 128x128x64 w4 s3": 900.0}
+    summary = sweep.tuning_summary(module, _tuned(times), torch.device("cpu"), _accuracy(w8a8_top1))
+    band = next(b for b in summary["bands"] if b["limit"] == 256)
+    assert band["suggested"].split()[0] == chosen and band["fastest"] == "w8a8 128x256x128 w8 s3"
+    assert band["fastest_top1_drop_pp"] == pytest.approx(100 * (0.978 - w8a8_top1))
+    assert band["fastest_gain"] == pytest.approx(1.4 if chosen == "split" else 1.0)
+    namespace = dict(vars(module))
+    exec(summary["dispatch_python"], namespace)  # noqa: S102
+    assert next(c for limit, c in namespace["DISPATCH"] if limit is None or 256 <= limit).kernel == chosen
+    data = {"tuning": summary, "rows": [], "accuracy": {}, "heads": [], "limits": {}}
+    rendered = bench_module("int8_lm_head_report").tuning_table(data)
+    assert "0.5 percentage points below the gemv" in rendered and f"w8a8 {-100 * (0.978 - w8a8_top1):+.2f} pp" in rendered
+
+
+def test_set_dispatch_writes_the_suggested_table_into_the_patch(swept: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    loader = bench_module("int8_lm_head_kernel")
+    patch = tmp_path / "int8_lm_head.patch"
+    patch.write_text(loader.PATCH.read_text())
+    monkeypatch.setattr(loader, "PATCH", patch)  # the repository's patch stays as it is
+    table = ("DISPATCH = (\n    (64, KernelConfig(GEMV, block_m=16, block_n=32, block_k=256, num_warps=4, num_stages=4)),\n"
+             "    (None, KernelConfig(W8A8, block_m=128, block_n=256, block_k=128, num_warps=8, num_stages=3)),\n)")
+    result = tmp_path / "sweep.json"
+    result.write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "tuning": {"dispatch_python": table}}))
+    assert loader.main(["--set-dispatch", str(result)]) == 0
+    module = loader.load_kernel_module(tmp_path, loader.patch_source(patch.read_text()))
+    assert [(limit, cfg.kernel, cfg.block_n) for limit, cfg in module.DISPATCH] == [(64, "gemv", 32), (None, "w8a8", 256)]
+    new, old = loader.patch_source(patch.read_text()), loader.patch_source(SHIPPED_PATCH.read_text())
+    start = old.index(loader.DISPATCH_OPEN)
+    assert new[:start] == old[:start] and new[start:].startswith(loader.DISPATCH_OPEN + "    (64, KernelConfig(GEMV")
+    assert new[new.index(loader.DISPATCH_CLOSE, start):] == old[old.index(loader.DISPATCH_CLOSE, start):]  # the rest as it was
+    assert capsys.readouterr().out.startswith("wrote ")
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("{", "cannot read the sweep results"),
+    (json.dumps({"device": "NVIDIA H100", "tuning": None}), "no suggested DISPATCH"),
+    (json.dumps({"device": "cpu (Triton interpreter)", "tuning": {"dispatch_python": "DISPATCH = (\n)"}}), "interpreter"),
+    (json.dumps({"device": "NVIDIA H100", "tuning": {"dispatch_python": "DISPATCH = (\n    (None, KernelConfig(FOO, 1, 1, 1, 1, 1)),\n)"}}),
+     "does not import"),
+    (json.dumps({"device": "NVIDIA H100", "tuning": {"dispatch_python": "DISPATCH = (\n    (64, KernelConfig(GEMV, 16, 32, 256, 4, 4)),\n)"}}),
+     "end with None"),
+])
+def test_set_dispatch_refuses_unusable_results_in_one_line(tmp_path: Path, monkeypatch, capsys, content: str, needle: str) -> None:
+    loader = bench_module("int8_lm_head_kernel")
+    patch = tmp_path / "int8_lm_head.patch"
+    patch.write_text(loader.PATCH.read_text())
+    monkeypatch.setattr(loader, "PATCH", patch)
+    result = tmp_path / "sweep.json"
+    result.write_text(content)
+    assert loader.main(["--set-dispatch", str(result)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+    assert patch.read_text() == SHIPPED_PATCH.read_text()  # nothing written
 
 
 def test_sweep_markdown_and_plot(swept: Path) -> None:
     md = (swept / "sweep.md").read_text()
     assert "INT8 >= 1.0x BF16 at every batch:" in md and "| 160x48 | 40 |" in md
-    assert "Suggested `DISPATCH`" in md and "top-1 INT8 = BF16" in md
+    assert "Suggested `DISPATCH`" in md and "top-1 INT8 = BF16" in md and "| 70x40 w8a8 |" in md
     svg = ET.parse(swept / "speedup.svg").getroot()
     lines = svg.findall("{http://www.w3.org/2000/svg}polyline")
     assert sorted(line.find("{http://www.w3.org/2000/svg}title").text for line in lines) == ["160x48", "70x40"]

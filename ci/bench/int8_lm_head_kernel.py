@@ -6,23 +6,33 @@ Needs no vLLM: the module guards its vLLM import.
 
     python3 ci/bench/int8_lm_head_kernel.py --extract FILE   # the module text, to edit
     python3 ci/bench/int8_lm_head_kernel.py --write FILE     # FILE becomes the new-file hunk
+    python3 ci/bench/int8_lm_head_kernel.py --set-dispatch DIR/sweep.json  # the sweep's suggested table
 
 --write regenerates the patch with the rebase tooling's own diff writer and proves, with the
-engine run.sh uses, that the patch recreates FILE byte for byte.
+engine run.sh uses, that the patch recreates FILE byte for byte. --set-dispatch replaces the
+module's DISPATCH block with the one a GPU sweep (sweep_int8_lm_head.py) suggests, checks that
+the module still imports with it, and writes the patch the same way.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[2]
 PATCH = REPO / "mods" / "int8-lm-head" / "patches" / "common" / "int8_lm_head.patch"
 MODULE_PATH = "vllm/model_executor/layers/int8_lm_head.py"
+DISPATCH_OPEN, DISPATCH_CLOSE = "\nDISPATCH = (\n", "\n)\n"
+
+
+class DispatchError(Exception):
+    """A sweep result or module text --set-dispatch cannot use; the message says what to do."""
 
 
 def _tools_on_path() -> None:
@@ -60,20 +70,53 @@ def module_patch(source: str) -> str:
     return text
 
 
-def load_kernel_module(workdir: Path) -> ModuleType:
-    """Write the module into workdir and import it as `int8_lm_head`.
+def load_kernel_module(workdir: Path, source: "str | None" = None) -> ModuleType:
+    """Write the module (the patch's, or source) into workdir and import it as `int8_lm_head`.
 
     With TRITON_INTERPRET=1 set before the call, the kernels run in Triton's interpreter on
     CPU tensors (the variable must stay set while they run); see enable_interpreter.
     """
     path = workdir / "int8_lm_head.py"
-    path.write_text(kernel_source(), encoding="utf-8")
+    path.write_text(kernel_source() if source is None else source, encoding="utf-8")
     spec = importlib.util.spec_from_file_location("int8_lm_head", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["int8_lm_head"] = module  # dataclasses resolve their module by name
     spec.loader.exec_module(module)
     return module
+
+
+def suggested_dispatch(sweep_json: Path) -> str:
+    """The DISPATCH block a GPU sweep suggests (tuning.dispatch_python of its sweep.json)."""
+    try:
+        data = json.loads(sweep_json.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DispatchError(f"{sweep_json}: cannot read the sweep results ({exc}); pass DIR/sweep.json of sweep_int8_lm_head.py")
+    tuning = data.get("tuning") if isinstance(data, dict) else None
+    if not isinstance(tuning, dict) or not isinstance(tuning.get("dispatch_python"), str):
+        raise DispatchError(f"{sweep_json}: no suggested DISPATCH (a --no-tune run?); run the sweep with tuning")
+    if "interpreter" in str(data.get("device", "")):
+        raise DispatchError(f"{sweep_json}: timed under Triton's interpreter ({data['device']}); use a GPU sweep")
+    return tuning["dispatch_python"].strip()
+
+
+def with_dispatch(source: str, dispatch: str) -> str:
+    """source with its `DISPATCH = (` ... `)` block replaced by dispatch, checked to import and to be a table."""
+    start = source.find(DISPATCH_OPEN)
+    end = source.find(DISPATCH_CLOSE, start + 1)
+    if start < 0 or end < 0 or not dispatch.startswith(DISPATCH_OPEN.strip()):
+        raise DispatchError(f"{PATCH}: no 'DISPATCH = (' ... ')' block to replace; restore the module's table first")
+    text = source[: start + 1] + dispatch + source[end + len(DISPATCH_CLOSE) - 1 :]
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            table = load_kernel_module(Path(tmp), text).DISPATCH
+        except Exception as exc:  # noqa: BLE001 - any failure of the edited module is the table's
+            raise DispatchError(f"{PATCH}: the module does not import with the new DISPATCH ({type(exc).__name__}: "
+                                f"{exc}); check the sweep's dispatch_python")
+    limits = [limit for limit, _ in table]
+    if not table or limits[-1] is not None or limits[:-1] != sorted(set(limits[:-1])):
+        raise DispatchError(f"{PATCH}: the new DISPATCH must rise in row count and end with None; got {limits}")
+    return text
 
 
 def enable_interpreter() -> None:
@@ -107,18 +150,25 @@ def main(argv: "list[str] | None" = None) -> int:
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--extract", type=Path, metavar="FILE", help="write the module text the patch creates")
     group.add_argument("--write", type=Path, metavar="FILE", help="regenerate the patch from this module text")
+    group.add_argument("--set-dispatch", type=Path, metavar="SWEEP_JSON", help="put a sweep's suggested DISPATCH in the patch")
     args = parser.parse_args(argv)
     if args.extract:
         args.extract.write_text(kernel_source(), encoding="utf-8")
-        print(f"wrote {args.extract} from {PATCH.relative_to(REPO)}")
+        print(f"wrote {args.extract} from {os.path.relpath(PATCH, REPO)}")
         return 0
     try:
-        source = args.write.read_text(encoding="utf-8")
+        if args.set_dispatch:
+            source = with_dispatch(kernel_source(), suggested_dispatch(args.set_dispatch))
+        else:
+            source = args.write.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         print(f"int8_lm_head_kernel: cannot read {args.write}: {exc}; pass the module file to write", file=sys.stderr)
         return 2
+    except DispatchError as exc:
+        print(f"int8_lm_head_kernel: {exc}", file=sys.stderr)
+        return 2
     PATCH.write_text(module_patch(source), encoding="utf-8")
-    print(f"wrote {PATCH.relative_to(REPO)} ({len(source.splitlines())} lines)")
+    print(f"wrote {os.path.relpath(PATCH, REPO)} ({len(source.splitlines())} lines)")
     return 0
 
 

@@ -7,10 +7,13 @@ For three heads (Qwen3.5-122B-A10B 248320x3072, Qwen3-8B 151936x4096, Qwen3.5-35
 `torch.matmul(x, W.t())` with the BF16 weight (what vLLM's unquantized head runs) and the mod's
 `int8_matmul` exactly as dispatched (DISPATCH in the module the patch installs), and puts both
 next to their physical limits: max(bytes / HBM bandwidth, 2 M N K / tensor-core peak). It then
-times candidate tiles per row band (tuning: what the table could be, reported, never applied),
-and measures accuracy on final-norm-like hidden states (ci/bench/int8_lm_head_hidden.py) for
-each kernel kind the table ships. Next to the candidates it times a BF16 Triton GEMM (the GEMV
-kernel on the BF16 weight), a yardstick for what Triton reaches on these shapes.
+times candidate tiles of every kernel kind (gemv, mma, split, w8a8) per row band, and measures
+the accuracy of each kind on final-norm-like hidden states (ci/bench/int8_lm_head_hidden.py).
+The table it suggests per band is the fastest candidate whose kind keeps top-1 agreement with
+BF16 within TOP1_TOLERANCE_PP (0.5) percentage points of the gemv path's on every head (what
+the table could be, reported, never applied; int8_lm_head_kernel.py --set-dispatch applies it).
+Next to the candidates it times a BF16 Triton GEMM (the GEMV kernel on the BF16 weight), a
+yardstick for what Triton reaches on these shapes.
 Writes DIR/sweep.json, sweep.md, speedup.svg (and speedup.png with matplotlib) and prints a
 compact summary. About 5 minutes on an H100 or H200; --quick: 5 batches, fewer candidates and
 states.
@@ -42,7 +45,7 @@ import torch
 
 from int8_lm_head_hidden import Agreement, hidden_states, norm_model
 from int8_lm_head_kernel import enable_interpreter, load_kernel_module
-from int8_lm_head_report import write_outputs
+from int8_lm_head_report import points, write_outputs
 
 HEADS = (("Qwen3.5-122B-A10B", 248320, 3072), ("Qwen3-8B", 151936, 4096), ("Qwen3.5-35B-A3B", 248320, 2048))
 BATCHES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
@@ -61,24 +64,36 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 # Candidate tiles, per row band of a suggested DISPATCH: (largest rows of the band, specs); a spec
 # is (kernel, block_m, block_n, block_k, warps, stages). gemv: x rows on the left, the weight tile
 # converted to bf16; mma: the converted weight tile on the left; split: x as two int8 parts on the
-# INT8 tensor cores, no conversion. Every batch times the candidates of its band (and the
-# shipped tile); QUICK times the first two of each band.
+# INT8 tensor cores, no conversion; w8a8: x rounded to one int8 part, one INT8 product (half
+# split's MMA work; its shared memory per stage is smaller, so deeper K tiles fit). Every batch
+# times the candidates of its band (and the shipped tile); QUICK the first of each kind.
 _MANY = (("split", 128, 128, 128, 8, 4), ("split", 128, 128, 128, 8, 3), ("split", 128, 128, 64, 8, 5),
          ("split", 64, 256, 128, 8, 3), ("split", 128, 64, 128, 8, 4), ("split", 256, 64, 128, 8, 3),
-         ("gemv", 128, 128, 64, 4, 3), ("gemv", 256, 128, 64, 8, 3), ("mma", 256, 128, 64, 8, 4))
+         ("gemv", 128, 128, 64, 4, 3), ("gemv", 256, 128, 64, 8, 3), ("mma", 256, 128, 64, 8, 4),
+         ("w8a8", 128, 128, 128, 8, 4), ("w8a8", 64, 256, 128, 8, 3), ("w8a8", 128, 256, 128, 8, 3),
+         ("w8a8", 256, 128, 128, 8, 3), ("w8a8", 128, 128, 256, 8, 3))
 CANDIDATE_BANDS = (
     (16, (("gemv", 16, 32, 256, 4, 4), ("split", 16, 32, 256, 4, 4), ("split", 16, 64, 256, 4, 4),
-          ("split", 16, 128, 128, 4, 4), ("split", 16, 64, 512, 4, 3), ("gemv", 16, 64, 256, 4, 4))),
+          ("split", 16, 128, 128, 4, 4), ("split", 16, 64, 512, 4, 3), ("gemv", 16, 64, 256, 4, 4),
+          ("w8a8", 16, 64, 256, 4, 4), ("w8a8", 16, 128, 256, 4, 4))),
     (32, (("gemv", 32, 64, 256, 4, 4), ("split", 32, 64, 256, 4, 4), ("split", 32, 128, 128, 4, 4),
-          ("split", 32, 64, 128, 4, 5), ("gemv", 32, 32, 256, 4, 4))),
+          ("split", 32, 64, 128, 4, 5), ("gemv", 32, 32, 256, 4, 4), ("w8a8", 32, 64, 256, 4, 4),
+          ("w8a8", 32, 128, 256, 4, 4))),
     (64, (("split", 64, 128, 128, 4, 4), ("gemv", 64, 128, 64, 4, 3), ("split", 64, 128, 64, 4, 5),
-          ("split", 64, 256, 128, 8, 3), ("split", 64, 64, 128, 4, 4), ("mma", 64, 64, 128, 4, 4))),
+          ("split", 64, 256, 128, 8, 3), ("split", 64, 64, 128, 4, 4), ("mma", 64, 64, 128, 4, 4),
+          ("w8a8", 64, 64, 128, 4, 4), ("w8a8", 64, 128, 128, 4, 4), ("w8a8", 64, 128, 256, 4, 3))),
     (128, (("split", 128, 128, 128, 8, 4), ("gemv", 128, 128, 64, 4, 3), ("split", 128, 128, 128, 8, 3),
            ("split", 128, 128, 64, 8, 5), ("split", 64, 256, 128, 8, 3), ("split", 128, 64, 128, 8, 4),
-           ("gemv", 128, 128, 64, 8, 3))),
+           ("gemv", 128, 128, 64, 8, 3), ("w8a8", 128, 128, 128, 8, 4), ("w8a8", 64, 256, 128, 8, 3),
+           ("w8a8", 128, 128, 256, 8, 3))),
     (256, _MANY),
     (None, _MANY),
 )
+KINDS = ("gemv", "mma", "split", "w8a8")  # every kind is timed and its accuracy measured
+# The suggested table keeps a kind only if, on every head, its top-1 agreement with BF16 is at
+# most this many percentage points below the gemv path's (gemv is the reference INT8 path:
+# weight rounding only, FP32 products of the bf16 hidden states).
+TOP1_TOLERANCE_PP = 0.5
 # The BF16 Triton yardstick: the GEMV kernel on the BF16 weight, at these tiles (best one kept).
 YARDSTICK = (("gemv", 128, 256, 64, 8, 3), ("gemv", 128, 128, 64, 8, 4), ("gemv", 64, 128, 64, 4, 4))
 YARDSTICK_FROM = 48  # rows; below, the yardstick is not timed (the BF16 head is memory-bound)
@@ -184,6 +199,17 @@ def band_of(m: int) -> int:
     return next(i for i, (limit, _) in enumerate(CANDIDATE_BANDS) if limit is None or m <= limit)
 
 
+def band_specs(m: int, quick: bool) -> Tuple[tuple, ...]:
+    """The candidate specs timed at m rows: the band's, or under quick its first of each kind."""
+    specs = CANDIDATE_BANDS[band_of(m)][1]
+    if not quick:
+        return specs
+    first: Dict[str, tuple] = {}
+    for spec in specs:
+        first.setdefault(spec[0], spec)
+    return tuple(first.values())
+
+
 def time_candidates(mod, qw, x: torch.Tensor, specs: Sequence[tuple], timer, failed: set) -> Dict[str, Optional[float]]:
     """Microseconds per candidate tile; None for one that fails to compile or launch (named once in failed)."""
     times: Dict[str, Optional[float]] = {}
@@ -225,8 +251,7 @@ def sweep_head(mod, head: Head, batches: Sequence[int], args, timers: tuple, gen
             "bf16_pct_of_limit": 100 * lim16 / t16, "int8_pct_of_limit": 100 * lim8 / t8,
         }
         if not args.no_tune:
-            specs = CANDIDATE_BANDS[band_of(m)][1][: 2 if args.quick else None]
-            specs = tuple(dict.fromkeys(specs + (dataclasses.astuple(cfg),)))
+            specs = tuple(dict.fromkeys(band_specs(m, args.quick) + (dataclasses.astuple(cfg),)))
             times = time_candidates(mod, qw, x, specs, candidate_timer, failed)
             tuned[m] = times
             done = {name: t for name, t in times.items() if t is not None}
@@ -241,22 +266,29 @@ def sweep_head(mod, head: Head, batches: Sequence[int], args, timers: tuple, gen
     return rows, tuned
 
 
-def shipped_kernels(mod) -> Dict[str, object]:
-    """The first DISPATCH config of each kernel kind the table ships, by kind."""
+def accuracy_configs(mod) -> Dict[str, object]:
+    """One config per kernel kind for the accuracy run: the first DISPATCH ships, else its first candidate.
+
+    The tile does not change what a kind computes beyond FP32 summation order (gemv, mma) or
+    not at all (split, w8a8: exact INT32 sums).
+    """
     kinds: Dict[str, object] = {}
     for _, cfg in mod.DISPATCH:
         kinds.setdefault(cfg.kernel, cfg)
-    return kinds
+    for _, specs in CANDIDATE_BANDS:
+        for spec in specs:
+            kinds.setdefault(spec[0], mod.KernelConfig(*spec))
+    return {kind: kinds[kind] for kind in KINDS}
 
 
 def accuracy(mod, head: Head, states: int, args, gen: torch.Generator) -> Dict[str, dict]:
-    """Per shipped kernel kind: INT8 against BF16 (and both against FP32) on final-norm-like hidden states."""
+    """Per kernel kind: INT8 against BF16 (and both against FP32) on final-norm-like hidden states."""
     dtype = DTYPES[args.dtype]
     w = make_weight(head, gen, dtype)
     qw = mod.quantize_rows(w)
     wf = w.float()
     model = norm_model(head.k, gen)
-    kinds = shipped_kernels(mod)
+    kinds = accuracy_configs(mod)
     agreements = {kind: Agreement() for kind in kinds}
     for start in range(0, states, STATE_CHUNK):
         x = hidden_states(model, w, min(STATE_CHUNK, states - start), gen, dtype)
@@ -274,13 +306,27 @@ def dispatch_line(limit: Optional[int], name: str) -> str:
             f"num_warps={warps[1:]}, num_stages={stages[1:]})),")
 
 
-def tuning_summary(mod, tuned: Dict[str, dict], device: torch.device) -> dict:
-    """Per candidate band: the shipped tile(s) against the candidate with the lowest geo-mean time.
+def top1_drops(acc: Dict[str, dict]) -> Dict[str, float]:
+    """Per kind: the largest drop, over heads, of its top-1 agreement with BF16 below gemv's, in points."""
+    drops: Dict[str, float] = {}
+    for key, a in acc.items():
+        head, kind = key.rsplit(" ", 1)
+        drop = 100 * (acc[f"{head} gemv"]["top1_int8_vs_bf16"] - a["top1_int8_vs_bf16"])
+        drops[kind] = max(drops.get(kind, drop), drop)
+    return drops
+
+
+def tuning_summary(mod, tuned: Dict[str, dict], device: torch.device, acc: Dict[str, dict]) -> dict:
+    """Per candidate band: the shipped tile(s) against the fastest candidate the accuracy rule allows.
 
     The geo-mean runs over every head and batch of the band, among candidates timed at all of
-    them; a band no tuned batch falls in keeps the shipped tile (ratio None: not tuned).
-    Adjacent bands with the same best tile make one DISPATCH entry.
+    them. The suggestion is the lowest geo-mean among kinds whose top-1 drop against gemv
+    (top1_drops) is at most TOP1_TOLERANCE_PP; the fastest candidate of any kind is reported
+    next to it with its own drop, so each band says what its speed costs in agreement. A band
+    no tuned batch falls in keeps the shipped tile (ratio None: not tuned). Adjacent bands with
+    the same suggested tile make one DISPATCH entry.
     """
+    drops = top1_drops(acc)
     bands, entries, lower = [], [], 0
     for limit, _ in CANDIDATE_BANDS:
         in_band = [m for per in tuned.values() for m in per if lower < m and (limit is None or m <= limit)]
@@ -295,14 +341,20 @@ def tuning_summary(mod, tuned: Dict[str, dict], device: torch.device) -> dict:
         count = max((len(ts) for ts in samples.values()), default=0)
         complete = {n: ts for n, ts in samples.items() if len(ts) == count and all(t is not None for t in ts)}
         geo = {n: math.exp(statistics.fmean(math.log(t) for t in ts)) for n, ts in complete.items()}
-        best = min(geo, key=geo.__getitem__) if geo else shipped[0]
+        allowed = {n: t for n, t in geo.items() if drops[n.split()[0]] <= TOP1_TOLERANCE_PP}
+        best = min(allowed, key=allowed.__getitem__) if allowed else shipped[0]
+        fastest = min(geo, key=geo.__getitem__) if geo else best
         ratio = geo[shipped[0]] / geo[best] if len(shipped) == 1 and shipped[0] in geo else None
-        bands.append({"limit": limit, "shipped": ", ".join(shipped), "suggested": best, "ratio": ratio})
+        bands.append({"limit": limit, "shipped": ", ".join(shipped), "suggested": best, "ratio": ratio,
+                      "top1_drop_pp": drops[best.split()[0]], "fastest": fastest,
+                      "fastest_top1_drop_pp": drops[fastest.split()[0]],
+                      "fastest_gain": geo[best] / geo[fastest] if best in geo else None})
         if entries and entries[-1][1] == best:
             entries.pop()
         entries.append((limit, best))
     lines = [dispatch_line(limit, name) for limit, name in entries]
-    return {"bands": bands, "dispatch_python": "DISPATCH = (\n" + "\n".join(lines) + "\n)"}
+    return {"bands": bands, "top1_tolerance_pp": TOP1_TOLERANCE_PP, "top1_drops_pp": drops,
+            "dispatch_python": "DISPATCH = (\n" + "\n".join(lines) + "\n)"}
 
 
 def copy_tbs(device: torch.device, quick: bool) -> Optional[float]:
@@ -367,7 +419,7 @@ def run(args) -> dict:
         "dispatch": [[limit, describe(cfg)] for limit, cfg in mod.DISPATCH],
         "heads": [dataclasses.asdict(h) for h in heads],
         "rows": rows, "accuracy": acc,
-        "tuning": None if args.no_tune else tuning_summary(mod, tuned, device),
+        "tuning": None if args.no_tune else tuning_summary(mod, tuned, device, acc),
         "tuning_times": {h: {str(m): t for m, t in per.items()} for h, per in tuned.items()},
         "seconds": time.perf_counter() - started,
     }
@@ -388,7 +440,12 @@ def summary(data: dict) -> str:
                 f"{r['batch']}:{r['best_speedup']:.2f}" for r in rows if "best_speedup" in r))
     for band in (data.get("tuning") or {}).get("bands", []):
         ratio = "-" if band["ratio"] is None else f"{band['ratio']:.3f}"
-        lines.append(f"band <= {band['limit'] or 'rest'}: shipped {band['shipped']} / best {band['suggested']} = {ratio}")
+        line = (f"band <= {band['limit'] or 'rest'}: shipped {band['shipped']} / best {band['suggested']} = {ratio}, "
+                f"top-1 {points(band['top1_drop_pp'])} vs gemv")
+        if band["fastest"] != band["suggested"]:
+            gain = "-" if band["fastest_gain"] is None else f"{band['fastest_gain']:.3f}x faster"
+            line += f"; fastest {band['fastest']} ({gain}, top-1 {points(band['fastest_top1_drop_pp'])}: excluded)"
+        lines.append(line)
     for key, a in data["accuracy"].items():
         lines.append(f"{key}: top-1 INT8=BF16 {100 * a['top1_int8_vs_bf16']:.2f} % over {a['states']} states, "
                      f"max |INT8-BF16| {a['max_abs_int8_vs_bf16']:.4f}, mean {a['mean_abs_int8_vs_bf16']:.5f}")
@@ -400,7 +457,7 @@ def summary(data: dict) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for sweep.json, sweep.md and the plot")
-    parser.add_argument("--quick", action="store_true", help="5 batches, 2 candidates a band, 512 states")
+    parser.add_argument("--quick", action="store_true", help="5 batches, 1 candidate a kind and band, 512 states")
     parser.add_argument("--no-tune", action="store_true", help="skip timing the candidate tiles")
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu under TRITON_INTERPRET=1")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="hidden-state and head dtype")
