@@ -78,8 +78,11 @@ def check_batches(mod, w: torch.Tensor, qw, gen: torch.Generator) -> dict:
         ref = x64 @ w64.t()
         ref_q = x64 @ wq64.t()
         acc_term = 2 * k * 2.0**-24 * (x64.abs() @ absq64.t())
-        if mod.table_config(m).kernel == mod.SPLIT:  # x coded as two int8 parts: xscale / (2 LO_STEPS) an entry
-            acc_term = acc_term + x64.abs().amax(dim=1, keepdim=True) / 127 / (2 * mod.LO_STEPS) * absq64.sum(dim=1)
+        kernel = mod.table_config(m).kernel
+        if kernel in (mod.SPLIT, mod.W8A8):  # x coded in int8: xscale / (2 LO_STEPS) an entry, xscale / 2 for W8A8
+            steps = mod.LO_STEPS if kernel == mod.SPLIT else 1
+            x_err = x64.abs().amax(dim=1, keepdim=True) / 127 / (2 * steps) * (1 + 1e-5)
+            acc_term = acc_term + x_err * absq64.sum(dim=1)
         round_term = 2.0**-8 * torch.maximum(y.abs(), ref.abs())
         quant_term = x64.abs().sum(dim=1, keepdim=True) * amax[None, :] / 254
         worst_kernel = max(worst_kernel, ((y - ref_q).abs() - acc_term - 2.0**-8 * y.abs()).max().item())
