@@ -199,11 +199,20 @@ start_ray() {
     log "Ray cluster formed: ${#nodes[@]} nodes"
 }
 
+# foreground CMD...: run CMD as a job and wait for it, so that Ctrl-C or SIGTERM reaches our traps
+# at once. Run plainly in the foreground, a child that exits normally on SIGINT (the docker CLI
+# of `docker exec` can, depending on when the signal lands) makes bash take the signal as
+# handled and carry on as if vllm serve had ended by itself: exit 0 instead of 130.
+foreground() {
+    "$@" &
+    wait "$!"
+}
+
 serve() {
     local i rank_args
     case "$mode" in
         solo | ray)
-            on_node "${nodes[0]}" docker exec "$(ctr 0)" "${serve_argv[@]}"
+            foreground on_node "${nodes[0]}" docker exec "$(ctr 0)" "${serve_argv[@]}"
             ;;
         no-ray)
             for i in "${!nodes[@]}"; do
@@ -212,7 +221,7 @@ serve() {
                     on_node "${nodes[$i]}" docker exec -d "$(ctr "$i")" "${serve_argv[@]}" "${rank_args[@]}" --headless
                 fi
             done
-            on_node "${nodes[0]}" docker exec "$(ctr 0)" "${serve_argv[@]}" --nnodes "${#nodes[@]}" --node-rank 0 \
+            foreground on_node "${nodes[0]}" docker exec "$(ctr 0)" "${serve_argv[@]}" --nnodes "${#nodes[@]}" --node-rank 0 \
                 --master-addr "${nodes[0]}" --master-port "$master_port"
             ;;
     esac
