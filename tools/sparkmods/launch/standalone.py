@@ -199,12 +199,15 @@ start_ray() {
     log "Ray cluster formed: ${#nodes[@]} nodes"
 }
 
-# foreground CMD...: run CMD as a job and wait for it, so that Ctrl-C or SIGTERM reaches our traps
-# at once. Run plainly in the foreground, a child that exits normally on SIGINT (the docker CLI
-# of `docker exec` can, depending on when the signal lands) makes bash take the signal as
-# handled and carry on as if vllm serve had ended by itself: exit 0 instead of 130.
+# foreground CMD...: run CMD in a process group of its own and wait for it, so that Ctrl-C (the
+# terminal signals its foreground group) and SIGTERM reach only this script, whose traps then
+# always run and exit 130/143 after removing the containers (which ends CMD). Sharing our group,
+# a docker CLI that exits normally on SIGINT can win the race, and bash then carries on as if
+# vllm serve had ended by itself: exit 0 instead of 130. `set -m` gives the job its own group.
 foreground() {
+    set -m
     "$@" &
+    set +m
     wait "$!"
 }
 
