@@ -341,6 +341,21 @@ def test_decode_config_refuses_unknown_variants_and_defaults_come_from_the_table
         assert isinstance(tq.default_decode_config(head, 8, 131072), tq.DecodeConfig)
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_rotate_is_float32_matmul_for_strided_inputs_and_any_row_count(fmt: ModuleType, tq: ModuleType, d: int) -> None:
+    """tq_decode and tq_store rotate with tq.rotate, not torch.matmul (cuBLAS's float32 GEMM is slow
+    for a decode step's few rows); it must give the same float32 numbers: a key view with a
+    padded row stride as vLLM passes it, one row, and more rows than one tile size covers."""
+    rot = fmt.rotation(d, "cpu").T.contiguous()
+    gen = torch.Generator().manual_seed(d)
+    padded = torch.randn(5, 3, d + 16, generator=gen).to(torch.bfloat16)[..., :d]  # stride(1) = d + 16
+    for x in (padded, padded[:1, :1], torch.randn(1030, d, generator=gen)):
+        got = tq.rotate(x, rot)
+        assert got.dtype == torch.float32 and got.shape == x.shape
+        assert rel(got, torch.matmul(x.float(), rot)) < 1e-6
+    assert tq.rotate(padded[:0], rot).shape == (0, 3, d)
+
+
 def test_decode_writes_into_out_and_gives_zeros_for_an_empty_request(fmt: ModuleType, tq: ModuleType) -> None:
     case = stored(fmt, tq, "turboquant_k3v4_nc", 128)
     query = torch.randn(2, HQ, 128, generator=torch.Generator().manual_seed(3)).to(torch.float16)

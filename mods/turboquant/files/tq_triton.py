@@ -73,12 +73,16 @@ class DecodeConfig:
 # --sweep output (it prints these lines). Bands: batch "1" (one request) or "many"; context
 # "short" (< 16k) or "long". A shape with no entry uses the head size's "*" entry.
 DEFAULT_DECODE: Dict[Tuple[int, str, str], DecodeConfig] = {
-    (128, "*", "*"): DecodeConfig(64, 4, 2, 128),
     (256, "1", "long"): DecodeConfig(64, 4, 2, 128, "fields", "gather", 2, 0),
     (256, "1", "short"): DecodeConfig(64, 4, 2, 128, "bytes", "gather", 2, 0),
     (256, "many", "long"): DecodeConfig(32, 4, 2, 128, "fields", "gather", 4, 128),
     (256, "many", "short"): DecodeConfig(64, 4, 2, 128, "bytes", "gather", 2, 0),
     (256, "*", "*"): DecodeConfig(32, 4, 2, 128, "fields", "gather", 4, 128),
+    (128, "1", "long"): DecodeConfig(64, 4, 2, 128, "bytes", "gather", 2, 0),
+    (128, "1", "short"): DecodeConfig(64, 4, 2, 128, "bytes", "gather", 2, 0),
+    (128, "many", "long"): DecodeConfig(64, 2, 2, 128, "fields", "gather", 4, 0),
+    (128, "many", "short"): DecodeConfig(32, 4, 2, 128, "bytes", "gather", 4, 0),
+    (128, "*", "*"): DecodeConfig(64, 2, 2, 128, "fields", "gather", 4, 0),
 }
 
 
@@ -290,6 +294,43 @@ def _store_kernel(key_ptr, value_ptr, cache_ptr, slot_ptr, centroid_ptr, midpoin
     tl.store((region + OFF_VZ).to(tl.pointer_type(tl.float16)) + pos, zero, mask=valid)
 
 
+@triton.jit
+def _rotate_kernel(x_ptr, r_ptr, out_ptr, rows, stride_x, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                   BLOCK_K: tl.constexpr):
+    """out[rows, D] = x[rows, D] @ R (float32, IEEE products: the scores and codes depend on it)."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    ok = r < rows
+    acc = tl.zeros((BLOCK_R, BLOCK_C), tl.float32)
+    for k0 in range(0, D, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        xs = tl.load(x_ptr + r[:, None].to(tl.int64) * stride_x + k[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+        acc = tl.dot(xs, tl.load(r_ptr + k[:, None] * D + c[None, :]), acc, input_precision="ieee")
+    tl.store(out_ptr + r[:, None].to(tl.int64) * D + c[None, :], acc, mask=ok[:, None])
+
+
+def rotate(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """x [..., D] @ rotation [D, D] in float32, shaped like x.
+
+    Not torch.matmul: a decode step rotates a handful of rows (a query's heads, one token's keys),
+    where cuBLAS's float32 GEMM took 51 us for 16 x 128 rows on an H100 (head 128) against 11 us
+    for the whole decode attention: most of a batch-1 decode call (ci/bench/results/turboquant_rotate_h100.md).
+    """
+    head_size = x.shape[-1]
+    flat = x.reshape(-1, head_size)
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    rows = flat.shape[0]
+    out = torch.empty(rows, head_size, dtype=torch.float32, device=x.device)
+    if rows:
+        block_r = 16 if rows <= 1024 else 64
+        block_c = min(64, head_size)
+        _rotate_kernel[(triton.cdiv(rows, block_r), head_size // block_c)](
+            flat, rotation, out, rows, flat.stride(0), D=head_size, BLOCK_R=block_r, BLOCK_C=block_c,
+            BLOCK_K=min(32, head_size), num_warps=4)
+    return out.view(*x.shape[:-1], head_size)
+
+
 def tq_store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor, spec: fmt.TQSpec) -> None:
     """Quantise key/value [T, Hkv, D] into the cache at slot_mapping (-1 = skip the token).
 
@@ -301,7 +342,7 @@ def tq_store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
     if n == 0:
         return
     tab = tables(spec, head_size, key.device)
-    keys = key[:n] if spec.key_fp8 else torch.matmul(key[:n].float(), tab.rotation_t)
+    keys = key[:n] if spec.key_fp8 else rotate(key[:n], tab.rotation_t)
     values = value[:n]
     if keys.stride(-1) != 1 or values.stride(-1) != 1:
         raise ValueError("tq_store needs key and value with a contiguous last dimension")
@@ -665,7 +706,7 @@ def tq_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Te
     if batch == 0:
         return out
     tab = tables(spec, head_size, query.device)
-    q = query if spec.key_fp8 else torch.matmul(query.float(), tab.rotation_t)
+    q = query if spec.key_fp8 else rotate(query, tab.rotation_t)
     if q.stride(-1) != 1:
         q = q.contiguous()
     splits = num_splits or num_splits_for(batch, num_kv_heads, block_table.shape[1] * block_size, query.device, cfg)
