@@ -21,7 +21,8 @@ import pytest
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 
 # Member layout of make_wheel: A and B are adjacent (one coalesced request), FAR sits past a
-# 256 KiB incompressible filler, close to the central directory (inside the first tail fetch).
+# 3 MiB incompressible filler (larger than the first tail fetch and than the read-ahead, as a
+# vLLM wheel's shared libraries are), close to the central directory (inside the tail fetch).
 A = "vllm/model_executor/layers/logits_processor.py"
 B = "vllm/model_executor/layers/quantization/inc.py"
 FAR = "vllm/platforms/cuda.py"
@@ -55,7 +56,7 @@ def make_wheel(path: Path, version: str, *, zip64: bool = False, stored: bool = 
         for name, data in wheel_files(version).items():
             with zf.open(zipfile.ZipInfo(name, (2026, 1, 1, 0, 0, 0)), "w", force_zip64=zip64) as out:
                 out.write(data)
-        zf.writestr(zipfile.ZipInfo(FILLER), rng.randbytes(256 * 1024), compress_type=zipfile.ZIP_STORED)
+        zf.writestr(zipfile.ZipInfo(FILLER), rng.randbytes(3 << 20), compress_type=zipfile.ZIP_STORED)
         zf.writestr(FAR, module_text(version, FAR))
         for name, data in (extra or {}).items():
             zf.writestr(zipfile.ZipInfo(name), data)

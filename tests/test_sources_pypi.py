@@ -37,8 +37,10 @@ def test_three_releases_over_ranges_then_cache_then_offline():
         source.prefetch(PATHS)
     cold = stats.snapshot()
     wheel_bytes = sum(s.size for s in sources)
-    assert cold["full_downloads"] == 0 and cold["bytes"] < wheel_bytes / 100  # never the whole wheel
-    assert cold["requests"] <= 4 * len(sources)  # tail, rest of the central directory, members
+    # never the whole wheel: the tail (with the central directory), the members and the read-ahead
+    # around them (remote.READ_AHEAD), about 1.3 % of these three wheels
+    assert cold["full_downloads"] == 0 and cold["bytes"] < wheel_bytes / 50
+    assert cold["requests"] <= 2 * len(sources)  # the tail with the whole central directory, then the members
 
     first: List[dict] = []
     for source in sources:

@@ -67,3 +67,34 @@ def test_a_truncated_archive_is_one_line_not_a_traceback(cut: int) -> None:
     data = _archive(False)
     with pytest.raises(SparkmodsError, match=r"^x: not a readable wheel"):
         ZipMembers("x", io.BytesIO(data[:-cut]))
+
+
+def _sized_archive(sizes: "list[int]") -> bytes:
+    """Stored members m0, m1, ... of the given sizes, in that order."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
+        for i, size in enumerate(sizes):
+            zf.writestr(f"vllm/m{i}.py", b"#" * size)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("reach", [0, 999, 1_100, 5_000, 50_000])
+def test_widened_takes_whole_neighbours_within_reach_and_stops_at_a_large_member(reach: int) -> None:
+    sizes = [300, 300, 300, 20_000, 300, 300, 300, 300, 300]
+    members = ZipMembers("x", io.BytesIO(_sized_archive(sizes)))
+    spans = [members.span(f"vllm/m{i}.py") for i in range(len(sizes))]
+    start, end = members.widened(spans[5], reach)
+    # every member either lies wholly inside the widened span or wholly outside it
+    inside = [i for i, (s, e) in enumerate(spans) if start <= s and e <= end]
+    assert all(e <= start or s >= end for i, (s, e) in enumerate(spans) if i not in inside)
+    assert 5 in inside and inside == list(range(inside[0], inside[-1] + 1))
+    assert start >= spans[0][0] and end <= members.central_offset  # never past the central directory
+    for i in inside:  # each one taken is within reach of the asked span, and not larger than it
+        assert spans[5][0] - spans[i][0] <= reach and spans[i][1] - spans[5][1] <= reach or i == 5
+        assert spans[i][1] - spans[i][0] <= reach or i == 5
+    if reach >= 20_000 + 4 * 400:
+        assert inside == list(range(len(sizes)))  # the large member is within reach now
+    elif reach >= 4 * 400:
+        assert inside == [4, 5, 6, 7, 8]  # m3 (20 kB) stops it to the left; the end of the archive to the right
+    if reach == 0:
+        assert (start, end) == spans[5]

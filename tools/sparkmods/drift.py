@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
+from sparkmods.driftmemo import Changes, DriftMemo, changes_key
 from sparkmods.rebase.resolve import Module, Signature, Symbol, VllmTree, module_name, parse, signature_keeping
 from sparkmods.runtime.engine import APPLIED, OK, OK_OFFSET, plan_file
 from sparkmods.runtime.modcheck import DRIFT
@@ -31,7 +32,6 @@ from sparkmods.runtime.udiff import FilePatch, reverse
 __all__ = ["DRIFT", "Finding", "check_patched", "new_findings", "drift_status"]
 
 Reader = Callable[[str], Optional[bytes]]
-Changes = Dict[str, Tuple[Optional[bytes], Optional[bytes]]]  # path -> (before, after)
 _CONSTRUCTORS = {"__init__", "__new__", "__post_init__", "__init_subclass__"}
 
 
@@ -292,10 +292,24 @@ def _accepts(mine: Signature, theirs: Signature) -> List[str]:
     return problems
 
 
+_MEMO = DriftMemo()
+
+
 def check_patched(changes: Changes, read: Reader, list_files: Optional[Callable[[], Sequence[str]]] = None) -> List[Finding]:
-    """Drift findings for the patched files in `changes`, seen in the tree `read` serves."""
+    """Drift findings for the patched files in `changes`, seen in the tree `read` serves
+    (taken from the process's memo when an earlier tree answered the same; driftmemo.py)."""
     overlay = {p: after for p, (_, after) in changes.items()}
     tree = VllmTree(lambda p: overlay[p] if p in overlay else read(p), list_files)
+    key = changes_key(changes)
+    known = _MEMO.lookup(key, tree)
+    if known is not None:
+        return list(known)  # type: ignore[call-overload]
+    found = _findings(changes, tree)
+    _MEMO.store(key, tree.observed, tuple(found))
+    return found
+
+
+def _findings(changes: Changes, tree: VllmTree) -> List[Finding]:
     found: List[Finding] = []
     for path in sorted(changes):
         before, after = changes[path]

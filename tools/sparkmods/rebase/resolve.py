@@ -333,14 +333,37 @@ class Listing:
         return any(f.endswith((".so", ".pyd")) for f in self._under(base + "."))
 
 
+# One question a VllmTree asked of its source, with the answer: ("read", path, sha1 of the
+# bytes or None when absent), ("folder", base, bool) or ("extension", base, bool).
+Observation = Tuple[str, str, object]
+
+
 class VllmTree:
-    """Modules of one vLLM tree, parsed on demand and cached (read: package path -> bytes)."""
+    """Modules of one vLLM tree, parsed on demand and cached (read: package path -> bytes).
+
+    Every question asked of the source is kept in `observed`, in order: all that anything
+    computed from this tree can depend on (driftmemo.py reuses results by it)."""
 
     def __init__(self, read: Reader, list_files: Optional[Callable[[], Sequence[str]]] = None) -> None:
         self._read = read
         self._list_files = list_files
         self._listed: Optional[Listing] = None
         self._modules: Dict[str, Optional[Module]] = {}
+        self.observed: List[Observation] = []
+
+    def answer(self, question: Observation) -> object:
+        """What this tree's source answers to a recorded question (the answer slot ignored)."""
+        kind, path, _ = question
+        if kind == "read":
+            data = self._read(path)
+            return None if data is None else hashlib.sha1(data).digest()
+        listing = self._listing()
+        return listing.is_folder(path) if kind == "folder" else listing.is_extension(path)
+
+    def _ask(self, kind: str, path: str) -> object:
+        answer = self.answer((kind, path, None))
+        self.observed.append((kind, path, answer))
+        return answer
 
     # -- modules -------------------------------------------------------------------------
     def module(self, name: str) -> Optional[Module]:
@@ -352,12 +375,12 @@ class VllmTree:
         base = name.replace(".", "/")
         for path, package in ((base + ".py", False), (base + "/__init__.py", True)):
             data = self._read(path)
+            self.observed.append(("read", path, None if data is None else hashlib.sha1(data).digest()))
             if data is not None:
                 return _PARSED.module(name, path, package, data)
-        listing = self._listing()
-        if listing.is_folder(base):
+        if self._ask("folder", base):
             return Module(name, base + "/", True, dynamic=True)  # namespace package
-        if listing.is_extension(base):
+        if self._ask("extension", base):
             return Module(name, base + ".so", False, dynamic=True)  # extension module
         return None
 

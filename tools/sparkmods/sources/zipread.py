@@ -92,6 +92,7 @@ class ZipMembers:
         data = self._read_at(self.central_offset, cd_size)
         members: Dict[str, Member] = {}
         pos, unpack, record = 0, _CENTRAL.unpack_from, _CENTRAL.size
+        make = tuple.__new__  # Member(...) runs Python code per call; this is one C call
         while pos + record <= len(data):
             (sig, _, _, _, _, flags, method, _, _, crc, compressed, fsize,
              n, m, k, _, _, _, offset) = unpack(data, pos)
@@ -103,7 +104,7 @@ class ZipMembers:
             name = raw.decode("ascii") if raw.isascii() else raw.decode("utf-8" if flags & _UTF8_FLAG else "cp437")
             if 0xFFFFFFFF in (compressed, fsize, offset):
                 fsize, compressed, offset = _zip64(data[pos + record + n:pos + record + n + m], fsize, compressed, offset)
-            members[name] = Member(offset + concat, compressed, fsize, crc, method, flags)
+            members[name] = make(Member, (offset + concat, compressed, fsize, crc, method, flags))
             self._offsets.append(offset + concat)
             pos += record + n + m + k
         return members
@@ -126,6 +127,22 @@ class ZipMembers:
 
     def spans(self, names: Iterable[str]) -> List[Span]:
         return [self.span(n) for n in names if n in self._members]
+
+    def widened(self, span: Span, reach: int) -> Span:
+        """span grown by the whole members next to it, up to `reach` bytes on each side,
+        stopping before any member larger than `reach` (a shared library, never read).
+
+        The drift checks chase imports from the patched files one round at a time, and the
+        modules they reach lie near each other in the archive (a wheel stores its members in
+        path order), so reading ahead turns most later rounds into bytes already held."""
+        bounds = self._bounds
+        lo = bisect.bisect_left(bounds, span[0])
+        while lo > 0 and span[0] - bounds[lo - 1] <= reach and bounds[lo] - bounds[lo - 1] <= reach:
+            lo -= 1
+        hi = bisect.bisect_left(bounds, span[1])
+        while hi + 1 < len(bounds) and bounds[hi + 1] - span[1] <= reach and bounds[hi + 1] - bounds[hi] <= reach:
+            hi += 1
+        return min(bounds[lo], span[0]), max(bounds[hi] if hi < len(bounds) else span[1], span[1])
 
     def read(self, name: str) -> Optional[bytes]:
         """The member's content, verified against its CRC-32 and size; None when absent."""
