@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
+from sparkmods.check import SOURCE_JOBS
 from sparkmods.community.runsh import CommunityMod, PatchStep
 from sparkmods.runtime.engine import APPLIED, CONFLICT, EXACT, OFFSET, OK, OK_OFFSET, FileResult, plan
 from sparkmods.runtime.modcheck import ModResult, aggregate
@@ -108,7 +109,7 @@ def judge(mod: CommunityMod, source, keep_bytes: bool = False) -> CommunityResul
     return result
 
 
-def judge_all(mods: Sequence[CommunityMod], sources: Sequence, jobs: int = 8) -> List[List[CommunityResult]]:
+def judge_all(mods: Sequence[CommunityMod], sources: Sequence, jobs: int = SOURCE_JOBS) -> List[List[CommunityResult]]:
     """Rows per source (in order), a not-checkable row for each mod that cannot be judged."""
 
     def one(source) -> List[CommunityResult]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from sparkmods import __version__, resultcache
-from sparkmods.check import check_source, checker_hash
+from sparkmods.check import SOURCE_JOBS, check_source, checker_hash
 from sparkmods.modsdir import load
 from sparkmods.runtime.manifest import Manifest
 from sparkmods.runtime.modcheck import ModResult
@@ -76,13 +76,13 @@ class Built:
 
 
 def build(mod_dirs: Sequence[Path], sources: Sequence, previous: Optional[dict] = None,
-          on_progress: Optional[Callable[[str], None]] = None, jobs: int = 8) -> dict:
+          on_progress: Optional[Callable[[str], None]] = None, jobs: int = SOURCE_JOBS) -> dict:
     """The matrix document for these mods on these sources (oldest first)."""
     return build_counted(mod_dirs, sources, previous, on_progress, jobs).doc
 
 
 def build_counted(mod_dirs: Sequence[Path], sources: Sequence, previous: Optional[dict] = None,
-                  on_progress: Optional[Callable[[str], None]] = None, jobs: int = 8) -> Built:
+                  on_progress: Optional[Callable[[str], None]] = None, jobs: int = SOURCE_JOBS) -> Built:
     """build(), counting reused and re-checked cells."""
     from concurrent.futures import ThreadPoolExecutor
 
