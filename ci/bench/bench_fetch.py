@@ -6,9 +6,11 @@ int8-lm-head and hybrid-int4-fp8 mods patch) over HTTP range requests, first wit
 cache (a temp dir), then again warm. It prints bytes transferred, requests and wall time
 next to the floor (central directories + member spans: what any zip reader must fetch),
 one full wheel and all of them. Exit code 1 when a goal is missed:
-cold < 3 s, warm < 0.5 s, cold bytes within 10 % of the floor.
+cold < 3 s, warm < 0.5 s, at most 2 requests per release when cold (the tail with the whole
+central directory, then the members). Bytes over the floor are reported, not a goal: the
+reader trades them for round trips (sources/remote.py: TAIL_BYTES, READ_AHEAD).
 
-    .venv/bin/python ci/bench/bench_fetch.py [PATH ...] [--spec '>=0.18.0'] [--jobs 8] [--json]
+    .venv/bin/python ci/bench/bench_fetch.py [PATH ...] [--spec '>=0.18.0'] [--jobs 4] [--json]
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import List, Sequence
 
+from sparkmods.check import SOURCE_JOBS
 from sparkmods.sources import open_targets, stats
 from sparkmods.sources.remote import RemoteWheel
 
 DEFAULT_PATHS = ["vllm/model_executor/layers/logits_processor.py",
                  "vllm/model_executor/layers/quantization/inc.py"]
-GOAL_COLD_S, GOAL_WARM_S, GOAL_BYTES = 3.0, 0.5, 1.10
+GOAL_COLD_S, GOAL_WARM_S, GOAL_REQUESTS_PER_RELEASE = 3.0, 0.5, 2
 
 
 def read_all(spec: str, paths: Sequence[str], jobs: int, index_url: "str | None") -> dict:
@@ -71,7 +74,8 @@ def main(argv: "Sequence[str] | None" = None) -> int:
     parser.add_argument("paths", nargs="*", default=DEFAULT_PATHS, metavar="PATH")
     parser.add_argument("--spec", default=">=0.18.0", help="vLLM target spec (default: >=0.18.0)")
     parser.add_argument("--index-url", help="package index (default: $SPARKMODS_INDEX_URL or PyPI)")
-    parser.add_argument("--jobs", type=int, default=8, help="sources read in parallel (default 8, as check)")
+    parser.add_argument("--jobs", type=int, default=SOURCE_JOBS,
+                        help=f"sources read in parallel (default {SOURCE_JOBS}, as check)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
@@ -87,7 +91,8 @@ def main(argv: "Sequence[str] | None" = None) -> int:
         "releases": [s.version for s in sources], "paths": args.paths, "cold": cold, "warm": warm,
         "floor_bytes": floor, "one_wheel_bytes": sizes[-1], "all_wheels_bytes": sum(sizes),
         "goals": {"cold_s": cold["wall_s"] < GOAL_COLD_S, "warm_s": warm["wall_s"] < GOAL_WARM_S,
-                  "cold_bytes_within_10pct_of_floor": cold["bytes"] <= GOAL_BYTES * floor},
+                  "cold_requests_at_most_2_per_release":
+                      cold["requests"] - 1 <= GOAL_REQUESTS_PER_RELEASE * len(sources)},  # - the index page
     }
     if args.json:
         print(json.dumps(result, indent=2))
