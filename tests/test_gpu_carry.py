@@ -137,7 +137,25 @@ def test_extras_asked_later_for_a_chosen_package_are_resolved(tmp_path, monkeypa
     assert got == ["country", "fastapi", "mistral_common", "pet"]
 
 
-def _resolve_against(carry, index: Path, monkeypatch) -> list[Path]:
+def test_extra_requirements_are_carried_with_their_closure(tmp_path, monkeypatch, capsys):
+    """`prepare --extra ray`: Ray is not among vLLM's requirements, so --executor ray needs it
+    carried, with what it needs and the machine lacks; a malformed line is one error, exit 2."""
+    carry = _carry()
+    index = tmp_path / "index"
+    index.mkdir()
+    _wheel(index, "vllm", ["fastapi"])
+    _wheel(index, "fastapi", [])
+    _wheel(index, "ray", ["msgpack", "cgraph-only; extra == 'cgraph'"])
+    _wheel(index, "msgpack", [])
+    got = [p.name.split("-")[0] for p in _resolve_against(carry, index, monkeypatch, extra=["ray"])]
+    assert got == ["fastapi", "msgpack", "ray"]
+    assert [p.name.split("-")[0] for p in _resolve_against(carry, index, monkeypatch)] == ["fastapi"]
+    with pytest.raises(SystemExit) as exc:
+        carry.main(["prepare", "--vllm", "0.21.0", "--extra", "ray[", "--out", str(tmp_path / "o")])
+    assert exc.value.code == 2 and "carry: error: --extra:" in capsys.readouterr().err
+
+
+def _resolve_against(carry, index: Path, monkeypatch, extra=()) -> list[Path]:
     """carry._resolve of index/vllm-1.0 with `_download` answering from index as pip would
     (the newest wheel the requirement accepts) and nothing on the machine."""
     from packaging.requirements import Requirement
@@ -153,7 +171,7 @@ def _resolve_against(carry, index: Path, monkeypatch) -> list[Path]:
 
     monkeypatch.setattr(carry, "_device_has", lambda: set())
     monkeypatch.setattr(carry, "_download", download)
-    return carry._resolve(index / "vllm-1.0-py3-none-any.whl", index)
+    return carry._resolve(index / "vllm-1.0-py3-none-any.whl", index, extra)
 
 
 def test_a_release_that_refuses_vllms_pin_gives_way_to_an_older_one(tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ sys.path.insert(0, str(REPO / "ci" / "gpu"))
 
 import e2e  # noqa: E402
 import e2e_checks as checks  # noqa: E402
+import e2e_parallel as parallel  # noqa: E402
 import e2e_serve as serve  # noqa: E402
 
 
@@ -143,6 +144,94 @@ def test_cli_input_errors(tmp_path, capsys):
     assert "holds no vllm/ package" in capsys.readouterr().err
     assert e2e.main(["--vllm-site", str(tmp_path), "--out", str(tmp_path / "o"), "--only", "nope"]) == 2
     assert "unknown scenario nope" in capsys.readouterr().err
+
+
+def test_parallel_flags_and_their_input_errors(tmp_path, capsys):
+    assert parallel.Parallel().flags() == [] and parallel.Parallel().label == "one GPU"
+    assert parallel.Parallel(2, "ray").flags() == ["--tensor-parallel-size", "2", "--distributed-executor-backend", "ray"]
+    assert parallel.Parallel(2).label == "TP 2 (mp)"
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    base = ["--vllm-site", str(site), "--out", str(tmp_path / "o")]
+    for extra, said in ((["--tp", "0"], "--tp must be at least 1, not 0"),
+                        (["--tp", "2", "--executor", "nccl"], "--executor must be one of mp, ray, not 'nccl'"),
+                        (["--tp", "2", "--executor", "ray"], "--executor ray needs Ray"),
+                        (["--tp", "2"], f"--tp 2 needs 2 GPUs; {sys.executable} sees 0")):
+        assert e2e.main(base + extra) == 2, extra
+        err = capsys.readouterr().err
+        assert err.startswith("e2e.py: ") and said in err and err.count("\n") == 1, err
+    assert not (tmp_path / "o").exists()  # refused before anything was written
+
+
+def test_servers_of_a_split_run_get_the_flags_and_the_ray_address(tmp_path):
+    run = e2e.Run(tmp_path, tmp_path / "out", "/usr/bin/python3", parallel.Parallel(2, "ray"),
+                  {"RAY_ADDRESS": "127.0.0.1:6390"})
+    server = run.server("tq", "bf16", [tmp_path / "overlay", tmp_path], ["--kv-cache-dtype", "fp8"], tmp_path / "log")
+    joined = " ".join(server.command)
+    assert "--tensor-parallel-size 2 --distributed-executor-backend ray --kv-cache-dtype fp8" in joined
+    assert f"--model {tmp_path / 'out' / 'models' / 'bf16'}" in joined and f"--port {server.port}" in joined
+    assert server.env["RAY_ADDRESS"] == "127.0.0.1:6390"
+    for name, value in serve.NVLS_OFF.items():  # NVLink multicast off in every server
+        assert server.env[name] == value
+    one = e2e.Run(tmp_path, tmp_path / "out", "/usr/bin/python3").server("b", "bf16", [tmp_path], [], tmp_path / "l")
+    assert "--tensor-parallel-size" not in one.command and "--distributed-executor-backend" not in one.command
+
+
+def test_a_ray_head_that_cannot_start_is_one_error(tmp_path):
+    head = parallel.RayHead(sys.executable, tmp_path, serve.free_port(), os.environ)
+    with pytest.raises(RuntimeError, match=r"ray start --head failed \(exit 1\): .*No module named 'ray'"):
+        head.start()
+    assert head.env["NCCL_NVLS_ENABLE"] == "0" and head.env["PYTHONPATH"] == str(tmp_path)
+
+
+@pytest.mark.network
+def test_a_real_ray_head_starts_for_the_servers_and_stops(tmp_path):
+    """Ray from PyPI (what `carry.py prepare --extra ray` carries), started as the two-node
+    script starts its head, on loopback: one alive node, then nothing of it left running."""
+    site = _ray_site()
+    head = parallel.RayHead(sys.executable, site, serve.free_port(), os.environ)
+    head.start()
+    try:
+        assert head.server_env() == {"RAY_ADDRESS": f"127.0.0.1:{head.port}"}
+        assert _ray_processes(site), "no gcs_server / raylet from this site after start"
+    finally:
+        head.stop()
+    assert not _ray_processes(site)
+
+
+RAY_VERSION = "2.60.0"
+
+
+def _ray_site() -> Path:
+    """Ray installed with uv --target into the test cache, once (a file lock for xdist)."""
+    import fcntl
+    import subprocess
+
+    from vllmenv import _uv, venvs_dir
+
+    base = venvs_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    site = base / f"ray-{RAY_VERSION}"
+    with open(base / f"ray-{RAY_VERSION}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (site / "ray" / "__init__.py").is_file():
+            subprocess.run([_uv(), "pip", "install", "-q", "--python", sys.executable, "--target", str(site),
+                            f"ray=={RAY_VERSION}"], check=True)
+    return site
+
+
+def _ray_processes(site: Path) -> list[str]:
+    """Command lines of running Ray daemons started from site."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if args.startswith(str(site)) and ("gcs_server" in args or "raylet" in args):
+            found.append(args)
+    return found
 
 
 @pytest.mark.vllm_runtime

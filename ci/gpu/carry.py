@@ -173,8 +173,9 @@ def _device_has() -> Set[str]:
     return {_norm(x) for x in lines if x.strip() and not x.startswith("#")} | SKIP
 
 
-def _resolve(vllm_wheel: Path, deps_dir: Path) -> List[Path]:
-    """Breadth-first closure of the requirements the machine lacks, one wheel per name.
+def _resolve(vllm_wheel: Path, deps_dir: Path, extra: Iterable[str] = ()) -> List[Path]:
+    """Breadth-first closure of the requirements the machine lacks, one wheel per name, from
+    vLLM's own and the `extra` requirement lines (e.g. "ray": vLLM does not require it).
 
     Not pip's backtracking resolver (that one insists on resolving torch's CUDA wheels for the
     machine, which it has), but the two conflicts that occur: a package whose newest release
@@ -186,7 +187,7 @@ def _resolve(vllm_wheel: Path, deps_dir: Path) -> List[Path]:
 
     have = _device_has()
     pins = _pins(vllm_wheel)
-    todo = [(r, "vllm") for r in _requirements(vllm_wheel)]
+    todo = [(r, "vllm") for r in _requirements(vllm_wheel)] + [(r, "--extra") for r in extra]
     chosen: Dict[str, Path] = {}
     extras: Dict[str, Set[str]] = {}  # extras already resolved per chosen name
     while todo:
@@ -253,13 +254,13 @@ def _split(files: List[Path], out: Path, piece_bytes: int = PIECE_BYTES) -> None
         (folder / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
 
 
-def prepare(version: str, out: Path, cache: Path) -> None:
+def prepare(version: str, out: Path, cache: Path, extra: Iterable[str] = ()) -> None:
     cache.mkdir(parents=True, exist_ok=True)
     wheel = _vllm_wheel(version, cache)
     deps_dir = cache / f"deps-{version}"
     deps_dir.mkdir(exist_ok=True)
     print(f"resolving requirements of {wheel.name} the GPU machine lacks", flush=True)
-    deps = _resolve(wheel, deps_dir)
+    deps = _resolve(wheel, deps_dir, extra)
     _split(deps + [wheel], out)
     total = sum(p.stat().st_size for p in out.glob("p*/data"))
     pieces = sorted(p.name for p in out.glob("p*"))
@@ -354,6 +355,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = sub.add_parser("prepare", help="download and cut into pieces (here, with network)")
     p.add_argument("--vllm", required=True)
     p.add_argument("--out", type=Path, default=Path(".carry"))
+    p.add_argument("--extra", action="append", default=[], metavar="REQUIREMENT",
+                   help="also carry this requirement and what it needs (repeatable), e.g. ray for --executor ray")
     p.add_argument("--cache", type=Path, default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sparkmods" / "carry")
     r = sub.add_parser("receive", help="stage the pieces that came with this call (GPU machine)")
     r.add_argument("--from", dest="src", type=Path, default=Path(".carry"))
@@ -361,7 +364,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     i.add_argument("--site", type=Path, required=True)
     args = ap.parse_args(argv)
     if args.cmd == "prepare":
-        prepare(args.vllm, args.out, args.cache)
+        from packaging.requirements import InvalidRequirement, Requirement  # the prepare half only
+
+        try:
+            extra = [str(Requirement(line)) for line in args.extra]
+        except InvalidRequirement as exc:
+            _fail(f"--extra: {exc}")
+        prepare(args.vllm, args.out, args.cache, extra)
     elif args.cmd == "receive":
         receive(args.src)
     else:

@@ -2,13 +2,16 @@
 """GPU end-to-end proof: vLLM serves the tiny Qwen3.5-MoE with and without each mod.
 
     python3 ci/gpu/e2e.py --vllm-site SITE --out OUT [--only hybrid-int4-fp8,mtp-weights,...]
+                          [--tp 2 --executor mp|ray]
 
 SITE is a site-packages folder holding vllm/ (and its requirements, e.g. from
 `pip install --target SITE`). For every scenario the run builds the models it needs
 (tiny_qwen35.py, peaked), makes a hardlink overlay of SITE per patched server, applies the mods
 with their own run.sh, serves with the OpenAI server, sends requests, runs `sparkmods verify`
 against the live server (recording the exchange under OUT/fixtures/<server>/), stops the server
-and asserts against an unmodified server of the same call. Writes OUT/<scenario>.json, appends
+and asserts against an unmodified server of the same call. With --tp N every server, the
+baseline included, is split over N GPUs (e2e_parallel.py: vLLM's own ranks, or a Ray head on
+this host as our two-node script forms it). Writes OUT/<scenario>.json, appends
 to OUT/summary.md, prints one line per failed assertion; exit 1 when any failed, 2 on bad input.
 See ci/gpu/README.md.
 """
@@ -31,6 +34,7 @@ sys.path.insert(0, str(REPO / "tools"))  # sparkmods.verify: metrics and log par
 
 from e2e_checks import Report, summary_lines  # noqa: E402
 from e2e_scenarios import SCENARIOS, chat, greedy  # noqa: E402
+from e2e_parallel import Parallel, RayHead, gpus_visible, importable  # noqa: E402
 from e2e_serve import ServeError, Server, apply_mod, free_port, overlay, server_command, server_env  # noqa: E402
 
 # Model key -> builder arguments (variant, MTP head); every model is peaked, seed 0.
@@ -46,8 +50,10 @@ VERIFY_TIMEOUT_S = 300
 class Run:
     """One call of the script: its folders, the models built so far, the servers started."""
 
-    def __init__(self, site: Path, out: Path, python: str) -> None:
+    def __init__(self, site: Path, out: Path, python: str, parallel: Parallel = Parallel(),
+                 extra_env: dict[str, str] | None = None) -> None:
         self.site, self.out, self.python = site, out, python
+        self.parallel, self.extra_env = parallel, dict(extra_env or {})
         self.servers: dict[str, Server] = {}
         self.manifests: dict[str, dict[str, Any]] = {}
         self.baseline_report = Report("baseline")
@@ -97,9 +103,7 @@ class Run:
                     said = (done.stdout + done.stderr).strip().splitlines() or ["no output"]
                     if not report.check(f"{name}: run.sh of {mod} succeeds", done.returncode == 0, said[-1]):
                         return None
-        port = free_port()
-        server = Server(name, server_command(self.python, self.model_dir(model_key), port, extra),
-                        server_env(paths, os.environ), log_path, port)
+        server = self.server(name, model_key, paths, extra, log_path)
         self.servers[name] = server
         server.start()
         try:
@@ -123,6 +127,13 @@ class Run:
             report.data.setdefault("servers", {})[name] = {
                 "command": server.command, "start_seconds": server.start_seconds, "exit_code": server.exit_code,
                 "log": str(log_path.relative_to(self.out))}
+
+    def server(self, name: str, model_key: str, paths: Sequence[Path], extra: Sequence[str], log_path: Path) -> Server:
+        """Server `name` (not started) on a free port: model, the run's parallel flags, then extra;
+        PYTHONPATH = paths, the run's extra environment (RAY_ADDRESS) over this process's."""
+        port = free_port()
+        return Server(name, server_command(self.python, self.model_dir(model_key), port, [*self.parallel.flags(), *extra]),
+                      server_env(paths, {**os.environ, **self.extra_env}), log_path, port)
 
     def _capture(self, server: Server, folder: Path) -> None:
         for path, file in (("/v1/models", "models.json"), ("/metrics", "metrics.txt")):
@@ -197,7 +208,8 @@ def write_results(out: Path, reports: list[Report], header: dict[str, Any]) -> N
     for report in reports:
         doc = {"scenario": report.scenario, **header, "checks": report.checks, "data": report.data}
         (out / f"{report.scenario}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    lines = [f"## {time.strftime('%Y-%m-%d %H:%M:%S')} vLLM {header['vllm']} on {header['device']}", "",
+    where = header["device"] + (f", {header['parallel']}" if header.get("parallel", "one GPU") != "one GPU" else "")
+    lines = [f"## {time.strftime('%Y-%m-%d %H:%M:%S')} vLLM {header['vllm']} on {where}", "",
              *summary_lines(reports), ""]
     with open(out / "summary.md", "a") as summary:
         summary.write("\n".join(lines) + "\n")
@@ -209,7 +221,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="results folder (created)")
     parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios: " + ", ".join(SCENARIOS))
     parser.add_argument("--python", default=sys.executable, help="interpreter for the servers (default: this one)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of every server (default 1)")
+    parser.add_argument("--executor", default="mp", help="with --tp > 1: mp (vLLM's own ranks) or ray (a Ray head "
+                                                          "on this host, as the two-node script starts one)")
     args = parser.parse_args(argv)
+    try:
+        parallel = Parallel(args.tp, args.executor)
+    except ValueError as exc:
+        print(f"e2e.py: {exc}", file=sys.stderr)
+        return 2
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in only if s not in SCENARIOS]
     if unknown:
@@ -220,9 +240,42 @@ def main(argv: list[str] | None = None) -> int:
         print(f"e2e.py: {site} holds no vllm/ package; pass the site-packages folder vLLM is installed in",
               file=sys.stderr)
         return 2
+    problem = _parallel_problem(parallel, site, args.python)
+    if problem:
+        print(f"e2e.py: {problem}", file=sys.stderr)
+        return 2
     sys.path.append(str(site))  # the builder's torch/safetensors/tokenizers, after the machine's own
     args.out.mkdir(parents=True, exist_ok=True)
-    run = Run(site, args.out.resolve(), args.python)
+    if parallel.executor != "ray" or parallel.tp == 1:
+        return _run_all(Run(site, args.out.resolve(), args.python, parallel), only)
+    ray = RayHead(args.python, site, free_port(), os.environ)
+    try:
+        ray.start()
+    except RuntimeError as exc:
+        print(f"e2e.py: {exc}", file=sys.stderr)
+        return 1
+    try:
+        return _run_all(Run(site, args.out.resolve(), args.python, parallel, ray.server_env()), only)
+    finally:
+        ray.stop()
+
+
+def _parallel_problem(parallel: Parallel, site: Path, python: str) -> str | None:
+    """Why this machine cannot run the servers split as asked (None: it can)."""
+    if parallel.tp == 1:
+        return None
+    if parallel.executor == "ray" and not importable(python, site, "ray"):
+        return f"--executor ray needs Ray, which {python} does not import with {site}: carry it with " \
+               "`carry.py prepare --vllm X --extra ray`"
+    gpus = gpus_visible(python)
+    if gpus < parallel.tp:
+        return f"--tp {parallel.tp} needs {parallel.tp} GPUs; {python} sees {gpus}"
+    return None
+
+
+def _run_all(run: Run, only: list[str]) -> int:
+    """Every chosen scenario on this run; results written; the exit code."""
+    site = run.site
     reports = []
     for name in only:
         started = time.monotonic()
@@ -237,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
               f"in {report.data['seconds']} s", flush=True)
     if run.baseline_report.checks:
         reports.insert(0, run.baseline_report)
-    write_results(run.out, reports, {"vllm": _vllm_version(site), "device": _device()})
+    write_results(run.out, reports, {"vllm": _vllm_version(site), "device": _device(), "parallel": run.parallel.label})
     failures = [line for report in reports for line in report.failures]
     for line in failures:
         print(f"FAIL {line}")

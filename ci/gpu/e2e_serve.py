@@ -28,8 +28,13 @@ from typing import Any, Mapping, Sequence
 SERVED_NAME = "tiny-qwen35"
 START_DEADLINE_S = 300.0
 STOP_GRACE_S = 20.0
+# NVLink multicast stays off in every process we start (NCCL, PyTorch symmetric memory and
+# NVSHMEM): on the lent multi-GPU hosts a program that uses it can take the host's GPUs out of
+# service. vLLM's ranks and Ray's workers inherit it from the server and the Ray head.
+NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 # Environment of every server (../shared/docs/gpu.md): no FlashInfer sampler, offline, no stats.
 SERVER_ENV = {
+    **NVLS_OFF,
     "VLLM_USE_FLASHINFER_SAMPLER": "0",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",

@@ -1,0 +1,115 @@
+"""Tensor parallel for the GPU end-to-end run: the flags every server gets, and a one-host Ray.
+
+A two-Spark deployment runs the model split over two GPUs, either with vLLM's own worker
+processes (`--distributed-executor-backend mp`) or over a Ray cluster (`ray`) that our
+generated two-node script forms with `ray start --head` on the first node and `ray start
+--address` on the others (tools/sparkmods/launch/standalone.py). On one host with two GPUs the
+same two ranks run side by side: `RayHead` starts the head the way that script does (bound to
+127.0.0.1 here, one node holding both GPUs), waits until Ray reports it alive, and gives the
+servers RAY_ADDRESS so vLLM joins it instead of starting a private Ray; it stops Ray after.
+
+Ray is not among vLLM's requirements: carry it with `carry.py prepare --extra ray`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from e2e_serve import NVLS_OFF
+
+EXECUTORS = ("mp", "ray")
+RAY_START_TIMEOUT_S = 120.0
+# The Ray CLI as a module call: a site filled by `pip install --target` has no console scripts.
+_RAY_CLI = "from ray.scripts.scripts import main; main()"
+# Counted the way the generated script's alive_ray_nodes() counts them.
+_ALIVE_NODES = ("import ray; ray.init(address='auto', logging_level='ERROR'); "
+                "print(sum(1 for n in ray.nodes() if n['Alive']))")
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """How every server of a run is split: tp ranks, started by `executor`."""
+
+    tp: int = 1
+    executor: str = "mp"
+
+    def __post_init__(self) -> None:
+        if self.tp < 1:
+            raise ValueError(f"--tp must be at least 1, not {self.tp}")
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, not {self.executor!r}")
+
+    def flags(self) -> list[str]:
+        """vLLM serve flags; none for one GPU (what users run on one Spark)."""
+        if self.tp == 1:
+            return []
+        return ["--tensor-parallel-size", str(self.tp), "--distributed-executor-backend", self.executor]
+
+    @property
+    def label(self) -> str:
+        return "one GPU" if self.tp == 1 else f"TP {self.tp} ({self.executor})"
+
+
+class RayHead:
+    """A Ray head on this host for the run's servers (started only for executor 'ray')."""
+
+    def __init__(self, python: str, site: Path, port: int, base_env: Mapping[str, str]) -> None:
+        self.python, self.port = python, port
+        self.env = {k: v for k, v in base_env.items() if k != "PYTHONPATH"}
+        self.env.update(NVLS_OFF)  # Ray's workers (vLLM's ranks) inherit the head's environment
+        self.env["PYTHONPATH"] = str(site)
+        self.env["RAY_ADDRESS"] = f"127.0.0.1:{port}"
+        self.env["RAY_USAGE_STATS_ENABLED"] = "0"
+
+    def start_command(self) -> list[str]:
+        return [self.python, "-c", _RAY_CLI, "start", "--head", "--node-ip-address=127.0.0.1",
+                f"--port={self.port}", "--disable-usage-stats"]
+
+    def stop_command(self) -> list[str]:
+        return [self.python, "-c", _RAY_CLI, "stop", "--force"]
+
+    def server_env(self) -> dict[str, str]:
+        """What a server needs to join this head rather than start a Ray of its own."""
+        return {"RAY_ADDRESS": self.env["RAY_ADDRESS"]}
+
+    def start(self, timeout_s: float = RAY_START_TIMEOUT_S) -> None:
+        """Start the head and wait until Ray counts one alive node; RuntimeError saying why not
+        (the head is stopped again then)."""
+        done = subprocess.run(self.start_command(), env=self.env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            said = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
+            raise RuntimeError(f"ray start --head failed (exit {done.returncode}): {said[-1]}")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            alive = subprocess.run([self.python, "-c", _ALIVE_NODES], env=self.env, capture_output=True,
+                                   text=True, check=False).stdout.strip().splitlines()
+            if alive and alive[-1] == "1":
+                return
+            if time.monotonic() >= deadline:
+                self.stop()
+                raise RuntimeError(f"Ray shows {alive[-1] if alive else 'no'} alive node after {timeout_s:.0f} s")
+            time.sleep(2)
+
+    def stop(self) -> None:
+        subprocess.run(self.stop_command(), env=self.env, capture_output=True, check=False)
+
+
+def importable(python: str, site: Path, module: str) -> bool:
+    """Whether `python`, with `site` on its path, imports `module`."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(site)
+    return subprocess.run([python, "-c", f"import {module}"], env=env, capture_output=True, check=False).returncode == 0
+
+
+def gpus_visible(python: str = sys.executable) -> int:
+    """CUDA devices torch sees in a fresh interpreter (0 where torch or CUDA is missing)."""
+    done = subprocess.run([python, "-c", "import torch; print(torch.cuda.device_count())"],
+                          capture_output=True, text=True, check=False, env=dict(os.environ))
+    lines = done.stdout.strip().splitlines()
+    return int(lines[-1]) if done.returncode == 0 and lines and lines[-1].isdigit() else 0
