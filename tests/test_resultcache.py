@@ -139,3 +139,19 @@ def test_real_mods_on_real_releases_reused_equal_checked(fresh_cache, capsys):  
     reused = json.loads(capsys.readouterr().out)
     assert "drift" in {r["status"] for r in checked["results"]}
     assert reused["results"] == checked["results"] and reused["result_cache"]["reused"] == 3
+
+
+def test_a_patch_edited_between_two_checks_in_one_process_is_read_again(two_wheels, tmp_path, capsys):
+    """Patches are parsed once per mod content (check._patches): an edit between two checks in
+    one process is a new content hash and must be read again, and a patch made unreadable fails
+    every time (errors are not kept)."""
+    first = check_json(capsys, *two_wheels, "--no-cache")
+    assert {r["status"] for r in first["results"] if r["mod"] == "demo"} == {"ok"}
+    patch = tmp_path / "mods" / "demo" / "patches" / "v1" / "demo.patch"
+    patch.write_text(f"--- a/{TARGET}\n+++ b/{TARGET}\n@@ -1,2 +1,2 @@\n-no such line\n+x\n context that is not there\n")
+    again = check_json(capsys, *two_wheels, "--no-cache")
+    assert {r["status"] for r in again["results"] if r["mod"] == "demo"} == {"conflict"}
+    patch.write_bytes(b"\xff\xfe binary")
+    for _ in range(2):
+        assert main(["check", *two_wheels, "--no-cache"]) == 2
+        assert "demo.patch: not UTF-8 text" in capsys.readouterr().err
