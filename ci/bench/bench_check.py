@@ -55,6 +55,16 @@ import realtree  # noqa: E402
 PYTHON = sys.executable
 _SCRIPT = Path(sys.executable).parent / "sparkmods"  # the console script a user runs
 SPARKMODS = [str(_SCRIPT)] if _SCRIPT.is_file() else [sys.executable, "-m", "sparkmods"]
+# Another revision's code (on PYTHONPATH) through its own program entry: the console script of
+# this checkout names cli.entry, which older revisions do not have (they exit through cli.main).
+# The same statements as pip's generated console script, so both sides start alike.
+_OTHER_CLI = ("import re, sys, sparkmods.cli as c; sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', 'sparkmods'); "
+              "sys.exit(getattr(c, 'entry', c.main)())")
+
+
+def cli(code: Optional[Path] = None) -> List[str]:
+    """The command a user runs: this checkout's console script, or the program of `code`."""
+    return SPARKMODS if code is None else [sys.executable, "-c", _OTHER_CLI]
 NIGHTLY_WHEEL = Path.home() / ".cache" / "sparkmods" / "test-wheels" / "vllm-0.19.1-cp38-abi3-manylinux_2_31_x86_64.whl"
 RUNSH_MOD, RUNSH_VLLM = "int8-lm-head", "0.33.0"
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
@@ -129,13 +139,14 @@ def check_rows(reps: int, before: Optional[Path]) -> List[Row]:
     warm = Row("`sparkmods check` all mods x releases, warm cache (`--offline`)", "<= 0.3 s",
                lambda r: r.median() <= 0.3)
     nocache = Row("same, `--no-cache` (every row checked again from the member cache)", "-", lambda r: True)
-    cmd = SPARKMODS + ["check", "--offline"]
-    timed(SPARKMODS + ["check"], base_env())  # warm-up online: fills member and result caches, writes bytecode
-    alternate(reps, lambda: timed(cmd, base_env())[0], {"python -c pass": python_pass}, warm)
-    alternate(reps, lambda: timed(cmd + ["--no-cache"], base_env())[0], {}, nocache)
+    args = ["check", "--offline"]
+    timed(cli() + ["check"], base_env())  # warm-up online: fills member and result caches, writes bytecode
+    alternate(reps, lambda: timed(cli() + args, base_env())[0], {"python -c pass": python_pass}, warm)
+    alternate(reps, lambda: timed(cli() + args + ["--no-cache"], base_env())[0], {}, nocache)
     if before is not None:
-        timed(SPARKMODS + ["check", "--offline"], base_env(before))
-        warm.before = [timed(cmd, base_env(before))[0] for _ in range(reps)]
+        timed(cli(before) + args, base_env(before))
+        warm.before = [timed(cli(before) + args, base_env(before))[0] for _ in range(reps)]
+        nocache.before = [timed(cli(before) + args + ["--no-cache"], base_env(before))[0] for _ in range(reps)]
     return [warm, nocache]
 
 
@@ -145,7 +156,7 @@ def cold_row(reps: int, before: Optional[Path]) -> Row:
 
     def once(code: Optional[Path]) -> Run:
         with tempfile.TemporaryDirectory(prefix="sparkmods-cold-") as cache:
-            run, text = timed(SPARKMODS + ["check", "--json"], base_env(code, SPARKMODS_CACHE_DIR=cache))
+            run, text = timed(cli(code) + ["check", "--json"], base_env(code, SPARKMODS_CACHE_DIR=cache))
         run.requests = requests_of(text)
         return run
 
@@ -160,8 +171,8 @@ def help_row(reps: int, before: Optional[Path]) -> Row:
     timed(SPARKMODS + ["--help"], base_env())
     alternate(reps, lambda: timed(SPARKMODS + ["--help"], base_env())[0], {"python -c pass": python_pass}, row)
     if before is not None:
-        timed(SPARKMODS + ["--help"], base_env(before))
-        row.before = [timed(SPARKMODS + ["--help"], base_env(before))[0] for _ in range(reps)]
+        timed(cli(before) + ["--help"], base_env(before))
+        row.before = [timed(cli(before) + ["--help"], base_env(before))[0] for _ in range(reps)]
     return row
 
 
@@ -267,7 +278,7 @@ def nightly_row(reps: int, before: Optional[Path], builds: int = 50) -> Row:
     try:
         def once(code: Optional[Path]) -> Run:
             with tempfile.TemporaryDirectory(prefix="sparkmods-nightly-") as cache:
-                run, text = timed(SPARKMODS + ["check", "--json", "--pre", "--vllm", spec],
+                run, text = timed(cli(code) + ["check", "--json", "--pre", "--vllm", spec],
                                   base_env(code, SPARKMODS_CACHE_DIR=cache), expect=(0, 1))
             run.requests = requests_of(text)
             return run

@@ -1,3 +1,3 @@
-from sparkmods.cli import main
+from sparkmods.cli import entry
 
-raise SystemExit(main())
+entry()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Set
 
-from sparkmods import resultcache
+from sparkmods import gcpause, resultcache
 from sparkmods.modsdir import load
 from sparkmods.runtime.manifest import Manifest, Upstream, Variant
 from sparkmods.runtime.modcheck import ModResult, aggregate, check_mod, variant_patches
@@ -176,6 +176,6 @@ def check_mods(mod_dirs: Iterable[Path], sources: Sequence, jobs: int = SOURCE_J
     """Every mod on every source; sources are checked in parallel, results keep input order."""
     mods = [(d, load(d)) for d in mod_dirs]
     hashes = {m.name: resultcache.mod_hash(d) for d, m in mods}
-    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources)))) as pool:
+    with gcpause.paused(), ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources)))) as pool:
         per_source = list(pool.map(lambda s: check_source(mods, s, hashes), sources))
     return [row for rows in per_source for row in rows]

@@ -86,3 +86,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         guard.flush()  # inside the guard, so a reader gone before the last buffer is no error either
         sys.stdout = stdout
+
+
+def entry() -> None:
+    """The `sparkmods` program (console script and `python -m sparkmods`): main(), then an exit
+    that skips tearing the interpreter down.
+
+    A check or a matrix leaves hundreds of thousands of parsed vLLM nodes in its caches, and a
+    normal exit frees them one by one and collects them again: measured on `sparkmods check
+    --offline --no-cache` over 23 releases, 2.4 s of a 5.1 s run happened after main returned.
+    What an exit must still do is done: the exit handlers run (weakref finalizers among them:
+    an image source's helper container is removed there) and the standard streams are flushed.
+    While a thread other than this one still runs, the normal exit waits for it instead.
+    """
+    code = main()
+    threading = sys.modules.get("threading")  # not imported: no other thread can exist
+    if threading is not None and threading.active_count() > 1:
+        raise SystemExit(code)
+    import atexit
+    import os
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # a reader that went away (main's guard already said nothing of it) or a closed stream
+    os._exit(code)

@@ -16,19 +16,14 @@ over 23 releases, parsing took 5.2 s of CPU with the collector running and 1.5 s
 from __future__ import annotations
 
 import ast
-import gc
 import threading
+
+from sparkmods import gcpause
 
 _LOCK = threading.Lock()
 
 
 def parse(source: str) -> ast.Module:
     """ast.parse(source) under one process-wide lock (raises SyntaxError as ast.parse does)."""
-    with _LOCK:
-        was_on = gc.isenabled()
-        gc.disable()
-        try:
-            return ast.parse(source)
-        finally:
-            if was_on:
-                gc.enable()
+    with _LOCK, gcpause.paused():
+        return ast.parse(source)

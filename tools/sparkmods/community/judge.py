@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
+from sparkmods import gcpause
 from sparkmods.check import SOURCE_JOBS
 from sparkmods.community.runsh import CommunityMod, PatchStep
 from sparkmods.runtime.engine import APPLIED, CONFLICT, EXACT, OFFSET, OK, OK_OFFSET, FileResult, plan
@@ -120,5 +121,5 @@ def judge_all(mods: Sequence[CommunityMod], sources: Sequence, jobs: int = SOURC
             if release is not None:
                 release()
 
-    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources)))) as pool:
+    with gcpause.paused(), ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources)))) as pool:
         return list(pool.map(one, sources))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from sparkmods import __version__, resultcache
+from sparkmods import __version__, gcpause, resultcache
 from sparkmods.check import SOURCE_JOBS, check_source, checker_hash
 from sparkmods.modsdir import load
 from sparkmods.runtime.manifest import Manifest
@@ -110,7 +110,7 @@ def build_counted(mod_dirs: Sequence[Path], sources: Sequence, previous: Optiona
             on_progress(source.label)
         return [cells[m.name] for _, m in mods], len(todo)
 
-    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources)))) as pool:
+    with gcpause.paused(), ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources)))) as pool:
         done = list(pool.map(one, sources))
     per_source = [cells for cells, _ in done]
     from_cache = counts.reused - stored_before

