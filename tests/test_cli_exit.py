@@ -109,3 +109,17 @@ def test_the_collector_pause_nests_across_threads_and_restores_what_it_found():
         assert not gc.isenabled()  # it was off before: left off
     finally:
         gc.enable()
+
+
+def test_the_shared_fetch_pool_ends_and_a_later_fetch_starts_another():
+    """cli.entry ends the idle fetch threads a check leaves (else the fast exit waits for them)."""
+    from sparkmods.sources import http
+
+    first = http.pool()
+    assert first.submit(lambda: threading.current_thread().name).result().startswith("sparkmods-fetch")
+    http.shutdown()
+    assert not any(t.name.startswith("sparkmods-fetch") and t.is_alive() for t in threading.enumerate())
+    second = http.pool()
+    assert second is not first and second.submit(lambda: 7).result() == 7
+    http.shutdown()
+    http.shutdown()  # nothing left: a no-op

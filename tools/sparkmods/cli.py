@@ -100,6 +100,9 @@ def entry() -> None:
     While a thread other than this one still runs, the normal exit waits for it instead.
     """
     code = main()
+    fetching = sys.modules.get("sparkmods.sources.http")
+    if fetching is not None:
+        fetching.shutdown()  # its idle fetch threads: all a finished command leaves behind
     threading = sys.modules.get("threading")  # not imported: no other thread can exist
     if threading is not None and threading.active_count() > 1:
         raise SystemExit(code)

@@ -61,6 +61,17 @@ def pool() -> ThreadPoolExecutor:
         return _executor
 
 
+def shutdown() -> None:
+    """End the shared pool's threads, after the fetches in flight (the next fetch starts a new
+    pool). A finished command leaves them idle, and the program's fast exit (cli.entry) waits
+    for any thread still there."""
+    global _executor
+    with _executor_lock:
+        executor, _executor = _executor, None
+    if executor is not None:
+        executor.shutdown(wait=True)
+
+
 Key = Tuple[str, str, int]  # scheme, host, port
 
 
