@@ -64,3 +64,18 @@ def make_mod(mods: Path, name: str = "demo", toml_extra: str = "", vllm: str = "
         ''') + toml_extra)
     sync(mod)
     return mod
+
+
+def edit_runtime(mod: Path, module: str, edit) -> None:
+    """Change one runtime module inside the mod's generated _sparkmods.py: `edit(text) -> text`
+    applied to that module's source ("boot": the top of the file, which is boot.py)."""
+    path = mod / "_sparkmods.py"
+    data = path.read_text()
+    if module == "boot":
+        head, sep, rest = data.partition("\n\nSOURCES = {\n")
+        path.write_text(edit(head) + sep + rest)
+        return
+    opening = f"    {module!r}: r'''"
+    start = data.index(opening) + len(opening)
+    end = data.index("''',\n", start)
+    path.write_text(data[:start] + edit(data[start:end]) + data[end:])

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 
-from modfactory import ORIGINAL, PATCHED, TARGET, make_mod, make_site
+from modfactory import ORIGINAL, PATCHED, TARGET, edit_runtime, make_mod, make_site
 from sparkmods.cli import main
 from sparkmods.sync import drift
 
@@ -124,10 +124,10 @@ def test_missing_vllm_is_a_clear_error(tmp_path):
 def test_sync_check_detects_drift(tmp_path, capsys):
     mod = make_mod(tmp_path / "mods")
     assert drift(mod) == []
-    (mod / "_sparkmods" / "engine.py").write_text("# edited by hand\n")
+    edit_runtime(mod, "engine", lambda text: text + "# edited by hand\n")
     (mod / "run.sh").chmod(0o644)
     problems = drift(mod)
-    assert "_sparkmods/engine.py differs from what sparkmods sync generates" in problems
+    assert "_sparkmods.py differs from what sparkmods sync generates" in problems
     assert "run.sh is not executable" in problems
     assert main(["sync", "--check", "--mods-dir", str(tmp_path / "mods")]) == 1
     assert main(["sync", "--mods-dir", str(tmp_path / "mods")]) == 0

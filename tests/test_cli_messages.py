@@ -51,7 +51,7 @@ def test_sync_says_what_it_did_even_when_nothing_changed(tmp_path, capsys):
     assert main(["sync", "--mods-dir", str(mods)]) == 0
     assert capsys.readouterr().out == "two: wrote run.sh\n2 mods synced: 1 files written\n"
     assert main(["sync", "--check", "--mods-dir", str(mods)]) == 0
-    assert capsys.readouterr().out == "2 mods checked: run.sh and _sparkmods/ up to date\n"
+    assert capsys.readouterr().out == "2 mods checked: run.sh, _sparkmods.py and manifest.json up to date\n"
 
 
 def test_build_hybrid_dry_run_counts_like_the_real_run(tmp_path, capsys):

@@ -26,7 +26,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import pytest
 
 import realtree
-from modfactory import make_mod, make_site
+from modfactory import edit_runtime, make_mod, make_site
 from realtree import GOAL, OPPOSITE, START, Trees, run_quietly
 from sparkmods.runtime import applier, fsops
 from sparkmods.runtime.journal import JOURNAL_NAME, STATE_DIR, Entry, Journal, transact
@@ -224,8 +224,7 @@ def test_sigint_while_the_runtime_is_imported_is_one_line(tmp_path: Path, module
     it to itself as its last line): Python's KeyboardInterrupt, answered with one line and 130."""
     site = make_site(tmp_path / "site")
     mod = make_mod(tmp_path / "mods")
-    source = mod / "_sparkmods" / f"{module}.py"
-    source.write_text(source.read_text() + f"\n{line}\n")
+    edit_runtime(mod, module, lambda text: text + f"\n{line}\n")
     before = realtree.snapshot(site)
     env = {"PATH": os.environ["PATH"], "PYTHON_ROOT": str(site), "SPARKMODS_PYTHON": sys.executable,
            "SPARKMODS_CACHE_DIR": str(tmp_path / "cache")}

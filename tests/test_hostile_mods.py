@@ -128,7 +128,7 @@ def test_install_source_symlink_out_of_the_mod(tmp_path: Path, capsys) -> None:
 def test_site_install_outside_vllm_is_a_manifest_error(tmp_path: Path, capsys, dest: str) -> None:
     site = make_site(tmp_path / "site")
     mod = _with_install(tmp_path, "site:vllm/ok.py", lambda p: p.write_text("x = 1\n"))
-    generated = mod / "_sparkmods" / "manifest.json"  # what run.sh reads (sync refuses such a mod.toml)
+    generated = mod / "manifest.json"  # what run.sh reads (sync refuses such a mod.toml)
     generated.write_text(generated.read_text().replace("site:vllm/ok.py", dest))
     assert_refused(mod, site, tmp_path, "manifest.json", "install[0].dest")
     toml = mod / "mod.toml"
@@ -156,7 +156,7 @@ def test_binary_or_deeply_nested_manifest(tmp_path: Path, capsys, toml: bytes, g
     """run.sh reads the generated manifest.json, the host mod.toml: each refuses its own bad file."""
     site = make_site(tmp_path / "site")
     mod = make_mod(tmp_path / "mods")
-    (mod / "_sparkmods" / "manifest.json").write_bytes(generated)
+    (mod / "manifest.json").write_bytes(generated)
     assert_refused(mod, site, tmp_path, "manifest.json", word)
     (mod / "mod.toml").write_bytes(toml)
     assert word in host_check_fails(mod, capsys)

@@ -214,7 +214,7 @@ def assert_node_patched(node: dict, head: bool, launch: Launch, original_files: 
     assert node["vllm_files"]["vllm/__init__.py"] == sha(original_files["vllm/__init__.py"])
     template = (REPO / "mods" / "chat-template" / "files" / TEMPLATE).read_bytes()
     assert node["workspace_files"][TEMPLATE] == sha(template)
-    assert "run.sh" in node["mods"]["launch-demo"] and "_sparkmods" in node["mods"]["launch-demo"]
+    assert "run.sh" in node["mods"]["launch-demo"] and "_sparkmods.py" in node["mods"]["launch-demo"]
     assert (".head-only" in node["mods"]["launch-demo"]) is head
 
 

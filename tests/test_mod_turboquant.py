@@ -90,7 +90,7 @@ def test_patch_holds_exactly_the_files_of_files_dir() -> None:
 
 def test_make_patches_check_fails_when_a_source_changes(tmp_path: Path) -> None:
     copy = tmp_path / "turboquant"
-    shutil.copytree(MOD, copy, ignore=shutil.ignore_patterns("_sparkmods", "run.sh"))
+    shutil.copytree(MOD, copy, ignore=shutil.ignore_patterns("_sparkmods.py", "manifest.json", "run.sh"))
     script = copy / "make_patches.py"
     assert subprocess.run([sys.executable, str(script), "--check"], capture_output=True).returncode == 0
     backend = copy / "files" / "sparkmods_turboquant.py"
@@ -103,7 +103,7 @@ def test_make_patches_check_fails_when_a_source_changes(tmp_path: Path) -> None:
 
 def test_a_source_without_final_newline_is_one_line_exit_2(tmp_path: Path) -> None:
     copy = tmp_path / "turboquant"
-    shutil.copytree(MOD, copy, ignore=shutil.ignore_patterns("_sparkmods", "run.sh"))
+    shutil.copytree(MOD, copy, ignore=shutil.ignore_patterns("_sparkmods.py", "manifest.json", "run.sh"))
     (copy / "files" / "tq_format.py").write_text("x = 1", encoding="utf-8")
     proc = subprocess.run([sys.executable, str(copy / "make_patches.py")], capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [

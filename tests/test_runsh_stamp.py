@@ -13,7 +13,7 @@ from typing import Dict, Optional, Tuple
 
 import pytest
 
-from modfactory import TARGET, make_mod, make_site
+from modfactory import TARGET, edit_runtime, make_mod, make_site
 from sparkmods.runtime import engine, journal, lock, stamp
 from sparkmods.sync import sync
 
@@ -83,7 +83,7 @@ def test_any_changed_input_or_leftover_takes_the_full_path(applied, change: str)
         patch = next((mod / "patches").rglob("*.patch"))
         patch.write_text(patch.read_text() + "\n")
     elif change == "runtime":
-        (mod / "_sparkmods" / "udiff.py").write_text((mod / "_sparkmods" / "udiff.py").read_text() + "\n# edited\n")
+        edit_runtime(mod, "udiff", lambda text: text + "\n# edited\n")
     elif change == "workspace file":
         (ws / "t.jinja").write_text("other")
     elif change == "version":

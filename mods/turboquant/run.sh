@@ -28,6 +28,5 @@ case "$version" in
 esac
 export WORKSPACE_DIR="${WORKSPACE_DIR:-$PWD}"
 # Nothing is written into this folder or vLLM's tree; the runtime's compiled code is kept in
-# the user's cache (see _sparkmods/boot.py). `-c import` runs what `-m _sparkmods` would,
-# without runpy's imports.
+# the user's cache (see the top of _sparkmods.py).
 PYTHONPATH="$mod_dir${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1 exec "$python" -c 'import _sparkmods.__main__' "$@"

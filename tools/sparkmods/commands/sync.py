@@ -1,4 +1,4 @@
-"""`sparkmods sync [MOD ...] [--check]`: (re)generate each mod's run.sh and _sparkmods/."""
+"""`sparkmods sync [MOD ...] [--check]`: (re)generate each mod's run.sh, _sparkmods.py and manifest.json."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from sparkmods.commands import help_for
 
 def register(sub: "argparse._SubParsersAction") -> None:
     p = sub.add_parser("sync", help=help_for("sync"),
-                       description="Regenerate each mod's run.sh and _sparkmods/ from tools/sparkmods/runtime.")
+                       description="Regenerate each mod's run.sh, _sparkmods.py and manifest.json from tools/sparkmods/runtime.")
     p.add_argument("mods", nargs="*", metavar="MOD")
     p.add_argument("--mods-dir", help="folder holding the mods (default: ./mods or the repository's)")
     p.add_argument("--check", action="store_true", help="change nothing; exit 1 if any generated file drifted")
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
                 changed += 1
     if args.check:
         print(f"{len(mod_dirs)} mods checked: " + (f"{changed} generated files drifted" if changed
-                                                   else "run.sh and _sparkmods/ up to date"))
+                                                   else "run.sh, _sparkmods.py and manifest.json up to date"))
         return 1 if changed else 0
     print(f"{len(mod_dirs)} mods synced: {changed} files written" + ("" if changed else " (all up to date)"))
     return 0

@@ -1,5 +1,6 @@
-"""`python3 -m _sparkmods [apply|check|revert]` inside a mod folder; run.sh imports it with
-`python3 -c` (as `-m` does, minus runpy's imports, a quarter of an already-applied run).
+"""run.sh's program: `python3 -c 'import _sparkmods.__main__' [apply|check|revert]` with the mod
+folder on PYTHONPATH (an import rather than `-m`: runpy's own imports were a quarter of an
+already-applied run).
 
 A SIGINT outside applier.run (which turns it into an orderly interruption) raises Python's
 KeyboardInterrupt: while the runtime is still being imported, or in the instant after run
@@ -12,11 +13,13 @@ try:  # first: a SIGINT at any later line is caught
     import os
     import sys
 
+    if sys.modules[__package__].sigint_held():  # one arrived while _sparkmods.py itself ran
+        raise KeyboardInterrupt
     from .stamp import quick
 
     code = quick(sys.argv[1:], os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
     if code is None:  # not the stamped already-applied case: the full runtime decides
-        from .boot import main
+        from .applier import main
 
         code = main()
 except KeyboardInterrupt:

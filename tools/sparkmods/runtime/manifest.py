@@ -1,7 +1,7 @@
 """A mod's manifest: its variants keyed by vLLM range, validated strictly.
 
 The hand-written source is `mod.toml`; `sparkmods sync` stores the same data as
-`_sparkmods/manifest.json` inside the mod so the container needs neither tomllib nor any
+`manifest.json` beside it so the container needs neither tomllib nor any
 third-party package. Both go through `Manifest.from_dict`, so they validate identically.
 Every error names the file, the key and the problem in one line.
 """
@@ -20,7 +20,7 @@ from .pep440 import InvalidRange, InvalidVersion, Range, Version
 __all__ = ["ManifestError", "Install", "Variant", "Upstream", "Manifest", "load_manifest", "MANIFEST_TOML", "MANIFEST_JSON"]
 
 MANIFEST_TOML = "mod.toml"
-MANIFEST_JSON = "_sparkmods/manifest.json"
+MANIFEST_JSON = "manifest.json"
 SCHEMA = 1
 _LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$")
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
