@@ -79,3 +79,13 @@ def edit_runtime(mod: Path, module: str, edit) -> None:
     start = data.index(opening) + len(opening)
     end = data.index("''',\n", start)
     path.write_text(data[:start] + edit(data[start:end]) + data[end:])
+
+
+def make_template_mod(mods: Path) -> Path:
+    """Mod `tmpl`: the demo patch plus a workspace install (files/t.jinja) and notes, like chat-template."""
+    mod = make_mod(mods, name="tmpl", toml_extra='install = [{ src = "files/t.jinja", dest = "workspace:t.jinja" }]\n'
+                   'notes = "Add to vllm serve: --chat-template t.jinja"\n')
+    (mod / "files").mkdir()
+    (mod / "files" / "t.jinja").write_text("{{ messages }}")
+    sync(mod)
+    return mod

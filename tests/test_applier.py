@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 
-from modfactory import ORIGINAL, PATCHED, TARGET, edit_runtime, make_mod, make_site
+from modfactory import ORIGINAL, PATCHED, TARGET, edit_runtime, make_mod, make_site, make_template_mod
 from sparkmods.cli import main
 from sparkmods.sync import drift
 
@@ -99,13 +99,7 @@ def test_host_apply_dry_run_and_revert(tmp_path, capsys):
 
 def test_workspace_install_is_idempotent_and_prints_notes(tmp_path):
     site = make_site(tmp_path / "site")
-    mods = tmp_path / "mods"
-    mod = make_mod(mods, name="tmpl", toml_extra='install = [{ src = "files/t.jinja", dest = "workspace:t.jinja" }]\n'
-                   'notes = "Add to vllm serve: --chat-template t.jinja"\n')
-    (mod / "files").mkdir()
-    (mod / "files" / "t.jinja").write_text("{{ messages }}")
-    from sparkmods.sync import sync
-    sync(mod)
+    mod = make_template_mod(tmp_path / "mods")
     ws = tmp_path / "ws"
     ws.mkdir()
     out = run_sh(mod, site, tmp_path, env_extra={"WORKSPACE_DIR": str(ws)})

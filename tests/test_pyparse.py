@@ -19,10 +19,13 @@ TOOLS = Path(__file__).resolve().parents[1] / "tools" / "sparkmods"
 
 
 def test_no_module_calls_ast_parse_directly() -> None:
+    """Host code only: the runtime runs in run.sh's single thread and may not import the host's
+    modules; its one compile (boot.RuntimeLoader._compile, for the modules it loads) is allowed."""
     direct = [f"{p.relative_to(TOOLS)}:{n}" for p in sorted(TOOLS.rglob("*.py")) if p.name != "pyparse.py"
               for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
               if re.search(r"\bast\.parse\(|\bcompile\(", line) and "re.compile(" not in line]
-    assert direct == [], "parse through sparkmods.pyparse.parse: " + ", ".join(direct)
+    runtime = [d for d in direct if d.startswith("runtime/boot.py:")]
+    assert len(runtime) == 1 and direct == runtime, "parse through sparkmods.pyparse.parse: " + ", ".join(direct)
 
 
 def test_parallel_parses_give_the_trees_a_serial_parse_gives() -> None:

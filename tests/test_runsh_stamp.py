@@ -13,9 +13,8 @@ from typing import Dict, Optional, Tuple
 
 import pytest
 
-from modfactory import TARGET, edit_runtime, make_mod, make_site
+from modfactory import TARGET, edit_runtime, make_site, make_template_mod
 from sparkmods.runtime import engine, journal, lock, stamp
-from sparkmods.sync import sync
 
 FULL = {"SPARKMODS_LOCK_TIMEOUT": "120"}  # a setting only the full path reads: forces it
 
@@ -34,12 +33,7 @@ def run(mod: Path, site: Path, ws: Path, *args: str, env: Optional[Dict[str, str
 def applied(tmp_path: Path) -> Tuple[Path, Path, Path]:
     """A demo mod with a workspace install and notes, applied by run.sh."""
     site = make_site(tmp_path / "site")
-    mod = make_mod(tmp_path / "mods", name="tmpl",
-                   toml_extra='install = [{ src = "files/t.jinja", dest = "workspace:t.jinja" }]\n'
-                              'notes = "Add to vllm serve: --chat-template t.jinja"\n')
-    (mod / "files").mkdir()
-    (mod / "files" / "t.jinja").write_text("{{ messages }}")
-    sync(mod)
+    mod = make_template_mod(tmp_path / "mods")
     ws = tmp_path / "ws"
     ws.mkdir()
     rc, out, _ = run(mod, site, ws)

@@ -85,7 +85,7 @@ class RuntimeLoader:
         path = f"{self.archive}/{fullname.rpartition('.')[2]}.py"
         source = self.get_source(fullname)
         if self.cache is None:
-            return compile(source, path, "exec", dont_inherit=True)
+            return self._compile(source, path)
         entry = os.path.join(self.cache, f"{fullname}-{zlib.crc32(path.encode()):08x}.code")
         want = (MAGIC_NUMBER, path, source)
         try:
@@ -95,9 +95,15 @@ class RuntimeLoader:
                 return code
         except (OSError, ValueError, EOFError, TypeError):
             pass  # absent, unreadable, or from another interpreter: compile
-        code = compile(source, path, "exec", dont_inherit=True)
+        code = self._compile(source, path)
         _store(self.cache, entry, marshal.dumps(want + (code,)))
         return code
+
+    @staticmethod
+    def _compile(source, path):
+        # run.sh's single thread: the host's parse lock (sparkmods.pyparse) is not needed here,
+        # and this file may import nothing of the host's.
+        return compile(source, path, "exec", dont_inherit=True)
 
 
 def _store(cache, entry, data):
