@@ -16,17 +16,22 @@ An entry is used only when all of those equal what this run would compile, so an
 moved or other runtime is never run from a stale entry. A cache that cannot be created or
 written (read-only home, another user's folder) only costs the compile.
 
-Only os, sys, marshal, _signal, zlib and importlib's machinery are imported here: an already
-applied tree is answered by `stamp` before anything heavier loads.
+Only what the interpreter has loaded at start-up, plus hashlib (which `stamp` needs anyway), is
+imported here: an already applied tree is answered by `stamp` before anything heavier loads,
+and this file is compiled on every run (run.sh writes no bytecode beside it).
 """
 
-import _signal  # the C module: `signal` imports enum, a third of an already-applied run's imports
+# The import system's own modules, loaded before any code runs: `importlib.machinery` would
+# import the importlib package and warnings, and `signal` imports enum.
+import _frozen_importlib
+import _frozen_importlib_external
+import _signal
+import hashlib
 import marshal
 import os
 import sys
-import zlib
-from importlib._bootstrap_external import MAGIC_NUMBER
-from importlib.machinery import ModuleSpec
+
+MAGIC_NUMBER = _frozen_importlib_external.MAGIC_NUMBER
 
 # A SIGINT while this file runs is held until its end and then raised inside __main__, whose
 # handler says it in one line (a SIGINT during the compile of this file stays Python's). Only
@@ -68,7 +73,7 @@ class RuntimeLoader:
         head, _, leaf = fullname.rpartition(".")
         if head != self.package or leaf not in self.sources:
             return None
-        spec = ModuleSpec(fullname, self, origin=f"{self.archive}/{leaf}.py")
+        spec = _frozen_importlib.ModuleSpec(fullname, self, origin=f"{self.archive}/{leaf}.py")
         spec.has_location = True  # sets __file__: the runtime finds its mod folder from it
         return spec
 
@@ -86,7 +91,7 @@ class RuntimeLoader:
         source = self.get_source(fullname)
         if self.cache is None:
             return self._compile(source, path)
-        entry = os.path.join(self.cache, f"{fullname}-{zlib.crc32(path.encode()):08x}.code")
+        entry = os.path.join(self.cache, f"{fullname}-{hashlib.sha256(path.encode()).hexdigest()[:16]}.code")
         want = (MAGIC_NUMBER, path, source)
         try:
             with open(entry, "rb") as fh:
