@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from nightlyrepo import add_commit, rebuild_with_edit, serve
+from releasewheel import vllm_wheel
 from sparkmods.modsdir import mod_dirs
 from sparkmods.runtime.manifest import Variant, load_manifest
 from sparkmods.runtime.modcheck import variant_patches
@@ -24,16 +25,8 @@ RELEASE = "0.19.1"
 
 
 @pytest.fixture(scope="module")
-def release_wheel(tmp_path_factory) -> Path:
-    cache = Path(os.environ.get("SPARKMODS_CACHE_DIR") or Path.home() / ".cache" / "sparkmods") / "test-wheels"
-    cache.mkdir(parents=True, exist_ok=True)
-    found = sorted(cache.glob(f"vllm-{RELEASE}-*x86_64.whl"))
-    if not found:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                        "--platform", "manylinux_2_31_x86_64", "--python-version", "3.12",
-                        f"vllm=={RELEASE}", "-d", str(cache)], check=True)
-        found = sorted(cache.glob(f"vllm-{RELEASE}-*x86_64.whl"))
-    return found[-1]
+def release_wheel() -> Path:
+    return vllm_wheel(RELEASE)
 
 
 def _victim(wheel: Path):

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import io
 import zipfile
-from pathlib import Path
 
 import pytest
 
+from releasewheel import vllm_wheel
 from sparkmods.errors import SparkmodsError
 from sparkmods.sources.zipread import ZipMembers
-
-WHEEL = Path.home() / ".cache" / "sparkmods" / "test-wheels" / "vllm-0.19.1-cp38-abi3-manylinux_2_31_x86_64.whl"
 
 
 def _agrees(members: ZipMembers, reference: zipfile.ZipFile, sample: int = 0) -> None:
@@ -23,9 +21,10 @@ def _agrees(members: ZipMembers, reference: zipfile.ZipFile, sample: int = 0) ->
         assert members.read(info.filename) == reference.read(info)
 
 
-@pytest.mark.skipif(not WHEEL.is_file(), reason="the sources tests download the vLLM 0.19.1 wheel")
+@pytest.mark.network
 def test_real_vllm_wheel_names_offsets_and_members_match_zipfile() -> None:
-    with WHEEL.open("rb") as fh, zipfile.ZipFile(WHEEL) as reference:
+    wheel = vllm_wheel("0.19.1")
+    with wheel.open("rb") as fh, zipfile.ZipFile(wheel) as reference:
         members = ZipMembers("wheel", fh)
         _agrees(members, reference, sample=300)
         start, end = members.span("vllm/__init__.py")

@@ -49,6 +49,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 
 import realtree  # noqa: E402
+from releasewheel import vllm_wheel  # noqa: E402
 
 # run.sh's interpreter: this venv's CPython (run.sh needs only the stdlib). Not a pyenv shim (a
 # shell script) and not the base interpreter, whose site-packages .pth files cost it 40 ms.
@@ -65,7 +66,7 @@ _OTHER_CLI = ("import re, sys, sparkmods.cli as c; sys.argv[0] = re.sub(r'(-scri
 def cli(code: Optional[Path] = None) -> List[str]:
     """The command a user runs: this checkout's console script, or the program of `code`."""
     return SPARKMODS if code is None else [sys.executable, "-c", _OTHER_CLI]
-NIGHTLY_WHEEL = Path.home() / ".cache" / "sparkmods" / "test-wheels" / "vllm-0.19.1-cp38-abi3-manylinux_2_31_x86_64.whl"
+NIGHTLY_RELEASE = "0.19.1"  # the real wheel served under 50 nightly names
 RUNSH_MOD, RUNSH_VLLM = "int8-lm-head", "0.33.0"
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 
@@ -238,7 +239,7 @@ class _NightlyIndex(BaseHTTPRequestHandler):
     serves that file with Range, as a CDN does."""
 
     protocol_version = "HTTP/1.1"
-    wheel: Path = NIGHTLY_WHEEL
+    wheel: Path = Path()  # set by nightly_row
     names: List[str] = []
 
     def log_message(self, *args: object) -> None:
@@ -273,9 +274,7 @@ class _NightlyIndex(BaseHTTPRequestHandler):
 def nightly_row(reps: int, before: Optional[Path], builds: int = 50) -> Row:
     row = Row(f"{builds} nightly builds checked, cold (loopback index)", "<= 4 s, <= 100 MiB",
               lambda r: r.median() <= 4 and r.median("rss_mib") <= 100)
-    if not NIGHTLY_WHEEL.is_file():
-        row.note = f"skipped: {NIGHTLY_WHEEL} is missing (the sources tests download it)"
-        return row
+    _NightlyIndex.wheel = vllm_wheel(NIGHTLY_RELEASE)
     _NightlyIndex.names = [f"vllm-0.19.2.dev{i}+g{i:09x}-cp38-abi3-manylinux_2_31_x86_64.whl" for i in range(builds)]
     server = ThreadingHTTPServer(("127.0.0.1", 0), _NightlyIndex)
     server.daemon_threads = True
