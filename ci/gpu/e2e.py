@@ -208,7 +208,7 @@ def write_results(out: Path, reports: list[Report], header: dict[str, Any]) -> N
     for report in reports:
         doc = {"scenario": report.scenario, **header, "checks": report.checks, "data": report.data}
         (out / f"{report.scenario}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    where = header["device"] + (f", {header['parallel']}" if header.get("parallel", "one GPU") != "one GPU" else "")
+    where = ", ".join(filter(None, [header["device"], header.get("parallel")]))  # e.g. "..., TP 2 (ray)"
     lines = [f"## {time.strftime('%Y-%m-%d %H:%M:%S')} vLLM {header['vllm']} on {where}", "",
              *summary_lines(reports), ""]
     with open(out / "summary.md", "a") as summary:

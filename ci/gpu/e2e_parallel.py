@@ -110,6 +110,6 @@ def importable(python: str, site: Path, module: str) -> bool:
 def gpus_visible(python: str = sys.executable) -> int:
     """CUDA devices torch sees in a fresh interpreter (0 where torch or CUDA is missing)."""
     done = subprocess.run([python, "-c", "import torch; print(torch.cuda.device_count())"],
-                          capture_output=True, text=True, check=False, env=dict(os.environ))
+                          capture_output=True, text=True, check=False)
     lines = done.stdout.strip().splitlines()
     return int(lines[-1]) if done.returncode == 0 and lines and lines[-1].isdigit() else 0

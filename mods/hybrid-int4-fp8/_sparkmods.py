@@ -73,7 +73,7 @@ class RuntimeLoader:
         head, _, leaf = fullname.rpartition(".")
         if head != self.package or leaf not in self.sources:
             return None
-        spec = _frozen_importlib.ModuleSpec(fullname, self, origin=f"{self.archive}/{leaf}.py")
+        spec = _frozen_importlib.ModuleSpec(fullname, self, origin=self._path(fullname))
         spec.has_location = True  # sets __file__: the runtime finds its mod folder from it
         return spec
 
@@ -86,8 +86,12 @@ class RuntimeLoader:
     def get_source(self, fullname):
         return self.sources[fullname.rpartition(".")[2]]
 
+    def _path(self, fullname):
+        """The module's file name, zipimport-style: <mod>/_sparkmods.py/<name>.py."""
+        return f"{self.archive}/{fullname.rpartition('.')[2]}.py"
+
     def get_code(self, fullname):
-        path = f"{self.archive}/{fullname.rpartition('.')[2]}.py"
+        path = self._path(fullname)
         source = self.get_source(fullname)
         if self.cache is None:
             return self._compile(source, path)

@@ -112,9 +112,9 @@ def _checked(manifest: Manifest, mod_dir: Path, source, content: str) -> ModResu
 
 def _patches(mod_dir: Path, variant: Variant, content: Optional[str]) -> List[FilePatch]:
     """variant_patches, read and parsed once per process for a mod whose content hash is given
-    (it covers every file a variant reads, so equal hashes mean equal patches): over 23 releases
-    the same patch files were otherwise resolved, read and parsed twice more per release, ~12 %
-    of a check's CPU. Errors are not kept: a bad patch raises every time."""
+    (it covers every file a variant reads, so equal hashes mean equal patches): check.py would
+    otherwise resolve, read and parse the same patch files twice more per mod and release.
+    Errors are not kept: a bad patch raises every time."""
     if content is None:
         return variant_patches(mod_dir, variant)
     return list(_parsed_patches(mod_dir, variant.label, content))
@@ -122,6 +122,7 @@ def _patches(mod_dir: Path, variant: Variant, content: Optional[str]) -> List[Fi
 
 @functools.lru_cache(maxsize=64)
 def _parsed_patches(mod_dir: Path, label: str, content: str) -> "tuple[FilePatch, ...]":
+    """The parse behind _patches, keyed by what is hashable (a Variant holds lists)."""
     chosen = next(v for v in load(mod_dir).variants if isinstance(v, Variant) and v.label == label)
     return tuple(variant_patches(mod_dir, chosen))
 
