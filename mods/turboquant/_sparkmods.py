@@ -13,12 +13,13 @@ mod folder or vLLM's tree. Each module's compiled code is kept in the user's cac
 ($SPARKMODS_CACHE_DIR, else $XDG_CACHE_HOME/sparkmods, else ~/.cache/sparkmods, folder
 `runtime-code/`), one file per module holding (interpreter magic, file name, source, code).
 An entry is used only when all of those equal what this run would compile, so an edited,
-moved or other runtime is never run from a stale entry. A cache that cannot be created or
-written (read-only home, another user's folder) only costs the compile.
+moved or other runtime is never run from a stale entry. The mod's manifest.json is kept there
+the same way, decoded (`cached`). A cache that cannot be created or written (read-only home,
+another user's folder) only costs the compile.
 
-Only what the interpreter has loaded at start-up, plus hashlib (which `stamp` needs anyway), is
-imported here: an already applied tree is answered by `stamp` before anything heavier loads,
-and this file is compiled on every run (run.sh writes no bytecode beside it).
+Only what the interpreter has loaded at start-up, plus its SHA-256 module (which `stamp` needs
+anyway), is imported here: an already applied tree is answered by `stamp` before anything
+heavier loads, and this file is compiled on every run (run.sh writes no bytecode beside it).
 """
 
 # The import system's own modules, loaded before any code runs: `importlib.machinery` would
@@ -26,10 +27,17 @@ and this file is compiled on every run (run.sh writes no bytecode beside it).
 import _frozen_importlib
 import _frozen_importlib_external
 import _signal
-import hashlib
 import marshal
 import os
 import sys
+
+try:  # the interpreter's own SHA-256, as basics.sha256 (which cannot be loaded before this names entries)
+    from _sha2 import sha256  # Python >= 3.12
+except ImportError:
+    try:
+        from _sha256 import sha256  # Python 3.9 - 3.11
+    except ImportError:  # an interpreter built without its own hashes
+        from hashlib import sha256
 
 MAGIC_NUMBER = _frozen_importlib_external.MAGIC_NUMBER
 
@@ -63,11 +71,35 @@ def _ours(folder):
         return False
 
 
+_cache = None  # the cache folder (install sets it), None: none to use
+
+
+def cached(name, path, source, make):
+    """make(), kept in the cache and used again while this interpreter, `path` and `source`
+    (the text or bytes it is made from) are all what they were. Holds each runtime module's
+    code (RuntimeLoader) and the decoded manifest.json (manifest.py: json, with re, would be
+    imported for it on every run). Without a cache folder, just make()."""
+    if _cache is None:
+        return make()
+    entry = os.path.join(_cache, f"{name}-{sha256(path.encode()).hexdigest()[:16]}.code")
+    want = (MAGIC_NUMBER, path, source)
+    try:
+        with open(entry, "rb") as fh:
+            magic, held_path, held_source, value = marshal.loads(fh.read())
+        if (magic, held_path, held_source) == want:
+            return value
+    except (OSError, ValueError, EOFError, TypeError):
+        pass  # absent, unreadable, or from another interpreter: make it
+    value = make()
+    _store(entry, want + (value,))
+    return value
+
+
 class RuntimeLoader:
     """Finds and loads `<package>.<name>` from the sources this file holds, through the cache."""
 
-    def __init__(self, package, archive, sources, cache):
-        self.package, self.archive, self.sources, self.cache = package, archive, sources, cache
+    def __init__(self, package, archive, sources):
+        self.package, self.archive, self.sources = package, archive, sources
 
     def find_spec(self, fullname, path=None, target=None):
         head, _, leaf = fullname.rpartition(".")
@@ -93,20 +125,7 @@ class RuntimeLoader:
     def get_code(self, fullname):
         path = self._path(fullname)
         source = self.get_source(fullname)
-        if self.cache is None:
-            return self._compile(source, path)
-        entry = os.path.join(self.cache, f"{fullname}-{hashlib.sha256(path.encode()).hexdigest()[:16]}.code")
-        want = (MAGIC_NUMBER, path, source)
-        try:
-            with open(entry, "rb") as fh:
-                magic, held_path, held_source, code = marshal.loads(fh.read())
-            if (magic, held_path, held_source) == want:
-                return code
-        except (OSError, ValueError, EOFError, TypeError):
-            pass  # absent, unreadable, or from another interpreter: compile
-        code = self._compile(source, path)
-        _store(self.cache, entry, marshal.dumps(want + (code,)))
-        return code
+        return cached(fullname, path, source, lambda: self._compile(source, path))
 
     @staticmethod
     def _compile(source, path):
@@ -115,18 +134,20 @@ class RuntimeLoader:
         return compile(source, path, "exec", dont_inherit=True)
 
 
-def _store(cache, entry, data):
-    """Write entry atomically into a folder of our own; any failure leaves the cache alone."""
-    tmp = os.path.join(cache, f".{os.path.basename(entry)}.{os.getpid()}.tmp")
+def _store(entry, value):
+    """Write entry (a marshal of value) atomically into a folder of our own; any failure
+    leaves the cache alone."""
+    tmp = os.path.join(_cache, f".{os.path.basename(entry)}.{os.getpid()}.tmp")
     try:
-        os.makedirs(cache, mode=0o700, exist_ok=True)
-        if not _ours(cache):
+        data = marshal.dumps(value)
+        os.makedirs(_cache, mode=0o700, exist_ok=True)
+        if not _ours(_cache):
             return  # never run code from (or leave code in) a folder another user controls
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.replace(tmp, entry)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: nested too deeply to marshal
         pass
     finally:  # also after a KeyboardInterrupt; gone after the replace
         try:
@@ -137,12 +158,12 @@ def _store(cache, entry, data):
 
 def install(sources):
     """Make this module the package of `sources` (name -> text), then let a held SIGINT go."""
-    global __path__
+    global __path__, _cache
     __path__ = []  # a package: `import _sparkmods.applier` asks the finders below
-    cache = cache_dir()
-    if cache is not None and not _ours(cache):
-        cache = None  # another user's folder: compile every time
-    sys.meta_path.insert(0, RuntimeLoader(__name__, os.path.realpath(__file__), sources, cache))
+    _cache = cache_dir()
+    if _cache is not None and not _ours(_cache):
+        _cache = None  # another user's folder: compile every time
+    sys.meta_path.insert(0, RuntimeLoader(__name__, os.path.realpath(__file__), sources))
     sys.excepthook = _excepthook
     if _previous_handler is not None:
         _signal.signal(_signal.SIGINT, _previous_handler)
@@ -189,10 +210,10 @@ try:  # first: a SIGINT at any later line is caught
 except KeyboardInterrupt:
     import os
     import sys
-    from pathlib import Path
 
-    print(f"[{Path(__file__).resolve().parent.parent.name}] interrupted by SIGINT outside a change to "
-          "vLLM's files: nothing is half-done (the lines above say what was done)", flush=True)
+    print(f"[{os.path.basename(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))}] interrupted by "
+          "SIGINT outside a change to vLLM's files: nothing is half-done (the lines above say what was done)",
+          flush=True)
     # Not sys.exit: CPython marks a KeyboardInterrupt that ends a string exec/eval (dataclasses
     # and namedtuple build their methods so) as unhandled even once it is caught, and under
     # `python -m` then ends the process by SIGINT instead of with the exit code. Nothing but
@@ -218,25 +239,29 @@ changed), 2 bad input (mod, paths, interpreter), 130 / 143 interrupted by SIGINT
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import json
 import os
 import sys
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence
 
 from . import fsops, stamp
+from .basics import sha256
 from .engine import APPLIED, CONFLICT, OK, OK_OFFSET, UnsafePath, plan, safe_target
 from .interrupts import Interrupted, deferred, exit_code, handled
 from .journal import (JOURNAL_NAME, STATE_DIR, STATE_FILE, Entry, Journal, JournalError, applied_rel, orig_rel, recover,
                       state_dir, sweep, temp_rel, transact)
 from .locate import LocateError, find_vllm, read_version
 from .lock import LockTimeout, ReadOnlyTree, tree_lock
-from .manifest import Install, Manifest, ManifestError, Variant, load_manifest
-from .modcheck import GREEN, NO_VARIANT, UPSTREAM, ModResult, check_mod, install_results, mod_file, variant_patches
+from .manifest import ManifestError, Variant, load_manifest
+from .modcheck import (GREEN, NO_VARIANT, UPSTREAM, ModInputs, check_mod, decide, install_results, mod_inputs,
+                       variant_patches)
 from .udiff import reverse
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Sequence
+
+    from .fsops import StrPath
+    from .manifest import Install, Manifest
+    from .modcheck import ModResult
 
 __all__ = ["main", "run", "apply_mod", "revert_mod", "Printer", "STATE_DIR"]
 
@@ -255,25 +280,21 @@ class Printer:
 
 
 def _sha256(data: Optional[bytes]) -> Optional[str]:
-    return None if data is None else hashlib.sha256(data).hexdigest()
+    return None if data is None else sha256(data).hexdigest()
 
 
-def _reader(site: Path):
+def _reader(site: StrPath):
     def read(rel: str) -> Optional[bytes]:
         return fsops.read_regular(safe_target(site, rel))
     return read
 
 
-@contextmanager
-def _settled_tree(site: Path, say: Printer, dry_run: bool) -> Iterator[None]:
-    """Hold the tree's lock, with SIGINT/SIGTERM deferred, after settling an interrupted run.
-
-    A dry run on a read-only vLLM goes ahead unlocked unless a journal needs settling.
-    """
-    required = not dry_run or (site / STATE_DIR / JOURNAL_NAME).exists()
-    with tree_lock(site / STATE_DIR, say, required), deferred():
-        recover(site, say)
-        yield
+def _lock(site: StrPath, say: Printer, dry_run: bool) -> tree_lock:
+    """The tree's lock; a dry run on a read-only vLLM goes ahead unlocked unless a journal
+    needs settling. Taken with SIGINT/SIGTERM deferred, then `recover` settles any
+    interrupted run before the caller decides."""
+    required = not dry_run or os.path.exists(os.path.join(site, STATE_DIR, JOURNAL_NAME))
+    return tree_lock(os.path.join(site, STATE_DIR), say, required)
 
 
 def _explain_failure(say: Printer, manifest: Manifest, result: ModResult) -> None:
@@ -296,12 +317,11 @@ def _explain_failure(say: Printer, manifest: Manifest, result: ModResult) -> Non
         "(sparkmods rebase MOD --onto VERSION)")
 
 
-def _install_files(say: Printer, mod_dir: Path, variant: Variant, workspace: Path, dry_run: bool) -> None:
-    for item in variant.install:
+def _install_files(say: Printer, mod_dir: StrPath, inputs: ModInputs, workspace: StrPath, dry_run: bool) -> None:
+    for item, data in zip(inputs.chosen.install, inputs.sources):
         if item.site:
             continue  # installed into vLLM with the patches, through the journal
-        data = mod_file(mod_dir, item.src, "install source")
-        dest = workspace / item.name
+        dest = os.path.join(workspace, item.name)
         if fsops.read_regular(dest) == data:
             say(f"{item.name} already installed in {workspace}")
             continue
@@ -313,41 +333,44 @@ def _install_files(say: Printer, mod_dir: Path, variant: Variant, workspace: Pat
         say(f"installed {item.name} into {workspace}")
 
 
-def _install_mode(mod_dir: Path, item: Install) -> int:
+def _install_mode(mod_dir: StrPath, item: Install) -> int:
     """An installed file's mode: its source's bits filtered by the umask (as `cp` copies)."""
-    return fsops.umasked(os.stat((mod_dir / item.src).resolve()).st_mode)
+    return fsops.umasked(os.stat(os.path.realpath(os.path.join(mod_dir, item.src))).st_mode)
 
 
-def _new_file_mode(mod_dir: Path, variant: Variant, rel: str) -> int:
+def _new_file_mode(mod_dir: StrPath, variant: Variant, rel: str) -> int:
     """The mode of a file the apply creates inside vllm/: a site install's as `cp` would give it;
     a file a patch creates, what any new file gets (0666 filtered by the umask)."""
     item = next((i for i in variant.install if i.site and i.name == rel), None)
     return _install_mode(mod_dir, item) if item is not None else fsops.umasked(0o666)
 
 
-def _load_state(site: Path, mod: str) -> Optional[dict]:
-    path = state_dir(site, mod) / STATE_FILE
-    if not path.is_file():
+def _load_state(site: StrPath, mod: str) -> Optional[dict]:
+    path = os.path.join(state_dir(site, mod), STATE_FILE)
+    if not os.path.isfile(path):
         return None
+    import json  # a revert, or an apply over an earlier apply's state: not run.sh's usual path
+
     try:
-        state = json.loads(path.read_text(encoding="utf-8"))
+        with open(path, encoding="utf-8") as fh:
+            state = json.load(fh)
         files = state["files"]
         if not all(isinstance(k, str) and set(v) == {"before", "after"} for k, v in files.items()):
             raise ValueError("bad files table")
         return state
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise JournalError(f"{path}: unreadable saved state ({exc}); the originals are in "
-                           f"{state_dir(site, mod) / 'orig'}") from None
+                           f"{os.path.join(state_dir(site, mod), 'orig')}") from None
 
 
-def _drop_stale_state(site: Path, manifest: Manifest, say: Printer) -> None:
+def _drop_stale_state(site: StrPath, manifest: Manifest, say: Printer) -> None:
     """Before applying to a tree the mod is not on, forget an earlier apply's leftover state.
 
     Only when none of its files still holds what that apply wrote (vLLM was reinstalled or
     reverted by other means); its originals are then copies of files no longer there.
     """
     folder = state_dir(site, manifest.name)
-    if not folder.exists():
+    if not os.path.exists(folder):
         return
     state = _load_state(site, manifest.name)
     if state is not None:
@@ -361,7 +384,7 @@ def _drop_stale_state(site: Path, manifest: Manifest, say: Printer) -> None:
     fsops.remove_tree(folder)
 
 
-def _apply_journal(manifest: Manifest, result: ModResult, site: Path, mod_dir: Path, variant: Variant
+def _apply_journal(manifest: Manifest, result: ModResult, site: StrPath, mod_dir: StrPath, variant: Variant
                    ) -> "tuple[Journal, Dict[str, bytes]]":
     """The apply journal; a patched file keeps its mode, a new one gets `_new_file_mode`."""
     entries, payload, files = [], {}, {}
@@ -369,34 +392,41 @@ def _apply_journal(manifest: Manifest, result: ModResult, site: Path, mod_dir: P
         if not f.changes:
             continue
         target = safe_target(site, f.path)
-        mode = target.stat().st_mode & 0o7777 if f.before is not None else _new_file_mode(mod_dir, variant, f.path)
+        mode = os.stat(target).st_mode & 0o7777 if f.before is not None else _new_file_mode(mod_dir, variant, f.path)
         old = orig_rel(manifest.name, f.path) if f.before is not None else None
         new = temp_rel(f.path) if f.after is not None else None
-        entries.append(Entry(f.path, _sha256(f.before), _sha256(f.after), new, old, mode))
+        sums = {"before": _sha256(f.before), "after": _sha256(f.after)}
+        entries.append(Entry(f.path, sums["before"], sums["after"], new, old, mode))
         if old is not None:
             payload[old] = f.before  # type: ignore[assignment]
         if new is not None:
             payload[new] = f.after  # type: ignore[assignment]
-        files[f.path] = {"before": _sha256(f.before), "after": _sha256(f.after)}
+        files[f.path] = sums
     state = {"mod": manifest.name, "variant": result.variant, "vllm": result.version, "files": files}
     return Journal("apply", manifest.name, entries, state), payload
 
 
-def apply_mod(mod_dir: Path, site: Path, workspace: Path, dry_run: bool = False, say: Optional[Printer] = None) -> int:
+def apply_mod(mod_dir: StrPath, site: StrPath, workspace: StrPath, dry_run: bool = False, say: Optional[Printer] = None
+              ) -> int:
     """Apply the variant that fits the vLLM in site; returns the exit code."""
     manifest = load_manifest(mod_dir)
     say = say or Printer(manifest.name)
     version = read_version(site)
-    check_mod(manifest, mod_dir, version, _reader(site))  # bad mod input: an error before any write
-    with _settled_tree(site, say, dry_run):
-        result = check_mod(manifest, mod_dir, version, _reader(site))
+    # Bad input is an error before anything is written: the mod's (read once here, for every
+    # decision below) and a vLLM path that a symlink leads out of the tree.
+    inputs = mod_inputs(manifest, mod_dir, version)
+    for rel in inputs.paths():
+        safe_target(site, rel)
+    with _lock(site, say, dry_run), deferred():
+        recover(site, say)
+        result = decide(inputs, _reader(site))
         if result.status not in GREEN:
             _explain_failure(say, manifest, result)
             return EXIT_FAIL
         if result.status == UPSTREAM:
             say(f"not needed: {result.reason}")
             return EXIT_OK
-        variant = next(v for v in manifest.variants if v.label == result.variant)
+        variant = inputs.chosen
         if not dry_run:
             sweep(site, [f.path for f in result.files])
         if result.status == APPLIED:
@@ -416,25 +446,26 @@ def apply_mod(mod_dir: Path, site: Path, workspace: Path, dry_run: bool = False,
             say(f"applied variant {variant.label} to vLLM {version} in {site}")
         else:
             say(f"variant {variant.label} changes no vLLM file (vLLM {version})")
-        _install_files(say, mod_dir, variant, workspace, dry_run)
+        _install_files(say, mod_dir, inputs, workspace, dry_run)
         if not dry_run and (result.status == APPLIED or result.changes()):
-            _stamp(manifest, mod_dir, site, version, variant)
+            _stamp(inputs, mod_dir, site)
     if variant.notes:
         say(variant.notes)
     return EXIT_OK
 
 
-def _stamp(manifest: Manifest, mod_dir: Path, site: Path, version: str, variant: Variant) -> None:
+def _stamp(inputs: ModInputs, mod_dir: StrPath, site: StrPath) -> None:
     """Inside a mod (run.sh), after a run that leaves the mod on: the stamp that lets the next
     run.sh say `already applied` without this module (stamp.py), if deciding again says so."""
     if __package__ != "_sparkmods":
         return  # the host's `sparkmods apply`: its manifest is mod.toml, not what run.sh reads
-    result = check_mod(manifest, mod_dir, version, _reader(site))
+    result = decide(inputs, _reader(site))
     if result.status != APPLIED:
         return
-    installs = [(i.name, mod_file(mod_dir, i.src, "install source")) for i in variant.install if not i.site]
+    variant = inputs.chosen
+    installs = [(item.name, data) for item, data in zip(variant.install, inputs.sources) if not item.site]
     try:
-        stamp.record(str(mod_dir), str(site), variant.label, version,
+        stamp.record(os.fspath(mod_dir), os.fspath(site), variant.label, inputs.version,
                      list(variant.patches) + [i.src for i in variant.install], [f.path for f in result.files],
                      installs, variant.notes)
     except OSError:
@@ -445,7 +476,7 @@ def _site_installs(variant: Variant) -> List[str]:
     return [item.name for item in variant.install if item.site]
 
 
-def _revert_from_state(site: Path, manifest: Manifest, mod_dir: Path, state: dict
+def _revert_from_state(site: StrPath, manifest: Manifest, mod_dir: StrPath, state: dict
                        ) -> "Optional[tuple[Journal, Dict[str, bytes]]]":
     """The revert journal from the saved originals; None when the tree is already pristine.
 
@@ -462,28 +493,29 @@ def _revert_from_state(site: Path, manifest: Manifest, mod_dir: Path, state: dic
         if _forward_status(manifest, mod_dir, site) in (OK, OK_OFFSET):
             return None  # another vLLM is installed and the mod is not on it: the state is stale
         raise JournalError(f"{foreign[0]} changed since the mod was applied; not reverting anything "
-                           f"(originals are kept in {state_dir(site, name) / 'orig'})")
+                           f"(originals are kept in {os.path.join(state_dir(site, name), 'orig')})")
     if not patched:
         return None
     entries, payload = [], {}
     for rel in sorted(patched):
         s = sums[rel]
         new = orig_rel(name, rel) if s["before"] is not None else None
-        if new is not None and fsops.digest(site / new) != s["before"]:
-            raise JournalError(f"{site / new}: the saved original of {rel} is missing or corrupt; reinstall vLLM")
+        if new is not None and fsops.digest(os.path.join(site, new)) != s["before"]:
+            raise JournalError(f"{os.path.join(site, new)}: the saved original of {rel} is missing or corrupt; "
+                               "reinstall vLLM")
         old = applied_rel(name, rel) if s["after"] is not None else None
         if old is not None:
             payload[old] = current[rel]  # type: ignore[assignment]
-        mode = safe_target(site, rel).stat().st_mode & 0o7777 if current[rel] is not None else 0o644
+        mode = os.stat(safe_target(site, rel)).st_mode & 0o7777 if current[rel] is not None else 0o644
         entries.append(Entry(rel, s["after"], s["before"], new, old, mode))
     return Journal("revert", name, entries), payload
 
 
-def _forward_status(manifest: Manifest, mod_dir: Path, site: Path) -> str:
+def _forward_status(manifest: Manifest, mod_dir: StrPath, site: StrPath) -> str:
     return check_mod(manifest, mod_dir, read_version(site), _reader(site)).status
 
 
-def _revert_by_reverse_patch(site: Path, manifest: Manifest, mod_dir: Path, say: Printer
+def _revert_by_reverse_patch(site: StrPath, manifest: Manifest, mod_dir: StrPath, say: Printer
                              ) -> "Optional[tuple[Journal, Dict[str, bytes]]]":
     """No saved originals: undo an applied mod with its reverse patch; None if not applied."""
     read = _reader(site)
@@ -512,12 +544,12 @@ def _revert_by_reverse_patch(site: Path, manifest: Manifest, mod_dir: Path, say:
         payload[old] = before  # type: ignore[assignment]
         if new is not None:
             payload[new] = after
-        mode = safe_target(site, rel).stat().st_mode & 0o7777
+        mode = os.stat(safe_target(site, rel)).st_mode & 0o7777
         entries.append(Entry(rel, _sha256(before), _sha256(after), new, old, mode))
     return Journal("revert", manifest.name, entries), payload
 
 
-def revert_mod(mod_dir: Path, site: Path, dry_run: bool = False, say: Optional[Printer] = None) -> int:
+def revert_mod(mod_dir: StrPath, site: StrPath, dry_run: bool = False, say: Optional[Printer] = None) -> int:
     """Restore the pristine files of a mod applied to site."""
     manifest = load_manifest(mod_dir)
     say = say or Printer(manifest.name)
@@ -525,7 +557,8 @@ def revert_mod(mod_dir: Path, site: Path, dry_run: bool = False, say: Optional[P
     if isinstance(chosen, Variant):  # bad mod input: an error before any write
         variant_patches(mod_dir, chosen)
         install_results(mod_dir, chosen, _reader(site))
-    with _settled_tree(site, say, dry_run):
+    with _lock(site, say, dry_run), deferred():
+        recover(site, say)
         state = _load_state(site, manifest.name)
         if state is not None:
             todo = _revert_from_state(site, manifest, mod_dir, state)
@@ -536,7 +569,7 @@ def revert_mod(mod_dir: Path, site: Path, dry_run: bool = False, say: Optional[P
                     + " the stale saved state")
                 return EXIT_OK
         else:
-            if not dry_run and state_dir(site, manifest.name).exists():
+            if not dry_run and os.path.exists(state_dir(site, manifest.name)):
                 fsops.remove_tree(state_dir(site, manifest.name))  # leftovers without a state file
             todo = _revert_by_reverse_patch(site, manifest, mod_dir, say)
             if todo is None:
@@ -554,7 +587,7 @@ def revert_mod(mod_dir: Path, site: Path, dry_run: bool = False, say: Optional[P
     return EXIT_OK
 
 
-def run(action: str, mod_dir: Path, site: Optional[Path], workspace: Path, dry_run: bool, say: Printer) -> int:
+def run(action: str, mod_dir: StrPath, site: Optional[StrPath], workspace: StrPath, dry_run: bool, say: Printer) -> int:
     """One run.sh action with every failure turned into one line and an exit code."""
     try:
         with handled():
@@ -585,18 +618,109 @@ def run(action: str, mod_dir: Path, site: Optional[Path], workspace: Path, dry_r
         return exit_code(exc.signum)
 
 
-def main(argv: Optional[Sequence[str]] = None, mod_dir: Optional[Path] = None) -> int:
-    parser = argparse.ArgumentParser(prog="run.sh", description="Apply this mod to the installed vLLM.")
-    parser.add_argument("action", nargs="?", default="apply", choices=["apply", "check", "revert"])
-    parser.add_argument("--dry-run", action="store_true", help="say what would change, write nothing")
-    parser.add_argument("--site", help="site-packages holding vllm/ (default: $PYTHON_ROOT, then python3's path)")
-    parser.add_argument("--workspace", help="where installed files go (default: $WORKSPACE_DIR, then the cwd)")
-    args = parser.parse_args(argv)
-    mod_dir = mod_dir or Path(__file__).resolve().parent.parent
+ACTIONS = ("apply", "check", "revert")
+USAGE = "usage: run.sh [-h] [--dry-run] [--site SITE] [--workspace WORKSPACE] [{apply,check,revert}]"
+HELP = f"""{USAGE}
+
+Apply this mod to the installed vLLM.
+
+positional arguments:
+  {{apply,check,revert}}    apply (the default), check (a dry run) or revert
+
+options:
+  -h, --help            show this help message and exit
+  --dry-run             say what would change, write nothing
+  --site SITE           site-packages holding vllm/ (default: $PYTHON_ROOT, then python3's path)
+  --workspace WORKSPACE
+                        where installed files go (default: $WORKSPACE_DIR, then the cwd)
+"""
+
+
+def parse_args(argv: Sequence[str]) -> "tuple[str, bool, Optional[str], Optional[str]]":
+    """(action, dry run, --site, --workspace) from run.sh's arguments, read as argparse would
+    (`--site X` or `--site=X`; -h prints the help); a bad one is the usage and exit 2. Not
+    argparse itself: its import was a tenth of an apply."""
+    action, dry_run, values = None, False, {"--site": None, "--workspace": None}
+    rest = list(argv)
+    while rest:
+        arg = rest.pop(0)
+        name, eq, value = arg.partition("=")
+        if arg in ("-h", "--help"):
+            sys.stdout.write(HELP)
+            raise SystemExit(0)
+        if arg == "--dry-run":
+            dry_run = True
+        elif name in values:
+            if not eq:
+                if not rest:
+                    _usage_error(f"argument {name}: expected one argument")
+                value = rest.pop(0)
+            values[name] = value
+        elif arg.startswith("-") or action is not None:
+            _usage_error(f"unrecognized arguments: {arg}")
+        elif arg not in ACTIONS:
+            _usage_error(f"argument action: invalid choice: {arg!r} (choose from {', '.join(map(repr, ACTIONS))})")
+        else:
+            action = arg
+    return action or "apply", dry_run, values["--site"], values["--workspace"]
+
+
+def _usage_error(message: str) -> None:
+    sys.stderr.write(f"{USAGE}\nrun.sh: error: {message}\n")
+    raise SystemExit(EXIT_USAGE)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """run.sh's program: the mod is the folder this runtime file is in."""
+    action, dry_run, site, workspace = parse_args(sys.argv[1:] if argv is None else argv)
+    mod_dir = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # <mod>/_sparkmods.py/applier.py
     fsops.arm_from_env()
-    workspace = Path(args.workspace or os.environ.get("WORKSPACE_DIR") or os.getcwd())
-    return run(args.action, mod_dir, Path(args.site).resolve() if args.site else None, workspace, args.dry_run,
-               Printer(mod_dir.name))
+    return run(action, mod_dir, os.path.realpath(site) if site else None,
+               workspace or os.environ.get("WORKSPACE_DIR") or os.getcwd(), dry_run, Printer(os.path.basename(mod_dir)))
+''',
+    'basics': r'''"""Two standard pieces the runtime uses in a lighter form, for run.sh's start-up.
+
+run.sh starts a fresh Python on every container start, and what it imports is much of what
+it costs: an apply once spent more time importing modules than changing files.
+
+  Record   plain data classes without `dataclasses`: that module (with `inspect`, which it
+           imports) cost about a fifth of an apply, and each class built its methods with
+           exec at import. A Record subclass lists its fields in `__slots__` (a subclass of
+           it, the fields it adds) and writes its own typed `__init__`; Record adds what a
+           dataclass would: equality field by field (same class only) and a repr that names
+           every field. Records are not hashable, like mutable dataclasses.
+  sha256   the interpreter's own SHA-256 module: hashlib imports OpenSSL's, whose loading cost
+           more (about 3 ms) than the runtime's hashing of a few hundred KB takes either way.
+"""
+
+try:
+    from _sha2 import sha256  # Python >= 3.12
+except ImportError:
+    try:
+        from _sha256 import sha256  # type: ignore[no-redef]  # Python 3.9 - 3.11
+    except ImportError:  # an interpreter built without its own hashes
+        from hashlib import sha256  # type: ignore[no-redef]
+
+__all__ = ["Record", "sha256"]
+
+
+class Record:
+    """Equality and repr over the fields named in `__slots__`, the base classes' first."""
+
+    __slots__ = ()
+    __hash__ = None  # type: ignore[assignment]  # equality by value on mutable fields
+
+    def _names(self) -> "list[str]":
+        return [name for cls in reversed(type(self).__mro__) for name in cls.__dict__.get("__slots__", ())]
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in self._names())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._names())
+        return f"{self.__class__.__name__}({fields})"
 ''',
     'engine': r'''"""The patch engine: locate every hunk exactly, never with fuzz, and write atomically.
 
@@ -614,11 +738,18 @@ spliced in one pass. Writing is separate (journal.transact) and all-or-nothing a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+import os
 
-from .udiff import FilePatch, Hunk
+from .basics import Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+    from .fsops import StrPath
+    from .udiff import FilePatch, Hunk
+
+    Line = Tuple[str, str]  # (content without end-of-line, end-of-line: "\n", "\r\n" or "")
 
 __all__ = [
     "EXACT", "OFFSET", "APPLIED", "CONFLICT",
@@ -634,21 +765,20 @@ OK, OK_OFFSET, MISSING_FILE = "ok", "ok-offset", "missing-file"
 PACKAGE = "vllm"  # the only top-level folder of site-packages a mod may change
 TMP_SUFFIX = ".sparkmods-tmp"  # names the runtime's temp files end with (fsops uses it)
 
-Line = Tuple[str, str]  # (content without end-of-line, end-of-line: "\n", "\r\n" or "")
-
 
 class UnsafePath(ValueError):
     """A patch path that would escape the target tree."""
 
 
-@dataclass
-class NearMatch:
+class NearMatch(Record):
     """Where a conflicting hunk came closest, and the lines that differ there."""
 
-    line: int  # 1-based line of the window's first line in the target file
-    matching: int
-    total: int
-    differing: List[Tuple[int, str, str]] = field(default_factory=list)  # (line, expected, found)
+    __slots__ = ("line", "matching", "total", "differing")
+
+    def __init__(self, line: int, matching: int, total: int, differing: Optional[List[Tuple[int, str, str]]] = None) -> None:
+        self.line = line  # 1-based line of the window's first line in the target file
+        self.matching, self.total = matching, total
+        self.differing = [] if differing is None else differing  # (line, expected, found)
 
     def to_dict(self) -> dict:
         return {
@@ -659,15 +789,18 @@ class NearMatch:
         }
 
 
-@dataclass
-class HunkResult:
-    index: int  # 1-based hunk number within the file patch
-    outcome: str
-    stated_line: int  # the hunk's own old_start
-    line: Optional[int] = None  # 1-based line where it was located (old side, or new side if applied)
-    offset: int = 0
-    reason: str = ""
-    near: Optional[NearMatch] = None
+class HunkResult(Record):
+    """How one hunk fares on one file."""
+
+    __slots__ = ("index", "outcome", "stated_line", "line", "offset", "reason", "near")
+
+    def __init__(self, index: int, outcome: str, stated_line: int, line: Optional[int] = None, offset: int = 0,
+                 reason: str = "", near: Optional[NearMatch] = None) -> None:
+        self.index = index  # 1-based hunk number within the file patch
+        self.outcome = outcome
+        self.stated_line = stated_line  # the hunk's own old_start
+        self.line = line  # 1-based line where it was located (old side, or new side if applied)
+        self.offset, self.reason, self.near = offset, reason, near
 
     def to_dict(self) -> dict:
         out = {"hunk": self.index, "outcome": self.outcome, "stated_line": self.stated_line,
@@ -679,14 +812,19 @@ class HunkResult:
         return out
 
 
-@dataclass
-class FileResult:
-    path: str
-    status: str  # ok, ok-offset, applied, conflict, missing-file
-    hunks: List[HunkResult] = field(default_factory=list)
-    reason: str = ""
-    before: Optional[bytes] = None  # the target's content (None: absent)
-    after: Optional[bytes] = None  # content to write (None: delete, or nothing to do)
+class FileResult(Record):
+    """What a mod's patches (or site install) do to one file."""
+
+    __slots__ = ("path", "status", "hunks", "reason", "before", "after")
+
+    def __init__(self, path: str, status: str, hunks: Optional[List[HunkResult]] = None, reason: str = "",
+                 before: Optional[bytes] = None, after: Optional[bytes] = None) -> None:
+        self.path = path
+        self.status = status  # ok, ok-offset, applied, conflict, missing-file
+        self.hunks = [] if hunks is None else hunks
+        self.reason = reason
+        self.before = before  # the target's content (None: absent)
+        self.after = after  # content to write (None: delete, or nothing to do)
 
     @property
     def changes(self) -> bool:
@@ -699,14 +837,17 @@ class FileResult:
         return out
 
 
+_CONTROL = frozenset(map(chr, (*range(32), 0x7f)))
+
+
 def check_relpath(path: str) -> str:
     """Refuse absolute paths, `..` segments, empty names and control characters in a path."""
-    if any(ord(c) < 32 or c == "\x7f" for c in path):
+    if not _CONTROL.isdisjoint(path):
         raise UnsafePath(f"refusing path with a control character (NUL?) {path!r}")
     if not path or path.startswith(("/", "\\")) or (len(path) > 1 and path[1] == ":"):
         raise UnsafePath(f"refusing absolute path {path!r}")
-    parts = PurePosixPath(path.replace("\\", "/")).parts
-    if any(p in ("..", "") for p in parts):
+    parts = [p for p in path.replace("\\", "/").split("/") if p not in ("", ".")]  # as PurePosixPath reads it
+    if ".." in parts:
         raise UnsafePath(f"refusing path with '..' {path!r}")
     return "/".join(parts)
 
@@ -969,20 +1110,28 @@ def _stacked(first: FileResult, then: FileResult) -> FileResult:
     return FileResult(first.path, status, hunks, before=first.before, after=after)
 
 
-def safe_target(root: Path, rel: str) -> Path:
+def safe_target(root: StrPath, rel: str) -> str:
     """The absolute path of rel under root; refuses anything that resolves outside root."""
     rel = check_relpath(rel)
-    base = root.resolve()
-    target = (base / rel).resolve()
-    if target != base and base not in target.parents:
+    base = os.path.realpath(root)
+    # os.path.realpath(base/rel), which would walk base again for each of the runtime's many
+    # calls: rel has no `.` or `..`, so below base only a symlink can lead elsewhere.
+    target, parts = base, rel.split("/") if rel else []
+    for i, part in enumerate(parts):
+        target = os.path.join(target, part)
+        if os.path.islink(target):
+            target = os.path.realpath(os.path.join(target, *parts[i + 1:]))
+            break
+    if target != base and not target.startswith(base.rstrip("/") + "/"):
         raise UnsafePath(f"refusing {rel!r}: it resolves outside {base} (symlink?)")
     return target
 ''',
-    'fsops': r'''"""Durable filesystem steps, each one counted so a test can stop the runtime at any of them.
+    'fsops': r'''"""The runtime's changes to the disk, each one a counted step so a test can stop it at any of them.
 
-A crash-safe apply needs every new file's bytes on disk before the rename that publishes it,
-and the folder fsynced after the rename, or a power cut can publish an empty file. Every
-step that changes the disk goes through `step()`, which is also the fault-injection hook:
+A file is never written in place: its bytes go to a temp name beside it, and one rename puts
+them there, so any reader, and any run killed at any instant, finds either the old file or the
+new one. Every step that changes the disk goes through `step()`, which is also the
+fault-injection hook:
 
   SPARKMODS_FAULT_AFTER=N    stop the process right before its (N+1)-th step (counting from 0)
   SPARKMODS_FAULT_SIGNAL=S   KILL (default: os._exit(137), what SIGKILL does to a process),
@@ -991,28 +1140,48 @@ step that changes the disk goes through `step()`, which is also the fault-inject
 
 Temp files have fixed names (`.NAME.sparkmods-tmp` beside NAME) so the journal can list them
 before they exist and a later run can remove every one of them.
+
+Durability: nothing here calls fsync, on purpose. A killed process (SIGKILL, the OOM killer,
+`docker kill`, a crash of Python) loses nothing it handed to the kernel: its writes and
+renames are in the page cache, and every later reader sees them in the order they were made.
+That order (the journal and the copies of the old bytes first, then the new bytes under temp
+names, then the renames, the journal removed last) is all that safety against a kill at any
+instant needs (tests/test_crash_safety.py kills the runtime at every step, and
+ci/bench/bench_kill.py at random instants). fsync would add protection only against a power cut (or a kernel crash) in the
+seconds before the kernel writes its cache back, and it was most of an apply: 19 of them for
+int8-lm-head, 10 to 65 ms on the dev machine's disk depending on its other I/O.
+
+What such a cut can do, then: files this run wrote may come back missing or empty, and some
+of its renames may last without the others or without the journal. What it cannot do is make
+a later run publish wrong bytes or take the mod for applied when it is not: every run checks
+the journal's copies, the staged files and the tree (and the stamp's inputs) by sha256 before
+it relies on them, and a partly patched tree is a conflict that nothing is written over. The
+remedy in that rare case is the one for any damaged install: reinstall vLLM (a container is
+recreated from its image).
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
+import _signal  # not the signal module, whose enums import enum (run.sh's start-up)
 import os
-import shutil
-import signal
 import stat
-from pathlib import Path
-from typing import Callable, List, Optional
 
+from .basics import sha256
 from .engine import TMP_SUFFIX
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, List, Optional, Union
+
+    StrPath = Union[str, "os.PathLike[str]"]  # host callers pass pathlib paths; the runtime uses str
+
 __all__ = ["TMP_SUFFIX", "FAULT_AFTER", "FAULT_SIGNAL", "arm", "arm_from_env", "on_step", "step", "temp_path",
-           "digest", "read_regular", "write_file", "stage", "publish", "remove", "remove_tree", "fsync_dir",
-           "make_dirs", "stray_temps", "umask", "umasked"]
+           "digest", "read_regular", "write_file", "stage", "publish", "remove", "remove_tree", "make_dirs",
+           "stray_temps", "umask", "umasked"]
 
 FAULT_AFTER = "SPARKMODS_FAULT_AFTER"
 FAULT_SIGNAL = "SPARKMODS_FAULT_SIGNAL"
-_SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM}
+_SIGNALS = {"INT": _signal.SIGINT, "TERM": _signal.SIGTERM}
 
 _count = 0
 _limit: Optional[int] = None
@@ -1053,23 +1222,25 @@ def step() -> None:
         hook()
 
 
-def temp_path(path: Path) -> Path:
+def temp_path(path: StrPath) -> str:
     """The one temp name used for `path` (hidden, same folder, so the rename is atomic)."""
-    return path.with_name(f".{path.name}{TMP_SUFFIX}")
+    folder, name = os.path.split(os.fspath(path))
+    return os.path.join(folder, f".{name}{TMP_SUFFIX}")
 
 
-def digest(path: Path) -> Optional[str]:
+def digest(path: StrPath) -> Optional[str]:
     """sha256 of a regular file's bytes; None when nothing (or no regular file) is there."""
     data = read_regular(path)
-    return None if data is None else hashlib.sha256(data).hexdigest()
+    return None if data is None else sha256(data).hexdigest()
 
 
-def read_regular(path: Path) -> Optional[bytes]:
+def read_regular(path: StrPath) -> Optional[bytes]:
     """The bytes of a regular file (symlinks followed); None when absent or not a regular file."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return None
-        return path.read_bytes()
+        with open(path, "rb") as fh:
+            return fh.read()
     except FileNotFoundError:
         return None
 
@@ -1097,43 +1268,30 @@ def umasked(mode: int) -> int:
     return mode & 0o777 & ~umask()
 
 
-def _named(exc: OSError, path: Path) -> OSError:
+def _named(exc: OSError, path: StrPath) -> OSError:
     """The same error, naming the file (a full disk must say which write failed)."""
-    return OSError(exc.errno, exc.strerror or str(exc), str(path))
+    return OSError(exc.errno, exc.strerror or str(exc), os.fspath(path))
 
 
-def fsync_dir(path: Path) -> None:
-    """Make renames and removals inside `path` durable."""
+def make_dirs(path: StrPath) -> None:
+    """mkdir -p, one step per folder it creates."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        return
+    make_dirs(os.path.dirname(path))
     step()
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except FileNotFoundError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.EROFS):  # some filesystems cannot sync a folder
-            raise _named(exc, path) from None
-    finally:
-        os.close(fd)
-
-
-def make_dirs(path: Path) -> None:
-    """mkdir -p, with each new folder made durable in its parent."""
-    if path.is_dir():
-        return
-    make_dirs(path.parent)
-    step()
-    try:
-        path.mkdir(exist_ok=True)
+        os.mkdir(path)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
     except OSError as exc:
         raise _named(exc, path) from None
-    fsync_dir(path.parent)
 
 
-def stage(path: Path, data: bytes, mode: int) -> Path:
-    """Write data, fsynced, to path's temp name; returns it. Nothing is published yet."""
-    make_dirs(path.parent)
+def stage(path: StrPath, data: bytes, mode: int) -> str:
+    """Write data to path's temp name; returns it. Nothing is published yet."""
+    make_dirs(os.path.dirname(os.fspath(path)))
     tmp = temp_path(path)
     step()
     try:
@@ -1143,7 +1301,6 @@ def stage(path: Path, data: bytes, mode: int) -> Path:
             while view:
                 view = view[os.write(fd, view):]
             os.fchmod(fd, mode)
-            os.fsync(fd)
         finally:
             os.close(fd)
     except OSError as exc:
@@ -1155,23 +1312,22 @@ def stage(path: Path, data: bytes, mode: int) -> Path:
     return tmp
 
 
-def publish(tmp: Path, path: Path) -> None:
-    """Rename a staged temp over path and make that durable."""
+def publish(tmp: StrPath, path: StrPath) -> None:
+    """Rename a staged temp over path."""
     step()
     try:
         os.replace(tmp, path)
     except OSError as exc:
         raise _named(exc, path) from None
-    fsync_dir(path.parent)
 
 
-def write_file(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Replace path with data atomically and durably (temp, fsync, rename, fsync folder)."""
+def write_file(path: StrPath, data: bytes, mode: int = 0o644) -> None:
+    """Replace path with data atomically (temp, then rename)."""
     publish(stage(path, data, mode), path)
 
 
-def remove(path: Path) -> None:
-    """Remove a file if it is there, durably."""
+def remove(path: StrPath) -> None:
+    """Remove a file if it is there."""
     if not os.path.lexists(path):
         return
     step()
@@ -1181,27 +1337,34 @@ def remove(path: Path) -> None:
         return
     except OSError as exc:
         raise _named(exc, path) from None
-    fsync_dir(path.parent)
 
 
-def remove_tree(path: Path) -> None:
-    """Remove a folder and everything in it, durably."""
+def remove_tree(path: StrPath) -> None:
+    """Remove a folder and everything in it."""
     if not os.path.lexists(path):
         return
+    import shutil  # only here: an apply on a clean tree removes no folder
+
     step()
     try:
         shutil.rmtree(path)
     except OSError as exc:
-        raise _named(exc, Path(exc.filename or path)) from None
-    fsync_dir(path.parent)
+        raise _named(exc, exc.filename or path) from None
 
 
-def stray_temps(folder: Path, recursive: bool = False) -> List[Path]:
+def stray_temps(folder: StrPath, recursive: bool = False) -> List[str]:
     """Temp files of ours (`.*.sparkmods-tmp`, any run, any runtime version) in folder."""
-    if not folder.is_dir():
+    if not os.path.isdir(folder):
         return []
-    pattern = f".*{TMP_SUFFIX}"
-    return sorted(folder.rglob(pattern) if recursive else folder.glob(pattern))
+    if recursive:  # symlinked folders are not entered
+        found = [os.path.join(top, name) for top, _, names in os.walk(folder) for name in names]
+    else:
+        found = [os.path.join(folder, name) for name in os.listdir(folder)]
+    return sorted(p for p in found if _is_temp(os.path.basename(p)) and not os.path.isdir(p))
+
+
+def _is_temp(name: str) -> bool:
+    return name.startswith(".") and name.endswith(TMP_SUFFIX)
 ''',
     'interrupts': r'''"""SIGINT and SIGTERM during a change to vLLM: noticed only between steps, handled as a failure.
 
@@ -1217,17 +1380,16 @@ turns both signals into the same exception (SIGTERM would otherwise end the run 
 
 from __future__ import annotations
 
-import signal
-import threading
-from contextlib import contextmanager
-from typing import Iterator
+import _signal  # signal without the wrapper module, whose enums import enum and more (run.sh's start-up)
+import sys
 
 from . import fsops
 
 __all__ = ["Interrupted", "handled", "deferred", "shielded", "poll", "exit_code"]
 
-_SIGNALS = {signal.SIGINT, signal.SIGTERM}
-_CAN_BLOCK = hasattr(signal, "pthread_sigmask") and hasattr(signal, "sigtimedwait")
+_NAMES = {_signal.SIGINT: "SIGINT", _signal.SIGTERM: "SIGTERM"}
+_SIGNALS = set(_NAMES)
+_CAN_BLOCK = hasattr(_signal, "pthread_sigmask") and hasattr(_signal, "sigtimedwait")
 _state = {"blocked": 0, "shield": 0}
 
 
@@ -1235,7 +1397,7 @@ class Interrupted(BaseException):
     """SIGINT or SIGTERM arrived while vLLM was being changed (BaseException: like Ctrl-C)."""
 
     def __init__(self, signum: int, during_change: bool) -> None:
-        super().__init__(signal.Signals(signum).name)
+        super().__init__(_NAMES[signum])
         self.signum = signum
         self.during_change = during_change  # raised at a disk step of a change (else: between changes)
         self.completed = False  # set when the change was past rolling back and was finished
@@ -1250,54 +1412,60 @@ def poll() -> None:
     """Raise Interrupted if SIGINT or SIGTERM is pending (and we are not shielded)."""
     if not _state["blocked"] or _state["shield"]:
         return
-    pending = signal.sigpending() & _SIGNALS
+    pending = _signal.sigpending() & _SIGNALS
     if pending:
         signum = min(pending)
-        signal.sigtimedwait({signum}, 0)  # consume it: it is handled here, not again later
+        _signal.sigtimedwait({signum}, 0)  # consume it: it is handled here, not again later
         raise Interrupted(signum, during_change=True)
+
+
+def _in_main_thread() -> bool:
+    """Whether this is the main thread, the one Python runs signal handlers in. Asked of
+    `threading` only where it was imported: threads are started through it, and run.sh's
+    process, which starts none, is spared its import."""
+    threading = sys.modules.get("threading")
+    return threading is None or threading.current_thread() is threading.main_thread()
 
 
 def _raise(signum: int, frame: object) -> None:
     raise Interrupted(signum, during_change=False)
 
 
-@contextmanager
-def handled() -> Iterator[None]:
+# The three context managers are classes, not @contextmanager generators: contextlib (with
+# the collections and functools it imports) was a tenth of run.sh's apply.
+class handled:
     """SIGINT and SIGTERM raise Interrupted (in the main thread; elsewhere nothing changes)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {signum: signal.signal(signum, _raise) for signum in _SIGNALS}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+
+    def __enter__(self) -> None:
+        self.previous = {signum: _signal.signal(signum, _raise) for signum in _SIGNALS} if _in_main_thread() else {}
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self.previous.items():
+            _signal.signal(signum, handler)
 
 
-@contextmanager
-def deferred() -> Iterator[None]:
+class deferred:
     """Block SIGINT/SIGTERM in the body; they surface through poll() at disk steps."""
-    usable = _CAN_BLOCK and threading.current_thread() is threading.main_thread()
-    if not usable:
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
-    _state["blocked"] += 1
-    try:
-        yield
-    finally:
-        _state["blocked"] -= 1
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+    def __enter__(self) -> None:
+        self.previous = None
+        if _CAN_BLOCK and _in_main_thread():
+            self.previous = _signal.pthread_sigmask(_signal.SIG_BLOCK, _SIGNALS)
+            _state["blocked"] += 1
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None:
+            _state["blocked"] -= 1
+            _signal.pthread_sigmask(_signal.SIG_SETMASK, self.previous)
 
 
-@contextmanager
-def shielded() -> Iterator[None]:
+class shielded:
     """No Interrupted inside: for the code that makes the tree consistent again."""
-    _state["shield"] += 1
-    try:
-        yield
-    finally:
+
+    def __enter__(self) -> None:
+        _state["shield"] += 1
+
+    def __exit__(self, *exc: object) -> None:
         _state["shield"] -= 1
 
 
@@ -1307,10 +1475,11 @@ fsops.on_step(poll)
 
 Before the first file inside vllm/ is renamed, `<site-packages>/.sparkmods/.journal.json`
 lists every file the run changes: its sha256 before and after, where a copy of its old bytes
-is kept (`old`) and where its new bytes are staged (`new`). Then the copies are written and
-fsynced, then the new bytes are staged, then renamed into place, and only then is the
-journal removed. Whatever the moment a run dies, the next run (apply, check, revert, dry
-run, or `sparkmods apply`) finds the journal and settles it:
+is kept (`old`) and where its new bytes are staged (`new`). Then the copies are written,
+then the new bytes are staged, then renamed into place, and only then is the journal
+removed; each of these writes is a complete file renamed into place (fsops.py, which also
+says why nothing is fsynced). Whatever the moment a run dies, the next run (apply, check,
+revert, dry run, or `sparkmods apply`) finds the journal and settles it:
 
   forward  when every new file is present and verified (and, for an apply, every pristine
            copy too, or a later revert would have nothing to restore);
@@ -1322,16 +1491,18 @@ pristine files are never lost. Settling is idempotent: it can itself be killed a
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Callable, Dict, List, Optional
 
 from . import fsops
+from .basics import Record, sha256
 from .engine import check_relpath, safe_target
 from .interrupts import Interrupted, shielded
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional
+
+    from .fsops import StrPath
 
 __all__ = ["STATE_DIR", "JOURNAL_NAME", "STATE_FILE", "FORWARD", "BACK", "Entry", "Journal", "JournalError",
            "state_dir", "orig_rel", "applied_rel", "temp_rel", "transact", "recover", "sweep", "drop_bytecode"]
@@ -1347,34 +1518,48 @@ class JournalError(RuntimeError):
     """An interrupted run that can be neither finished nor rolled back (files changed by others)."""
 
 
-@dataclass
-class Entry:
+class Entry(Record):
     """One file of vLLM the run changes; sha256 None means the file is absent on that side."""
 
-    path: str
-    before: Optional[str]
-    after: Optional[str]
-    new: Optional[str]  # site-relative file holding the `after` bytes (None when after is None)
-    old: Optional[str]  # site-relative file holding the `before` bytes (None when before is None)
-    mode: int = 0o644
+    __slots__ = ("path", "before", "after", "new", "old", "mode")
+
+    def __init__(self, path: str, before: Optional[str], after: Optional[str], new: Optional[str], old: Optional[str],
+                 mode: int = 0o644) -> None:
+        self.path, self.before, self.after = path, before, after
+        self.new = new  # site-relative file holding the `after` bytes (None when after is None)
+        self.old = old  # site-relative file holding the `before` bytes (None when before is None)
+        self.mode = mode
 
 
-@dataclass
-class Journal:
-    op: str  # apply | revert
-    mod: str
-    entries: List[Entry]
-    state: Optional[dict] = None  # apply: the state.json written when it completes
-    direction: Optional[str] = None  # set once settling has started: forward | back
+class Journal(Record):
+    """The plan of one apply or revert, as `.journal.json` holds it."""
 
-    def save(self, site: Path) -> None:
-        fsops.write_file(_journal_path(site), json.dumps(asdict(self), indent=1, sort_keys=True).encode())
+    __slots__ = ("op", "mod", "entries", "state", "direction")
+
+    def __init__(self, op: str, mod: str, entries: List[Entry], state: Optional[dict] = None,
+                 direction: Optional[str] = None) -> None:
+        self.op = op  # apply | revert
+        self.mod = mod
+        self.entries = entries
+        self.state = state  # apply: the state.json written when it completes
+        self.direction = direction  # forward | back: the side settling goes to first (None: forward)
+
+    def to_dict(self) -> dict:
+        doc = {name: getattr(self, name) for name in self.__slots__}
+        doc["entries"] = [{name: getattr(e, name) for name in e.__slots__} for e in self.entries]
+        return doc
+
+    def save(self, site: StrPath) -> None:
+        fsops.write_file(_journal_path(site), dump_json(self.to_dict()))
 
     @classmethod
-    def load(cls, site: Path) -> "Journal":
+    def load(cls, site: StrPath) -> "Journal":
+        import json  # only to settle an interrupted run
+
         path = _journal_path(site)
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
+            with open(path, encoding="utf-8") as fh:
+                doc = json.load(fh)
             entries = [Entry(**e) for e in doc.pop("entries")]
             journal = cls(entries=entries, **doc)
             for e in journal.entries:
@@ -1389,8 +1574,55 @@ class Journal:
         return journal
 
 
-def state_dir(site: Path, mod: str) -> Path:
-    return site / STATE_DIR / mod
+_CONSTANTS = {None: "null", True: "true", False: "false"}
+# json.dumps's escapes within ASCII: control characters and DEL, the quote, the backslash.
+_ESCAPES = {**{code: f"\\u{code:04x}" for code in (*range(0x20), 0x7f)}, ord('"'): '\\"', ord("\\"): "\\\\",
+            ord("\b"): "\\b", ord("\f"): "\\f", ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
+
+
+def dump_json(value: Any) -> bytes:
+    """What `json.dumps(value, indent=1, sort_keys=True).encode()` writes, for what the journal
+    and state.json hold (dicts with str keys, lists, str, int, bool, None). Written without
+    the json module: its import, with re, was a quarter of run.sh's apply. Read back with
+    json (an interrupted run's journal, a revert's state)."""
+    return _json(value, "\n").encode()
+
+
+def _json(value: Any, newline: str) -> str:
+    """value as JSON; its nested lines start with `newline` and one more space."""
+    inner = newline + " "
+    if isinstance(value, dict):
+        items = [f"{inner}{_json_string(k)}: {_json(v, inner)}" for k, v in sorted(value.items())]
+        return "{" + ",".join(items) + newline + "}" if items else "{}"
+    if isinstance(value, list):
+        items = [inner + _json(v, inner) for v in value]
+        return "[" + ",".join(items) + newline + "]" if items else "[]"
+    if isinstance(value, str):
+        return _json_string(value)
+    if value is None or isinstance(value, bool):
+        return _CONSTANTS[value]
+    if isinstance(value, int):
+        return repr(value)
+    raise TypeError(f"{type(value).__name__} is not written to the journal")
+
+
+def _json_string(text: str) -> str:
+    """A JSON string as json.dumps writes it: ASCII only, \\uXXXX (surrogate pairs) for the rest."""
+    out = text.translate(_ESCAPES)
+    if not out.isascii():
+        out = "".join(c if c.isascii() else _json_char(ord(c)) for c in out)
+    return f'"{out}"'
+
+
+def _json_char(code: int) -> str:
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xd800 | code >> 10:04x}\\u{0xdc00 | code & 0x3ff:04x}"
+
+
+def state_dir(site: StrPath, mod: str) -> str:
+    return os.path.join(site, STATE_DIR, mod)
 
 
 def orig_rel(mod: str, rel: str) -> str:
@@ -1409,11 +1641,11 @@ def temp_rel(rel: str) -> str:
     return f"{head}/.{name}{fsops.TMP_SUFFIX}" if head else f".{name}{fsops.TMP_SUFFIX}"
 
 
-def _journal_path(site: Path) -> Path:
-    return site / STATE_DIR / JOURNAL_NAME
+def _journal_path(site: StrPath) -> str:
+    return os.path.join(site, STATE_DIR, JOURNAL_NAME)
 
 
-def _holds(site: Path, rel: Optional[str], sha: Optional[str]) -> bool:
+def _holds(site: StrPath, rel: Optional[str], sha: Optional[str]) -> bool:
     """Does site/rel hold bytes with this sha256 (None: must be absent)?"""
     if rel is None:
         return sha is None
@@ -1427,7 +1659,7 @@ def _side(e: Entry, direction: str) -> "tuple[Optional[str], Optional[str]]":
     return (e.after, e.new) if direction == FORWARD else (e.before, e.old)
 
 
-def _blockers(site: Path, journal: Journal, direction: str) -> List[str]:
+def _blockers(site: StrPath, journal: Journal, direction: str) -> List[str]:
     """Why the tree cannot be settled in this direction (empty: it can)."""
     out = []
     for e in journal.entries:
@@ -1439,33 +1671,43 @@ def _blockers(site: Path, journal: Journal, direction: str) -> List[str]:
     return out
 
 
-def drop_bytecode(target: Path) -> None:
+def drop_bytecode(target: str) -> None:
     """Remove cached bytecode of a rewritten module so Python cannot run a stale .pyc."""
-    if target.suffix == ".py":
-        for pyc in sorted((target.parent / "__pycache__").glob(f"{target.stem}.*.pyc")):
-            fsops.remove(pyc)
+    folder, name = os.path.split(target)
+    stem, suffix = os.path.splitext(name)
+    cache = os.path.join(folder, "__pycache__")
+    if suffix != ".py" or not os.path.isdir(cache):
+        return
+    for pyc in sorted(n for n in os.listdir(cache) if n.startswith(f"{stem}.") and n[len(stem) + 1:].endswith(".pyc")):
+        fsops.remove(os.path.join(cache, pyc))
 
 
-def _bytes_to_write(site: Path, journal: Journal, direction: str) -> List["tuple[Path, str, Callable[[], bytes], int]"]:
+def _read(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def _bytes_to_write(site: StrPath, journal: Journal, direction: str) -> List["tuple[str, str, Callable[[], bytes], int]"]:
     """(target, sha256, bytes, mode) of every file the settle must write, state.json included."""
     out = []
     for e in journal.entries:
         sha, copy = _side(e, direction)
         if sha is not None and not _holds(site, e.path, sha):
-            out.append((safe_target(site, e.path), sha, lambda c=copy: (site / c).read_bytes(), e.mode))
+            out.append((safe_target(site, e.path), sha, lambda c=copy: _read(os.path.join(site, c)), e.mode))
     if journal.op == APPLY and direction == FORWARD:
-        data = json.dumps(journal.state, indent=1, sort_keys=True).encode()
-        out.append((state_dir(site, journal.mod) / STATE_FILE, hashlib.sha256(data).hexdigest(), lambda: data, 0o644))
+        data = dump_json(journal.state)
+        target = os.path.join(state_dir(site, journal.mod), STATE_FILE)
+        out.append((target, sha256(data).hexdigest(), lambda: data, 0o644))
     return out
 
 
-def _stage(target: Path, sha: str, data: Callable[[], bytes], mode: int) -> None:
+def _stage(target: str, sha: str, data: Callable[[], bytes], mode: int) -> None:
     """Stage target's new bytes beside it, unless its temp already holds them (an apply's)."""
     if fsops.digest(fsops.temp_path(target)) != sha:
         fsops.stage(target, data(), mode)
 
 
-def _put(site: Path, e: Entry, direction: str) -> None:
+def _put(site: StrPath, e: Entry, direction: str) -> None:
     sha, _ = _side(e, direction)
     target = safe_target(site, e.path)
     if _holds(site, e.path, sha):
@@ -1477,36 +1719,39 @@ def _put(site: Path, e: Entry, direction: str) -> None:
     drop_bytecode(target)
 
 
-def _finish(site: Path, journal: Journal, direction: str) -> None:
+def _finish(site: StrPath, journal: Journal, direction: str) -> None:
     """Record the outcome in the mod's state folder; copies go only once the tree is verified."""
     target_side = FORWARD if direction == FORWARD else BACK
     off = [e.path for e in journal.entries if not _holds(site, e.path, _side(e, target_side)[0])]
     if off:
         raise JournalError(f"{off[0]} changed while the {journal.op} of {journal.mod} was being settled")
     folder = state_dir(site, journal.mod)
+    state = os.path.join(folder, STATE_FILE)
     if journal.op == APPLY and direction == FORWARD:
-        fsops.publish(fsops.temp_path(folder / STATE_FILE), folder / STATE_FILE)  # staged by settle
+        fsops.publish(fsops.temp_path(state), state)  # staged by settle
     elif journal.op == APPLY or direction == FORWARD:
         fsops.remove_tree(folder)  # apply rolled back / revert complete: the tree is pristine
     else:
-        fsops.remove_tree(folder / "applied")  # revert rolled back: the mod stays applied
-        if not (folder / STATE_FILE).is_file():
+        fsops.remove_tree(os.path.join(folder, "applied"))  # revert rolled back: the mod stays applied
+        if not os.path.isfile(state):
             fsops.remove_tree(folder)
 
 
-def sweep(site: Path, rels: List[str]) -> None:
+def sweep(site: StrPath, rels: List[str]) -> None:
     """Remove our temp files beside these vLLM files and anywhere in the state folder."""
-    folders = {safe_target(site, r).parent for r in rels}
+    folders = {os.path.dirname(safe_target(site, r)) for r in rels}
     found = [p for folder in sorted(folders) for p in fsops.stray_temps(folder)]
-    found += fsops.stray_temps(site / STATE_DIR, recursive=True)
+    found += fsops.stray_temps(os.path.join(site, STATE_DIR), recursive=True)
     for path in found:
         fsops.remove(path)
 
 
-def settle(site: Path, journal: Journal, prefer: str) -> str:
+def settle(site: StrPath, journal: Journal, prefer: str) -> str:
     """Bring the tree to one side of the journal (prefer, else the other); returns the side."""
     other = BACK if prefer == FORWARD else FORWARD
-    blocked = {d: _blockers(site, journal, d) for d in (prefer, other)}
+    blocked = {prefer: _blockers(site, journal, prefer)}
+    if blocked[prefer]:  # the other side is looked at only when this one cannot be reached
+        blocked[other] = _blockers(site, journal, other)
     choice = next((d for d in (prefer, other) if not blocked[d]), None)
     if choice is None:
         raise JournalError(
@@ -1527,7 +1772,7 @@ def settle(site: Path, journal: Journal, prefer: str) -> str:
     return choice
 
 
-def transact(site: Path, journal: Journal, payload: Dict[str, bytes]) -> None:
+def transact(site: StrPath, journal: Journal, payload: Dict[str, bytes]) -> None:
     """Carry out a journaled change: journal, copies (payload: site-relative file -> bytes), rename.
 
     Copies of old bytes are written durably first, then new bytes are staged beside their
@@ -1535,6 +1780,7 @@ def transact(site: Path, journal: Journal, payload: Dict[str, bytes]) -> None:
     included, rolls the tree back before it propagates.
     """
     staged = {e.new: e for e in journal.entries if e.new is not None and e.new == temp_rel(e.path)}
+    journal.direction = FORWARD  # how a run killed from here on is settled (what recover prefers anyway)
     try:
         journal.save(site)
         for rel in sorted(r for r in payload if r not in staged):
@@ -1546,7 +1792,7 @@ def transact(site: Path, journal: Journal, payload: Dict[str, bytes]) -> None:
         with shielded():
             side = BACK
             try:
-                if _journal_path(site).exists():
+                if os.path.exists(_journal_path(site)):
                     side = settle(site, Journal.load(site), BACK)
                 else:
                     sweep(site, [e.path for e in journal.entries])
@@ -1565,9 +1811,9 @@ def _what(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def recover(site: Path, say: Callable[[str], None]) -> None:
+def recover(site: StrPath, say: Callable[[str], None]) -> None:
     """Settle a journal an interrupted run left behind, say in one line what was done."""
-    if not _journal_path(site).exists():
+    if not os.path.exists(_journal_path(site)):
         sweep(site, [])
         return
     with shielded():
@@ -1593,11 +1839,15 @@ when set. No path such as dist-packages is ever assumed.
 from __future__ import annotations
 
 import os
-import re
 import sys
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Iterable, List, Optional
+
+from .basics import Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterable, List, Optional
+
+    from .fsops import StrPath
 
 __all__ = ["LocateError", "Installation", "find_vllm", "read_version"]
 
@@ -1606,38 +1856,50 @@ class LocateError(RuntimeError):
     """vLLM could not be found or its version read."""
 
 
-@dataclass(frozen=True)
-class Installation:
-    site: Path  # the folder that holds vllm/
-    version: str
+class Installation(Record):
+    """Where vLLM is installed and which version it is."""
+
+    __slots__ = ("site", "version")
+
+    def __init__(self, site: str, version: str) -> None:
+        self.site = site  # the folder that holds vllm/ (resolved)
+        self.version = version
 
 
-def _site_dirs_under(prefix: Path) -> List[Path]:
+def _site_dirs_under(prefix: str) -> List[str]:
+    import glob  # only for a PYTHON_ROOT that is a prefix, not the site-packages itself
+
     found = []
     for pattern in ("lib/python3*/site-packages", "lib/python3*/dist-packages",
                     "local/lib/python3*/dist-packages", "local/lib/python3*/site-packages"):
-        found.extend(sorted(prefix.glob(pattern)))
+        found.extend(sorted(glob.glob(os.path.join(glob.escape(prefix), pattern))))
     return found
 
 
-def _candidates(python_root: Optional[str]) -> Iterable[Path]:
+def _candidates(python_root: Optional[str]) -> Iterable[str]:
     if python_root:
-        root = Path(python_root)
-        yield root
-        yield from _site_dirs_under(root)
+        yield python_root
+        yield from _site_dirs_under(python_root)
         return
     for entry in sys.path:
         if entry:
-            yield Path(entry)
+            yield entry
 
 
-def _version_from_dist_info(site: Path) -> Optional[str]:
+def _read_text(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        return fh.read()
+
+
+def _version_from_dist_info(site: str) -> Optional[str]:
     versions = []
-    for dist in sorted(site.glob("vllm-*.dist-info")):
-        meta = dist / "METADATA"
-        if not meta.is_file():
+    for name in sorted(os.listdir(site) if os.path.isdir(site) else ()):
+        if not (name.startswith("vllm-") and name.endswith(".dist-info")):
             continue
-        for line in meta.read_text(encoding="utf-8", errors="replace").splitlines():
+        meta = os.path.join(site, name, "METADATA")
+        if not os.path.isfile(meta):
+            continue
+        for line in _read_text(meta).splitlines():
             if line.startswith("Version:"):
                 versions.append(line.split(":", 1)[1].strip())
                 break
@@ -1650,18 +1912,21 @@ def _version_from_dist_info(site: Path) -> Optional[str]:
     return versions[0] if versions else None
 
 
-def _version_from_module(site: Path) -> Optional[str]:
-    path = site / "vllm" / "_version.py"
-    if not path.is_file():
+def _version_from_module(site: str) -> Optional[str]:
+    import re  # only for a vLLM without dist-info (a source checkout)
+
+    path = os.path.join(site, "vllm", "_version.py")
+    if not os.path.isfile(path):
         return None
     # setuptools-scm writes e.g. `__version__ = version = '0.18.0'` (chained, maybe annotated).
     match = re.search(r"""^(?:__version__|version)\s*(?::\s*\w+\s*)?=\s*(?:(?:__version__|version)\s*=\s*)?['"]([^'"]+)['"]""",
-                      path.read_text(encoding="utf-8", errors="replace"), re.M)
+                      _read_text(path), re.M)
     return match.group(1) if match else None
 
 
-def read_version(site: Path) -> str:
+def read_version(site: StrPath) -> str:
     """The vLLM version installed in site (dist-info first, then vllm/_version.py)."""
+    site = os.fspath(site)
     version = _version_from_dist_info(site) or _version_from_module(site)
     if not version:
         raise LocateError(f"{site}: found vllm/ but no vllm-*.dist-info/METADATA or vllm/_version.py to read its version")
@@ -1674,12 +1939,12 @@ def find_vllm(python_root: Optional[str] = None) -> Installation:
         python_root = os.environ.get("PYTHON_ROOT") or None
     seen = set()
     for site in _candidates(python_root):
-        key = str(site.resolve()) if site.exists() else str(site)
+        key = os.path.realpath(site) if os.path.exists(site) else site
         if key in seen:
             continue
         seen.add(key)
-        if (site / "vllm" / "__init__.py").is_file():
-            return Installation(site.resolve(), read_version(site))
+        if os.path.isfile(os.path.join(site, "vllm", "__init__.py")):
+            return Installation(os.path.realpath(site), read_version(site))
     where = f"PYTHON_ROOT={python_root}" if python_root else f"the path of {sys.executable}"
     raise LocateError(f"vllm is not installed in {where} (set PYTHON_ROOT to the site-packages that holds vllm/)")
 ''',
@@ -1697,11 +1962,14 @@ import errno
 import fcntl
 import os
 import time
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Callable, Iterator
 
 from . import fsops
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Optional
+
+    from .fsops import StrPath
 
 __all__ = ["LOCK_NAME", "LOCK_TIMEOUT", "DEFAULT_TIMEOUT_S", "LockTimeout", "ReadOnlyTree", "tree_lock", "timeout_s"]
 
@@ -1733,32 +2001,43 @@ def timeout_s() -> float:
     return value
 
 
-@contextmanager
-def tree_lock(state_root: Path, say: Callable[[str], None], required: bool = True) -> Iterator[None]:
+class tree_lock:
     """Hold the tree's lock for the body; waits up to timeout_s() for another holder.
 
     On a read-only tree the lock cannot be created: ReadOnlyTree, or, when not `required`
     (a dry run, which nobody else can disturb there either), the body runs unlocked.
+    (A class, not a @contextmanager: contextlib's import was a tenth of run.sh's apply.)
     """
-    path = state_root / LOCK_NAME
-    try:
-        fsops.make_dirs(state_root)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    except OSError as exc:
-        if exc.errno not in _READ_ONLY:
+
+    def __init__(self, state_root: StrPath, say: Callable[[str], None], required: bool = True) -> None:
+        self.state_root, self.say, self.required = state_root, say, required
+        self.fd: Optional[int] = None
+
+    def __enter__(self) -> None:
+        path = os.path.join(self.state_root, LOCK_NAME)
+        try:
+            fsops.make_dirs(self.state_root)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except OSError as exc:
+            if exc.errno not in _READ_ONLY:
+                raise
+            if self.required:
+                raise ReadOnlyTree(f"{exc.filename or path}: {exc.strerror}") from None
+            return
+        try:
+            _acquire(fd, path, timeout_s(), self.say)
+        except BaseException:
+            os.close(fd)
             raise
-        if required:
-            raise ReadOnlyTree(f"{exc.filename or path}: {exc.strerror}") from None
-        yield
-        return
-    try:
-        _acquire(fd, path, timeout_s(), say)
-        yield
-    finally:
-        os.close(fd)  # closing the descriptor releases the flock
+        self.fd = fd
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd = None
 
 
-def _acquire(fd: int, path: Path, limit: float, say: Callable[[str], None]) -> None:
+def _acquire(fd: int, path: str, limit: float, say: Callable[[str], None]) -> None:
     deadline = time.monotonic() + limit
     delay = 0.02
     told = False
@@ -1789,22 +2068,42 @@ Every error names the file, the key and the problem in one line.
 
 from __future__ import annotations
 
-import json
-import re
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+import os
+import sys
 
+from .basics import Record
 from .engine import PACKAGE, UnsafePath, check_relpath, confine
 from .pep440 import InvalidRange, InvalidVersion, Range, Version
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Union
+
+    from .fsops import StrPath
 
 __all__ = ["ManifestError", "Install", "Variant", "Upstream", "Manifest", "load_manifest", "MANIFEST_TOML", "MANIFEST_JSON"]
 
 MANIFEST_TOML = "mod.toml"
 MANIFEST_JSON = "manifest.json"
 SCHEMA = 1
-_LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$")
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+class _Form:
+    """The form a name must have: a first character from `first`, then up to `longest - 1`
+    from `rest`. `pattern` is the same rule as a regular expression, which error messages
+    show; it is checked without re, whose import was a tenth of run.sh's apply."""
+
+    def __init__(self, pattern: str, first: str, rest: str, longest: int) -> None:
+        self.pattern, self.first, self.rest, self.longest = pattern, frozenset(first), frozenset(rest), longest
+
+    def matches(self, value: str) -> bool:
+        return 0 < len(value) <= self.longest and value[0] in self.first and self.rest.issuperset(value[1:])
+
+
+_LOWER_DIGITS = "abcdefghijklmnopqrstuvwxyz0123456789"
+_ALNUM = _LOWER_DIGITS + "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_LABEL = _Form("^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$", _ALNUM, _ALNUM + "._-", 40)
+_NAME = _Form("^[a-z0-9][a-z0-9-]{0,62}$", _LOWER_DIGITS, _LOWER_DIGITS + "-", 63)
 _WORKSPACE = "workspace:"
 _SITE = "site:"
 
@@ -1813,47 +2112,55 @@ class ManifestError(ValueError):
     """A manifest problem: `<file>: <key>: <problem>`."""
 
 
-@dataclass(frozen=True)
-class Install:
+class Install(Record):
     """A file the mod installs: `src` inside the mod; `name` is a file name in $WORKSPACE_DIR
     (site False) or a package path inside vllm/ (site True, journaled like a patched file)."""
 
-    src: str
-    name: str
-    site: bool = False
+    __slots__ = ("src", "name", "site")
+
+    def __init__(self, src: str, name: str, site: bool = False) -> None:
+        self.src, self.name, self.site = src, name, site
 
 
-@dataclass(frozen=True)
-class Variant:
-    label: str
-    vllm: Range
-    patches: List[str]
-    install: List[Install]
-    verified: List[str]
-    notes: str = ""
+class Variant(Record):
+    """The patches and installs for one range of vLLM versions."""
+
+    __slots__ = ("label", "vllm", "patches", "install", "verified", "notes")
+
+    def __init__(self, label: str, vllm: Range, patches: List[str], install: List[Install], verified: List[str],
+                 notes: str = "") -> None:
+        self.label, self.vllm, self.patches, self.install = label, vllm, patches, install
+        self.verified, self.notes = verified, notes
 
 
-@dataclass(frozen=True)
-class Detect:
-    file: str
-    contains: str
+class Detect(Record):
+    """A file of vLLM that must contain a text for the upstream fix to count as present."""
+
+    __slots__ = ("file", "contains")
+
+    def __init__(self, file: str, contains: str) -> None:
+        self.file, self.contains = file, contains
 
 
-@dataclass(frozen=True)
-class Upstream:
-    since: Version
-    evidence: str
-    detect: List[Detect]
+class Upstream(Record):
+    """From `since` on, vLLM carries the mod's change itself."""
+
+    __slots__ = ("since", "evidence", "detect")
+
+    def __init__(self, since: Version, evidence: str, detect: List[Detect]) -> None:
+        self.since, self.evidence, self.detect = since, evidence, detect
 
 
-@dataclass
-class Manifest:
-    name: str
-    summary: str
-    variants: List[Variant]
-    upstream: Optional[Upstream] = None
-    source: str = MANIFEST_TOML
-    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+class Manifest(Record):
+    """A validated manifest; `raw` is the table it was read from (what manifest.json holds)."""
+
+    __slots__ = ("name", "summary", "variants", "upstream", "source", "raw")
+
+    def __init__(self, name: str, summary: str, variants: List[Variant], upstream: Optional[Upstream] = None,
+                 source: str = MANIFEST_TOML, raw: Optional[Dict[str, Any]] = None) -> None:
+        self.name, self.summary, self.variants, self.upstream = name, summary, variants, upstream
+        self.source = source
+        self.raw = {} if raw is None else raw
 
     def select(self, version: Union[str, Version]) -> Union[Variant, Upstream, None]:
         """The variant whose range holds version; the upstream section past `since`; or None."""
@@ -1894,11 +2201,11 @@ class _Validator:
             if key not in required and key not in optional:
                 raise self.fail(f"{where}{key}", f"unknown key (allowed: {', '.join(required + optional)})")
 
-    def string(self, value: Any, key: str, pattern: Optional["re.Pattern[str]"] = None) -> str:
+    def string(self, value: Any, key: str, form: Optional[_Form] = None) -> str:
         if not isinstance(value, str) or not value.strip():
             raise self.fail(key, f"must be a non-empty string, got {value!r}")
-        if pattern is not None and not pattern.match(value):
-            raise self.fail(key, f"{value!r} does not match {pattern.pattern}")
+        if form is not None and not form.matches(value):
+            raise self.fail(key, f"{value!r} does not match {form.pattern}")
         return value
 
     def str_list(self, value: Any, key: str) -> List[str]:
@@ -1918,7 +2225,7 @@ class _Validator:
         self.keys(data, "", ["schema", "name", "summary", "variant"], ["upstream"])
         if data["schema"] != SCHEMA:
             raise self.fail("schema", f"unsupported schema {data['schema']!r} (this sparkmods reads {SCHEMA})")
-        name = self.string(data["name"], "name", _NAME_RE)
+        name = self.string(data["name"], "name", _NAME)
         summary = self.string(data["summary"], "summary")
         raw_variants = data["variant"]
         if not isinstance(raw_variants, list) or not raw_variants:
@@ -1950,7 +2257,7 @@ class _Validator:
         if not isinstance(table, dict):
             raise self.fail(f"variant[{i}]", "must be a table")
         self.keys(table, where, ["label", "vllm", "verified"], ["patches", "install", "notes"])
-        label = self.string(table["label"], where + "label", _LABEL_RE)
+        label = self.string(table["label"], where + "label", _LABEL)
         try:
             rng = Range(self.string(table["vllm"], where + "vllm"))
         except InvalidRange as exc:
@@ -2020,13 +2327,13 @@ class _Validator:
 _IN_MOD = __package__ == "_sparkmods"
 
 
-def load_manifest(mod_dir: Path) -> Manifest:
+def load_manifest(mod_dir: StrPath) -> Manifest:
     """The generated manifest.json inside a mod (run.sh); on the host mod.toml when a TOML
     reader exists, else manifest.json."""
-    toml_path = mod_dir / MANIFEST_TOML
-    json_path = mod_dir / MANIFEST_JSON
+    toml_path = os.path.join(mod_dir, MANIFEST_TOML)
+    json_path = os.path.join(mod_dir, MANIFEST_JSON)
     data: Any
-    if toml_path.is_file() and not _IN_MOD:
+    if not _IN_MOD and os.path.isfile(toml_path):
         try:
             import tomllib  # type: ignore[import-not-found]
         except ImportError:  # Python < 3.11
@@ -2036,41 +2343,63 @@ def load_manifest(mod_dir: Path) -> Manifest:
                 tomllib = None  # type: ignore[assignment]
         if tomllib is not None:
             try:
-                data = tomllib.loads(_text(toml_path))
+                data = tomllib.loads(_utf8(toml_path, _read(toml_path)))
             except tomllib.TOMLDecodeError as exc:
                 raise ManifestError(f"{toml_path}: (syntax): {exc}") from None
             except RecursionError:
                 raise ManifestError(f"{toml_path}: (syntax): nested too deeply") from None
-            manifest = Manifest.from_dict(data, str(toml_path))
+            manifest = Manifest.from_dict(data, toml_path)
             _check_name(manifest, mod_dir, toml_path)
             return manifest
-    if not json_path.is_file():
+    if not os.path.isfile(json_path):
         raise ManifestError(f"{mod_dir}: no {MANIFEST_TOML} or {MANIFEST_JSON}: not a mod folder")
-    try:
-        data = json.loads(_text(json_path))
-    except ValueError as exc:
-        raise ManifestError(f"{json_path}: (syntax): {exc}") from None
-    except RecursionError:
-        raise ManifestError(f"{json_path}: (syntax): nested too deeply") from None
-    manifest = Manifest.from_dict(data, str(json_path))
+    raw = _read(json_path)
+    if _IN_MOD:  # decoded once, then taken from the runtime's cache while the file is byte-identical
+        data = sys.modules[__package__].cached(MANIFEST_JSON, json_path, raw, lambda: _decode_json(json_path, raw))
+    else:
+        data = _decode_json(json_path, raw)
+    manifest = Manifest.from_dict(data, json_path)
     _check_name(manifest, mod_dir, json_path)
     return manifest
 
 
-def _text(path: Path) -> str:
-    """A manifest's text; binary or unreadable content is a one-line ManifestError."""
+def _decode_json(path: str, raw: bytes) -> Any:
+    """manifest.json's data; bad JSON is a one-line ManifestError. (json is imported only
+    here: with re, its import was a quarter of run.sh's apply, which finds the data in the
+    cache; see the top of _sparkmods.py.)"""
+    import json
+
+    text = _utf8(path, raw)
     try:
-        return path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ManifestError(f"{path}: not UTF-8 text (byte {exc.start}): is it a binary file?") from None
+        return json.loads(text)
+    except ValueError as exc:
+        raise ManifestError(f"{path}: (syntax): {exc}") from None
+    except RecursionError:
+        raise ManifestError(f"{path}: (syntax): nested too deeply") from None
+
+
+def _read(path: str) -> bytes:
+    """A manifest's bytes; an unreadable file is a one-line ManifestError."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
     except OSError as exc:
         raise ManifestError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
-def _check_name(manifest: Manifest, mod_dir: Path, source: Path) -> None:
+def _utf8(path: str, raw: bytes) -> str:
+    """A manifest's text; binary content is a one-line ManifestError."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{path}: not UTF-8 text (byte {exc.start}): is it a binary file?") from None
+
+
+def _check_name(manifest: Manifest, mod_dir: StrPath, source: str) -> None:
     # Inside a container the folder is /workspace/mods/<basename>, so the name must match it.
-    if mod_dir.resolve().name != manifest.name:
-        raise ManifestError(f"{source}: name: {manifest.name!r} differs from the folder name {mod_dir.resolve().name!r}")
+    folder = os.path.basename(os.path.realpath(mod_dir))
+    if folder != manifest.name:
+        raise ManifestError(f"{source}: name: {manifest.name!r} differs from the folder name {folder!r}")
 ''',
     'modcheck': r'''"""Does this mod apply to this vLLM? The one decision, shared by host and container.
 
@@ -2082,17 +2411,25 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable, Dict, List, Optional
 
+from .basics import Record
 from .engine import APPLIED, CONFLICT, EXACT, MISSING_FILE, OK, OK_OFFSET, FileResult, HunkResult, UnsafePath, confine, plan
-from .manifest import Install, Manifest, ManifestError, Upstream, Variant
+from .manifest import ManifestError, Upstream
 from .pep440 import InvalidVersion, Version
-from .udiff import FilePatch, PatchParseError, parse_patch
+from .udiff import PatchParseError, parse_patch
 
-__all__ = ["UPSTREAM", "NO_VARIANT", "DRIFT", "GREEN", "STATUSES", "ModResult", "aggregate", "check_mod", "variant_patches",
-           "mod_file", "install_results"]
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, List, Optional, Union
+
+    from .fsops import StrPath
+    from .manifest import Install, Manifest, Variant
+    from .udiff import FilePatch
+
+    Reader = Callable[[str], Optional[bytes]]
+
+__all__ = ["UPSTREAM", "NO_VARIANT", "DRIFT", "GREEN", "STATUSES", "ModResult", "ModInputs", "aggregate", "check_mod",
+           "mod_inputs", "decide", "variant_patches", "mod_file", "install_sources", "install_results"]
 
 UPSTREAM, NO_VARIANT = "upstream", "no-variant"
 # Set only on the host (sparkmods check): the patch applies, but the patched code would not
@@ -2101,17 +2438,16 @@ DRIFT = "drift"
 STATUSES = (OK, OK_OFFSET, APPLIED, UPSTREAM, NO_VARIANT, CONFLICT, MISSING_FILE, DRIFT)
 GREEN = frozenset({OK, OK_OFFSET, APPLIED, UPSTREAM})
 
-Reader = Callable[[str], Optional[bytes]]
 
+class ModResult(Record):
+    """The decision for one mod on one vLLM, with every file's result."""
 
-@dataclass
-class ModResult:
-    mod: str
-    version: str
-    status: str
-    variant: Optional[str] = None
-    reason: str = ""
-    files: List[FileResult] = field(default_factory=list)
+    __slots__ = ("mod", "version", "status", "variant", "reason", "files")
+
+    def __init__(self, mod: str, version: str, status: str, variant: Optional[str] = None, reason: str = "",
+                 files: Optional[List[FileResult]] = None) -> None:
+        self.mod, self.version, self.status, self.variant, self.reason = mod, version, status, variant, reason
+        self.files = [] if files is None else files
 
     @property
     def green(self) -> bool:
@@ -2129,28 +2465,27 @@ class ModResult:
         return out
 
 
-def mod_file(mod_dir: Path, rel: str, what: str) -> bytes:
+def mod_file(mod_dir: StrPath, rel: str, what: str) -> bytes:
     """The bytes of a regular file inside the mod; anything else is a one-line ManifestError.
 
     Checked with stat before opening: a FIFO is never opened (reading one blocks forever), and
     a symlink may not lead out of the mod folder.
     """
-    path = mod_dir / rel
-    base = mod_dir.resolve()
+    path = os.path.join(mod_dir, rel)
+    base = os.path.realpath(mod_dir)
     try:
-        real = path.resolve()
-        if real != base and base not in real.parents:
+        real = os.path.realpath(path)  # a symlink loop stays a loop: os.stat below says so
+        if real != base and not real.startswith(base.rstrip("/") + "/"):
             raise ManifestError(f"{path}: {what} leads outside the mod folder (to {real}); refusing to read it")
         if not stat.S_ISREG(os.stat(real).st_mode):
             raise ManifestError(f"{path}: {what} is not a regular file")
-        return real.read_bytes()
+        with open(real, "rb") as fh:
+            return fh.read()
     except OSError as exc:
         raise ManifestError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
-    except RuntimeError as exc:  # a symlink loop
-        raise ManifestError(f"{path}: cannot read {what}: {exc}") from None
 
 
-def variant_patches(mod_dir: Path, variant: Variant) -> List[FilePatch]:
+def variant_patches(mod_dir: StrPath, variant: Variant) -> List[FilePatch]:
     """Parse every patch file of a variant; a bad patch is a ManifestError naming the file.
 
     Patches must be UTF-8 text inside the mod, and may change only files inside vllm/.
@@ -2158,7 +2493,7 @@ def variant_patches(mod_dir: Path, variant: Variant) -> List[FilePatch]:
     patches: List[FilePatch] = []
     seen: Dict[str, str] = {}
     for rel in variant.patches:
-        path = mod_dir / rel
+        path = os.path.join(mod_dir, rel)
         try:
             text = mod_file(mod_dir, rel, f"patch of variant {variant.label!r}").decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -2177,14 +2512,18 @@ def variant_patches(mod_dir: Path, variant: Variant) -> List[FilePatch]:
     return patches
 
 
-def install_results(mod_dir: Path, variant: Variant, read: Reader) -> List[FileResult]:
+def install_sources(mod_dir: StrPath, variant: Variant) -> List[bytes]:
+    """The bytes of every install source of a variant, in order; a bad one is a ManifestError."""
+    return [mod_file(mod_dir, item.src, f"install source of variant {variant.label!r}") for item in variant.install]
+
+
+def install_results(mod_dir: StrPath, variant: Variant, read: Reader) -> List[FileResult]:
     """Check every install source; plan the `site:` installs like new-file patches."""
-    out = []
-    for item in variant.install:
-        data = mod_file(mod_dir, item.src, f"install source of variant {variant.label!r}")
-        if item.site:
-            out.append(_site_install(item, data, read(item.name)))
-    return out
+    return _site_installs(variant, install_sources(mod_dir, variant), read)
+
+
+def _site_installs(variant: Variant, sources: List[bytes], read: Reader) -> List[FileResult]:
+    return [_site_install(item, data, read(item.name)) for item, data in zip(variant.install, sources) if item.site]
 
 
 def _site_install(item: Install, data: bytes, current: Optional[bytes]) -> FileResult:
@@ -2225,25 +2564,66 @@ def _check_upstream(manifest: Manifest, upstream: Upstream, version: str, read: 
     return ModResult(manifest.name, version, UPSTREAM, None, f"vLLM includes it since {upstream.since}: {upstream.evidence}")
 
 
-def check_mod(manifest: Manifest, mod_dir: Path, version: str, read: Reader) -> ModResult:
-    """Decide the status of one mod on one vLLM tree (read: package path -> bytes or None)."""
+class ModInputs(Record):
+    """What deciding needs from the mod folder for one vLLM version, read and checked once: the
+    variant the version selects (`chosen`) with its patches parsed and its install sources
+    read, or the upstream section, or (chosen None) the reason no variant applies. run.sh
+    decides before it takes the tree's lock, under it, and after its change: on one read of
+    the mod (parsing the patches was the larger part of each decision)."""
+
+    __slots__ = ("manifest", "version", "chosen", "patches", "sources", "reason")
+
+    def __init__(self, manifest: Manifest, version: str, chosen: Union[Variant, Upstream, None],
+                 patches: Optional[List[FilePatch]] = None, sources: Optional[List[bytes]] = None,
+                 reason: str = "") -> None:
+        self.manifest, self.version, self.chosen = manifest, version, chosen
+        self.patches = [] if patches is None else patches
+        self.sources = [] if sources is None else sources
+        self.reason = reason
+
+    def paths(self) -> List[str]:
+        """The vLLM files deciding reads (each patch target, site install and upstream check)."""
+        if isinstance(self.chosen, Upstream):
+            return [d.file for d in self.chosen.detect]
+        if self.chosen is None:
+            return []
+        return [fp.path for fp in self.patches] + [item.name for item in self.chosen.install if item.site]
+
+
+def mod_inputs(manifest: Manifest, mod_dir: StrPath, version: str) -> ModInputs:
+    """Read and check what the mod gives for this vLLM version; bad mod input is a ManifestError."""
     try:
         chosen = manifest.select(version)
     except InvalidVersion:
-        return ModResult(manifest.name, version, NO_VARIANT, None, f"vLLM version {version!r} is not PEP 440")
-    if isinstance(chosen, Upstream):
-        return _check_upstream(manifest, chosen, version, read)
+        return ModInputs(manifest, version, None, reason=f"vLLM version {version!r} is not PEP 440")
     if chosen is None:
-        return ModResult(manifest.name, version, NO_VARIANT, None,
-                         f"no variant covers vLLM {Version(version).public}; variants: {manifest.describe_variants()}")
+        return ModInputs(manifest, version, None, reason=f"no variant covers vLLM {Version(version).public}; "
+                                                         f"variants: {manifest.describe_variants()}")
+    if isinstance(chosen, Upstream):
+        return ModInputs(manifest, version, chosen)
     patches = variant_patches(mod_dir, chosen)
-    installs = install_results(mod_dir, chosen, read)
-    twice = {fp.path for fp in patches} & {f.path for f in installs}
+    sources = install_sources(mod_dir, chosen)
+    twice = {fp.path for fp in patches} & {item.name for item in chosen.install if item.site}
     if twice:
         raise ManifestError(f"{manifest.source}: variant {chosen.label!r} both patches and installs {sorted(twice)[0]}")
-    files = plan(patches, read) + installs
+    return ModInputs(manifest, version, chosen, patches, sources)
+
+
+def decide(inputs: ModInputs, read: Reader) -> ModResult:
+    """The status of the mod on one vLLM tree (read: package path -> bytes or None)."""
+    manifest, version, chosen = inputs.manifest, inputs.version, inputs.chosen
+    if chosen is None:
+        return ModResult(manifest.name, version, NO_VARIANT, None, inputs.reason)
+    if isinstance(chosen, Upstream):
+        return _check_upstream(manifest, chosen, version, read)
+    files = plan(inputs.patches, read) + _site_installs(chosen, inputs.sources, read)
     status, reason = aggregate(files)
     return ModResult(manifest.name, version, status, chosen.label, reason, files)
+
+
+def check_mod(manifest: Manifest, mod_dir: StrPath, version: str, read: Reader) -> ModResult:
+    """Decide the status of one mod on one vLLM tree (read: package path -> bytes or None)."""
+    return decide(mod_inputs(manifest, mod_dir, version), read)
 ''',
     'pep440': r'''"""PEP 440 versions and variant ranges, stdlib only.
 
@@ -2260,8 +2640,10 @@ source build taken from main between X-1 and X really contains.
 
 from __future__ import annotations
 
-import re
-from typing import Optional, Tuple
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import re
+    from typing import Optional, Tuple
 
 __all__ = ["InvalidVersion", "Version", "Range", "InvalidRange"]
 
@@ -2274,8 +2656,10 @@ class InvalidRange(ValueError):
     """The string is not a range we accept."""
 
 
-_VERSION_RE = re.compile(
-    r"""
+# The grammar (packaging's), compiled on first use: a plain release (`0.19.1`: every release,
+# every range bound, most vLLMs run.sh meets) is read without it, which spares run.sh the
+# import of re and this compile, a tenth of its apply.
+_VERSION_PATTERN = r"""
     ^\s*v?
     (?:(?P<epoch>[0-9]+)!)?
     (?P<release>[0-9]+(?:\.[0-9]+)*)
@@ -2284,13 +2668,12 @@ _VERSION_RE = re.compile(
     (?:[-_.]?(?P<dev_l>dev)[-_.]?(?P<dev_n>[0-9]+)?)?
     (?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?
     \s*$
-    """,
-    re.VERBOSE | re.IGNORECASE,
-)
+    """
+_version_re: Optional[re.Pattern[str]] = None
 
 _PRE_CANON = {"a": "a", "alpha": "a", "b": "b", "beta": "b", "c": "rc", "rc": "rc", "pre": "rc", "preview": "rc"}
 _PRE_RANK = {"a": 0, "b": 1, "rc": 2}
-_COMMIT_RE = re.compile(r"^g([0-9a-f]{7,40})$")
+_HEX = frozenset("0123456789abcdef")
 
 # Sort sentinels: -inf sorts below and +inf above every integer in a key tuple.
 _NEG = (-1,)
@@ -2303,10 +2686,24 @@ class Version:
     __slots__ = ("text", "epoch", "release", "pre", "post", "dev", "local", "_key")
 
     def __init__(self, text: str) -> None:
-        match = _VERSION_RE.match(text)
+        self.text = text.strip()
+        parts = self.text.split(".")
+        if all(part.isdigit() and part.isascii() for part in parts):  # a plain release, as the grammar reads it
+            self.epoch, self.release = 0, tuple(int(part) for part in parts)
+            self.pre = self.post = self.dev = self.local = None
+        else:
+            self._parse(text)
+        self._key = self._sort_key()
+
+    def _parse(self, text: str) -> None:
+        global _version_re
+        if _version_re is None:
+            import re
+
+            _version_re = re.compile(_VERSION_PATTERN, re.VERBOSE | re.IGNORECASE)
+        match = _version_re.match(text)
         if not match:
             raise InvalidVersion(f"not a PEP 440 version: {text!r}")
-        self.text = text.strip()
         self.epoch = int(match.group("epoch") or 0)
         self.release: Tuple[int, ...] = tuple(int(p) for p in match.group("release").split("."))
         pre_l = match.group("pre_l")
@@ -2322,9 +2719,8 @@ class Version:
         self.dev: Optional[int] = int(match.group("dev_n") or 0) if match.group("dev_l") else None
         local = match.group("local")
         self.local: Optional[Tuple[str, ...]] = (
-            tuple(re.split(r"[-_.]", local.lower())) if local else None
+            tuple(local.lower().replace("-", ".").replace("_", ".").split(".")) if local else None
         )
-        self._key = self._sort_key()
 
     def _sort_key(self) -> tuple:
         release = list(self.release)
@@ -2369,9 +2765,8 @@ class Version:
     def commit(self) -> Optional[str]:
         """The git commit named in a local label such as `+g50cd5674b.d20260403`."""
         for part in self.local or ():
-            found = _COMMIT_RE.match(part)
-            if found:
-                return found.group(1)
+            if part[:1] == "g" and 7 <= len(part) - 1 <= 40 and _HEX.issuperset(part[1:]):
+                return part[1:]
         return None
 
     def __str__(self) -> str:
@@ -2408,7 +2803,18 @@ class Version:
         return self._key >= other._key
 
 
-_CLAUSE_RE = re.compile(r"^\s*(>=|<=|==|~=|>|<)\s*([^\s,]+)\s*$")
+_OPERATORS = (">=", "<=", "==", "~=", ">", "<")  # the two-character ones first
+
+
+def _clause(text: str) -> Optional[Tuple[str, str]]:
+    """(operator, version text) of one clause such as ` >= 0.19.0 `; None if it is not one.
+    What `^\\s*(>=|<=|==|~=|>|<)\\s*([^\\s,]+)\\s*$` matches, read without re (see above)."""
+    clause = text.strip()
+    for op in _OPERATORS:  # in the pattern's order, trying the next as it backtracks (`<=` is `<`, `=`)
+        raw = clause[len(op):].strip() if clause.startswith(op) else ""
+        if raw and "," not in raw and not any(c.isspace() for c in raw):
+            return op, raw
+    return None
 
 
 class Range:
@@ -2430,12 +2836,12 @@ class Range:
         if not self.text:
             raise InvalidRange("empty range")
         for clause in self.text.split(","):
-            match = _CLAUSE_RE.match(clause)
-            if not match:
+            parsed = _clause(clause)
+            if parsed is None:
                 raise InvalidRange(
                     f"bad clause {clause.strip()!r} in {self.text!r} (use >=, >, <=, <, == or ~=)"
                 )
-            op, raw = match.groups()
+            op, raw = parsed
             try:
                 version = Version(raw)
             except InvalidVersion as exc:
@@ -2510,7 +2916,7 @@ class Range:
 
 Launchers run run.sh on every container start, and almost always the mod is already on. The
 full decision (lock, journal, parse the patches, plan every hunk) costs the import of the
-whole runtime; this module imports only what Python has loaded anyway plus hashlib and fcntl.
+whole runtime; this module imports only what Python has loaded anyway plus fcntl and basics.
 
 After a run that leaves the mod applied (the decision said `applied`, under the tree's lock),
 applier.py writes `<site>/.sparkmods/<mod>/stamp`: a marshal of every input that decision read
@@ -2525,10 +2931,11 @@ path.
 """
 
 import fcntl
-import hashlib
 import marshal
 import os
 import sys
+
+from .basics import sha256
 
 STAMP_NAME = "stamp"
 _VERSION = 1
@@ -2553,17 +2960,17 @@ def _read(path: str) -> "bytes | None":
 
 
 def _sha(data: "bytes | None") -> "str | None":
-    return None if data is None else hashlib.sha256(data).hexdigest()
+    return None if data is None else sha256(data).hexdigest()
 
 
 def mod_inputs(mod_dir: str, rels: "list[str]") -> str:
     """sha256 over the named mod files (each name and content)."""
-    digest = hashlib.sha256()
+    digest = sha256()
     for rel in rels:
         data = _read(os.path.join(mod_dir, rel))
         if data is None:
             raise OSError(f"{rel}: missing")
-        digest.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
+        digest.update(rel.encode() + b"\0" + sha256(data).digest())
     return digest.hexdigest()
 
 
@@ -2606,7 +3013,7 @@ def record(mod_dir: str, site: str, variant: str, version: str, mod_files: "list
     stamp = {"v": _VERSION, "mod": name, "variant": variant, "vllm": version, "inputs": rels,
              "digest": mod_inputs(mod_dir, rels), "dist": dist_infos(site),
              "files": [(rel, _sha(_read(_within(site, rel)))) for rel in sorted(vllm_files)],
-             "installs": [(dest, hashlib.sha256(data).hexdigest()) for dest, data in installs],
+             "installs": [(dest, sha256(data).hexdigest()) for dest, data in installs],
              "notes": notes}
     target = os.path.join(site, _STATE_DIR, name, STAMP_NAME)
     tmp = os.path.join(os.path.dirname(target), f".{STAMP_NAME}{_TMP_SUFFIX}")
@@ -2629,10 +3036,9 @@ def _site() -> "str | None":
     return None
 
 
-def _workspace() -> "str | None":
-    """$WORKSPACE_DIR, else the cwd, when it prints as applier's Path() prints it."""
-    workspace = os.environ.get("WORKSPACE_DIR") or os.getcwd()
-    return workspace if workspace == os.path.normpath(workspace) else None
+def _workspace() -> str:
+    """$WORKSPACE_DIR, else the cwd: the folder applier.main installs into (and names)."""
+    return os.environ.get("WORKSPACE_DIR") or os.getcwd()
 
 
 def _verified(stamp: dict, mod_dir: str, site: str, workspace: str) -> bool:
@@ -2662,7 +3068,7 @@ def quick(argv: "list[str]", mod_dir: str) -> "int | None":
     if any(os.environ.get(k) is not None for k in _FULL_PATH_ENV):
         return None
     site, workspace = _site(), _workspace()
-    if site is None or workspace is None:
+    if site is None:
         return None
     name = os.path.basename(mod_dir)
     try:
@@ -2696,32 +3102,34 @@ without their end-of-line so the engine can compare them against files of either
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
-from typing import List, Optional
+from .basics import Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List, Optional
 
 __all__ = ["PatchParseError", "Hunk", "FilePatch", "parse_patch", "reverse"]
 
 DEV_NULL = "/dev/null"
-_HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
 
 
 class PatchParseError(ValueError):
     """The patch text is malformed; the message names the patch line."""
 
 
-@dataclass
-class Hunk:
+class Hunk(Record):
     """One hunk. `lines` are (tag, text) pairs with tag in ' ', '-', '+'."""
 
-    old_start: int
-    old_len: int
-    new_start: int
-    new_len: int
-    section: str
-    lines: List[tuple] = field(default_factory=list)
-    old_eof_newline: bool = True  # False when the old side ends without a final newline
-    new_eof_newline: bool = True
+    __slots__ = ("old_start", "old_len", "new_start", "new_len", "section", "lines", "old_eof_newline",
+                 "new_eof_newline")
+
+    def __init__(self, old_start: int, old_len: int, new_start: int, new_len: int, section: str,
+                 lines: Optional[List[tuple]] = None, old_eof_newline: bool = True, new_eof_newline: bool = True) -> None:
+        self.old_start, self.old_len, self.new_start, self.new_len = old_start, old_len, new_start, new_len
+        self.section = section
+        self.lines = [] if lines is None else lines
+        self.old_eof_newline = old_eof_newline  # False when the old side ends without a final newline
+        self.new_eof_newline = new_eof_newline
 
     @property
     def old_lines(self) -> List[str]:
@@ -2732,13 +3140,14 @@ class Hunk:
         return [text for tag, text in self.lines if tag != "-"]
 
 
-@dataclass
-class FilePatch:
+class FilePatch(Record):
     """The hunks for one file. `path` is the target path after stripping."""
 
-    old_path: Optional[str]
-    new_path: Optional[str]
-    hunks: List[Hunk] = field(default_factory=list)
+    __slots__ = ("old_path", "new_path", "hunks")
+
+    def __init__(self, old_path: Optional[str], new_path: Optional[str], hunks: Optional[List[Hunk]] = None) -> None:
+        self.old_path, self.new_path = old_path, new_path
+        self.hunks = [] if hunks is None else hunks
 
     @property
     def is_new(self) -> bool:
@@ -2791,11 +3200,11 @@ def parse_patch(text: str, strip: int = 1) -> List[FilePatch]:
             files.append(current)
             i += 2
             continue
-        match = _HUNK_RE.match(line)
-        if match:
+        header = _hunk_header(line)
+        if header:
             if current is None:
                 raise PatchParseError(f"line {i + 1}: hunk before any ---/+++ file header")
-            hunk, i = _read_hunk(lines, i, match)
+            hunk, i = _read_hunk(lines, i, Hunk(*header))
             current.hunks.append(hunk)
             continue
         if _stray_body_line(line) and current is not None and current.hunks:
@@ -2815,10 +3224,31 @@ def _stray_body_line(line: str) -> bool:
     return line.startswith(("+", "-", " ")) and not line.startswith(("+++", "---")) and line != "-- "
 
 
-def _read_hunk(lines: List[str], i: int, match: "re.Match[str]") -> "tuple[Hunk, int]":
-    old_len = int(match.group(2)) if match.group(2) is not None else 1
-    new_len = int(match.group(4)) if match.group(4) is not None else 1
-    hunk = Hunk(int(match.group(1)), old_len, int(match.group(3)), new_len, match.group(5).strip())
+def _hunk_header(line: str) -> "Optional[tuple[int, int, int, int, str]]":
+    """(old start, old length, new start, new length, section) of `@@ -A[,B] +C[,D] @@ section`
+    (an absent length is 1); None for any other line (one line: no line break in it). What
+    `^@@ -(\\d+)(?:,(\\d+))? \\+(\\d+)(?:,(\\d+))? @@(.*)$` matches, read without re: importing it
+    and compiling patterns were a tenth of run.sh's apply."""
+    if not line.startswith("@@ -"):
+        return None
+    old, plus, rest = line[4:].partition(" +")
+    new, at, section = rest.partition(" @@")
+    old_range, new_range = _range(old), _range(new)
+    if not (plus and at and old_range and new_range):
+        return None
+    return old_range + new_range + (section.strip(),)
+
+
+def _range(text: str) -> "Optional[tuple[int, int]]":
+    """`A` or `A,B` (decimal digits) -> (A, B), B being 1 when absent; None otherwise."""
+    start, comma, length = text.partition(",")
+    if not start.isdecimal() or (comma and not length.isdecimal()):
+        return None
+    return int(start), int(length) if comma else 1
+
+
+def _read_hunk(lines: List[str], i: int, hunk: Hunk) -> "tuple[Hunk, int]":
+    old_len, new_len = hunk.old_len, hunk.new_len
     header_line = i + 1
     i += 1
     old_seen = new_seen = 0

@@ -77,7 +77,7 @@ def _write_conflicts(folder: str, results: List[RebaseResult]) -> List[str]:
         if not files:
             files = {p: a for p, (_, a) in result.changes().items() if a is not None}
         for rel, data in files.items():
-            target = safe_target(root, rel)
+            target = Path(safe_target(root, rel))
             write_atomic(target, data)
             out.append(str(target))
     return out

@@ -25,10 +25,10 @@ try:  # first: a SIGINT at any later line is caught
 except KeyboardInterrupt:
     import os
     import sys
-    from pathlib import Path
 
-    print(f"[{Path(__file__).resolve().parent.parent.name}] interrupted by SIGINT outside a change to "
-          "vLLM's files: nothing is half-done (the lines above say what was done)", flush=True)
+    print(f"[{os.path.basename(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))}] interrupted by "
+          "SIGINT outside a change to vLLM's files: nothing is half-done (the lines above say what was done)",
+          flush=True)
     # Not sys.exit: CPython marks a KeyboardInterrupt that ends a string exec/eval (dataclasses
     # and namedtuple build their methods so) as unhandled even once it is caught, and under
     # `python -m` then ends the process by SIGINT instead of with the exit code. Nothing but

@@ -16,25 +16,29 @@ changed), 2 bad input (mod, paths, interpreter), 130 / 143 interrupted by SIGINT
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import json
 import os
 import sys
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence
 
 from . import fsops, stamp
+from .basics import sha256
 from .engine import APPLIED, CONFLICT, OK, OK_OFFSET, UnsafePath, plan, safe_target
 from .interrupts import Interrupted, deferred, exit_code, handled
 from .journal import (JOURNAL_NAME, STATE_DIR, STATE_FILE, Entry, Journal, JournalError, applied_rel, orig_rel, recover,
                       state_dir, sweep, temp_rel, transact)
 from .locate import LocateError, find_vllm, read_version
 from .lock import LockTimeout, ReadOnlyTree, tree_lock
-from .manifest import Install, Manifest, ManifestError, Variant, load_manifest
-from .modcheck import GREEN, NO_VARIANT, UPSTREAM, ModResult, check_mod, install_results, mod_file, variant_patches
+from .manifest import ManifestError, Variant, load_manifest
+from .modcheck import (GREEN, NO_VARIANT, UPSTREAM, ModInputs, check_mod, decide, install_results, mod_inputs,
+                       variant_patches)
 from .udiff import reverse
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Sequence
+
+    from .fsops import StrPath
+    from .manifest import Install, Manifest
+    from .modcheck import ModResult
 
 __all__ = ["main", "run", "apply_mod", "revert_mod", "Printer", "STATE_DIR"]
 
@@ -53,25 +57,21 @@ class Printer:
 
 
 def _sha256(data: Optional[bytes]) -> Optional[str]:
-    return None if data is None else hashlib.sha256(data).hexdigest()
+    return None if data is None else sha256(data).hexdigest()
 
 
-def _reader(site: Path):
+def _reader(site: StrPath):
     def read(rel: str) -> Optional[bytes]:
         return fsops.read_regular(safe_target(site, rel))
     return read
 
 
-@contextmanager
-def _settled_tree(site: Path, say: Printer, dry_run: bool) -> Iterator[None]:
-    """Hold the tree's lock, with SIGINT/SIGTERM deferred, after settling an interrupted run.
-
-    A dry run on a read-only vLLM goes ahead unlocked unless a journal needs settling.
-    """
-    required = not dry_run or (site / STATE_DIR / JOURNAL_NAME).exists()
-    with tree_lock(site / STATE_DIR, say, required), deferred():
-        recover(site, say)
-        yield
+def _lock(site: StrPath, say: Printer, dry_run: bool) -> tree_lock:
+    """The tree's lock; a dry run on a read-only vLLM goes ahead unlocked unless a journal
+    needs settling. Taken with SIGINT/SIGTERM deferred, then `recover` settles any
+    interrupted run before the caller decides."""
+    required = not dry_run or os.path.exists(os.path.join(site, STATE_DIR, JOURNAL_NAME))
+    return tree_lock(os.path.join(site, STATE_DIR), say, required)
 
 
 def _explain_failure(say: Printer, manifest: Manifest, result: ModResult) -> None:
@@ -94,12 +94,11 @@ def _explain_failure(say: Printer, manifest: Manifest, result: ModResult) -> Non
         "(sparkmods rebase MOD --onto VERSION)")
 
 
-def _install_files(say: Printer, mod_dir: Path, variant: Variant, workspace: Path, dry_run: bool) -> None:
-    for item in variant.install:
+def _install_files(say: Printer, mod_dir: StrPath, inputs: ModInputs, workspace: StrPath, dry_run: bool) -> None:
+    for item, data in zip(inputs.chosen.install, inputs.sources):
         if item.site:
             continue  # installed into vLLM with the patches, through the journal
-        data = mod_file(mod_dir, item.src, "install source")
-        dest = workspace / item.name
+        dest = os.path.join(workspace, item.name)
         if fsops.read_regular(dest) == data:
             say(f"{item.name} already installed in {workspace}")
             continue
@@ -111,41 +110,44 @@ def _install_files(say: Printer, mod_dir: Path, variant: Variant, workspace: Pat
         say(f"installed {item.name} into {workspace}")
 
 
-def _install_mode(mod_dir: Path, item: Install) -> int:
+def _install_mode(mod_dir: StrPath, item: Install) -> int:
     """An installed file's mode: its source's bits filtered by the umask (as `cp` copies)."""
-    return fsops.umasked(os.stat((mod_dir / item.src).resolve()).st_mode)
+    return fsops.umasked(os.stat(os.path.realpath(os.path.join(mod_dir, item.src))).st_mode)
 
 
-def _new_file_mode(mod_dir: Path, variant: Variant, rel: str) -> int:
+def _new_file_mode(mod_dir: StrPath, variant: Variant, rel: str) -> int:
     """The mode of a file the apply creates inside vllm/: a site install's as `cp` would give it;
     a file a patch creates, what any new file gets (0666 filtered by the umask)."""
     item = next((i for i in variant.install if i.site and i.name == rel), None)
     return _install_mode(mod_dir, item) if item is not None else fsops.umasked(0o666)
 
 
-def _load_state(site: Path, mod: str) -> Optional[dict]:
-    path = state_dir(site, mod) / STATE_FILE
-    if not path.is_file():
+def _load_state(site: StrPath, mod: str) -> Optional[dict]:
+    path = os.path.join(state_dir(site, mod), STATE_FILE)
+    if not os.path.isfile(path):
         return None
+    import json  # a revert, or an apply over an earlier apply's state: not run.sh's usual path
+
     try:
-        state = json.loads(path.read_text(encoding="utf-8"))
+        with open(path, encoding="utf-8") as fh:
+            state = json.load(fh)
         files = state["files"]
         if not all(isinstance(k, str) and set(v) == {"before", "after"} for k, v in files.items()):
             raise ValueError("bad files table")
         return state
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise JournalError(f"{path}: unreadable saved state ({exc}); the originals are in "
-                           f"{state_dir(site, mod) / 'orig'}") from None
+                           f"{os.path.join(state_dir(site, mod), 'orig')}") from None
 
 
-def _drop_stale_state(site: Path, manifest: Manifest, say: Printer) -> None:
+def _drop_stale_state(site: StrPath, manifest: Manifest, say: Printer) -> None:
     """Before applying to a tree the mod is not on, forget an earlier apply's leftover state.
 
     Only when none of its files still holds what that apply wrote (vLLM was reinstalled or
     reverted by other means); its originals are then copies of files no longer there.
     """
     folder = state_dir(site, manifest.name)
-    if not folder.exists():
+    if not os.path.exists(folder):
         return
     state = _load_state(site, manifest.name)
     if state is not None:
@@ -159,7 +161,7 @@ def _drop_stale_state(site: Path, manifest: Manifest, say: Printer) -> None:
     fsops.remove_tree(folder)
 
 
-def _apply_journal(manifest: Manifest, result: ModResult, site: Path, mod_dir: Path, variant: Variant
+def _apply_journal(manifest: Manifest, result: ModResult, site: StrPath, mod_dir: StrPath, variant: Variant
                    ) -> "tuple[Journal, Dict[str, bytes]]":
     """The apply journal; a patched file keeps its mode, a new one gets `_new_file_mode`."""
     entries, payload, files = [], {}, {}
@@ -167,34 +169,41 @@ def _apply_journal(manifest: Manifest, result: ModResult, site: Path, mod_dir: P
         if not f.changes:
             continue
         target = safe_target(site, f.path)
-        mode = target.stat().st_mode & 0o7777 if f.before is not None else _new_file_mode(mod_dir, variant, f.path)
+        mode = os.stat(target).st_mode & 0o7777 if f.before is not None else _new_file_mode(mod_dir, variant, f.path)
         old = orig_rel(manifest.name, f.path) if f.before is not None else None
         new = temp_rel(f.path) if f.after is not None else None
-        entries.append(Entry(f.path, _sha256(f.before), _sha256(f.after), new, old, mode))
+        sums = {"before": _sha256(f.before), "after": _sha256(f.after)}
+        entries.append(Entry(f.path, sums["before"], sums["after"], new, old, mode))
         if old is not None:
             payload[old] = f.before  # type: ignore[assignment]
         if new is not None:
             payload[new] = f.after  # type: ignore[assignment]
-        files[f.path] = {"before": _sha256(f.before), "after": _sha256(f.after)}
+        files[f.path] = sums
     state = {"mod": manifest.name, "variant": result.variant, "vllm": result.version, "files": files}
     return Journal("apply", manifest.name, entries, state), payload
 
 
-def apply_mod(mod_dir: Path, site: Path, workspace: Path, dry_run: bool = False, say: Optional[Printer] = None) -> int:
+def apply_mod(mod_dir: StrPath, site: StrPath, workspace: StrPath, dry_run: bool = False, say: Optional[Printer] = None
+              ) -> int:
     """Apply the variant that fits the vLLM in site; returns the exit code."""
     manifest = load_manifest(mod_dir)
     say = say or Printer(manifest.name)
     version = read_version(site)
-    check_mod(manifest, mod_dir, version, _reader(site))  # bad mod input: an error before any write
-    with _settled_tree(site, say, dry_run):
-        result = check_mod(manifest, mod_dir, version, _reader(site))
+    # Bad input is an error before anything is written: the mod's (read once here, for every
+    # decision below) and a vLLM path that a symlink leads out of the tree.
+    inputs = mod_inputs(manifest, mod_dir, version)
+    for rel in inputs.paths():
+        safe_target(site, rel)
+    with _lock(site, say, dry_run), deferred():
+        recover(site, say)
+        result = decide(inputs, _reader(site))
         if result.status not in GREEN:
             _explain_failure(say, manifest, result)
             return EXIT_FAIL
         if result.status == UPSTREAM:
             say(f"not needed: {result.reason}")
             return EXIT_OK
-        variant = next(v for v in manifest.variants if v.label == result.variant)
+        variant = inputs.chosen
         if not dry_run:
             sweep(site, [f.path for f in result.files])
         if result.status == APPLIED:
@@ -214,25 +223,26 @@ def apply_mod(mod_dir: Path, site: Path, workspace: Path, dry_run: bool = False,
             say(f"applied variant {variant.label} to vLLM {version} in {site}")
         else:
             say(f"variant {variant.label} changes no vLLM file (vLLM {version})")
-        _install_files(say, mod_dir, variant, workspace, dry_run)
+        _install_files(say, mod_dir, inputs, workspace, dry_run)
         if not dry_run and (result.status == APPLIED or result.changes()):
-            _stamp(manifest, mod_dir, site, version, variant)
+            _stamp(inputs, mod_dir, site)
     if variant.notes:
         say(variant.notes)
     return EXIT_OK
 
 
-def _stamp(manifest: Manifest, mod_dir: Path, site: Path, version: str, variant: Variant) -> None:
+def _stamp(inputs: ModInputs, mod_dir: StrPath, site: StrPath) -> None:
     """Inside a mod (run.sh), after a run that leaves the mod on: the stamp that lets the next
     run.sh say `already applied` without this module (stamp.py), if deciding again says so."""
     if __package__ != "_sparkmods":
         return  # the host's `sparkmods apply`: its manifest is mod.toml, not what run.sh reads
-    result = check_mod(manifest, mod_dir, version, _reader(site))
+    result = decide(inputs, _reader(site))
     if result.status != APPLIED:
         return
-    installs = [(i.name, mod_file(mod_dir, i.src, "install source")) for i in variant.install if not i.site]
+    variant = inputs.chosen
+    installs = [(item.name, data) for item, data in zip(variant.install, inputs.sources) if not item.site]
     try:
-        stamp.record(str(mod_dir), str(site), variant.label, version,
+        stamp.record(os.fspath(mod_dir), os.fspath(site), variant.label, inputs.version,
                      list(variant.patches) + [i.src for i in variant.install], [f.path for f in result.files],
                      installs, variant.notes)
     except OSError:
@@ -243,7 +253,7 @@ def _site_installs(variant: Variant) -> List[str]:
     return [item.name for item in variant.install if item.site]
 
 
-def _revert_from_state(site: Path, manifest: Manifest, mod_dir: Path, state: dict
+def _revert_from_state(site: StrPath, manifest: Manifest, mod_dir: StrPath, state: dict
                        ) -> "Optional[tuple[Journal, Dict[str, bytes]]]":
     """The revert journal from the saved originals; None when the tree is already pristine.
 
@@ -260,28 +270,29 @@ def _revert_from_state(site: Path, manifest: Manifest, mod_dir: Path, state: dic
         if _forward_status(manifest, mod_dir, site) in (OK, OK_OFFSET):
             return None  # another vLLM is installed and the mod is not on it: the state is stale
         raise JournalError(f"{foreign[0]} changed since the mod was applied; not reverting anything "
-                           f"(originals are kept in {state_dir(site, name) / 'orig'})")
+                           f"(originals are kept in {os.path.join(state_dir(site, name), 'orig')})")
     if not patched:
         return None
     entries, payload = [], {}
     for rel in sorted(patched):
         s = sums[rel]
         new = orig_rel(name, rel) if s["before"] is not None else None
-        if new is not None and fsops.digest(site / new) != s["before"]:
-            raise JournalError(f"{site / new}: the saved original of {rel} is missing or corrupt; reinstall vLLM")
+        if new is not None and fsops.digest(os.path.join(site, new)) != s["before"]:
+            raise JournalError(f"{os.path.join(site, new)}: the saved original of {rel} is missing or corrupt; "
+                               "reinstall vLLM")
         old = applied_rel(name, rel) if s["after"] is not None else None
         if old is not None:
             payload[old] = current[rel]  # type: ignore[assignment]
-        mode = safe_target(site, rel).stat().st_mode & 0o7777 if current[rel] is not None else 0o644
+        mode = os.stat(safe_target(site, rel)).st_mode & 0o7777 if current[rel] is not None else 0o644
         entries.append(Entry(rel, s["after"], s["before"], new, old, mode))
     return Journal("revert", name, entries), payload
 
 
-def _forward_status(manifest: Manifest, mod_dir: Path, site: Path) -> str:
+def _forward_status(manifest: Manifest, mod_dir: StrPath, site: StrPath) -> str:
     return check_mod(manifest, mod_dir, read_version(site), _reader(site)).status
 
 
-def _revert_by_reverse_patch(site: Path, manifest: Manifest, mod_dir: Path, say: Printer
+def _revert_by_reverse_patch(site: StrPath, manifest: Manifest, mod_dir: StrPath, say: Printer
                              ) -> "Optional[tuple[Journal, Dict[str, bytes]]]":
     """No saved originals: undo an applied mod with its reverse patch; None if not applied."""
     read = _reader(site)
@@ -310,12 +321,12 @@ def _revert_by_reverse_patch(site: Path, manifest: Manifest, mod_dir: Path, say:
         payload[old] = before  # type: ignore[assignment]
         if new is not None:
             payload[new] = after
-        mode = safe_target(site, rel).stat().st_mode & 0o7777
+        mode = os.stat(safe_target(site, rel)).st_mode & 0o7777
         entries.append(Entry(rel, _sha256(before), _sha256(after), new, old, mode))
     return Journal("revert", manifest.name, entries), payload
 
 
-def revert_mod(mod_dir: Path, site: Path, dry_run: bool = False, say: Optional[Printer] = None) -> int:
+def revert_mod(mod_dir: StrPath, site: StrPath, dry_run: bool = False, say: Optional[Printer] = None) -> int:
     """Restore the pristine files of a mod applied to site."""
     manifest = load_manifest(mod_dir)
     say = say or Printer(manifest.name)
@@ -323,7 +334,8 @@ def revert_mod(mod_dir: Path, site: Path, dry_run: bool = False, say: Optional[P
     if isinstance(chosen, Variant):  # bad mod input: an error before any write
         variant_patches(mod_dir, chosen)
         install_results(mod_dir, chosen, _reader(site))
-    with _settled_tree(site, say, dry_run):
+    with _lock(site, say, dry_run), deferred():
+        recover(site, say)
         state = _load_state(site, manifest.name)
         if state is not None:
             todo = _revert_from_state(site, manifest, mod_dir, state)
@@ -334,7 +346,7 @@ def revert_mod(mod_dir: Path, site: Path, dry_run: bool = False, say: Optional[P
                     + " the stale saved state")
                 return EXIT_OK
         else:
-            if not dry_run and state_dir(site, manifest.name).exists():
+            if not dry_run and os.path.exists(state_dir(site, manifest.name)):
                 fsops.remove_tree(state_dir(site, manifest.name))  # leftovers without a state file
             todo = _revert_by_reverse_patch(site, manifest, mod_dir, say)
             if todo is None:
@@ -352,7 +364,7 @@ def revert_mod(mod_dir: Path, site: Path, dry_run: bool = False, say: Optional[P
     return EXIT_OK
 
 
-def run(action: str, mod_dir: Path, site: Optional[Path], workspace: Path, dry_run: bool, say: Printer) -> int:
+def run(action: str, mod_dir: StrPath, site: Optional[StrPath], workspace: StrPath, dry_run: bool, say: Printer) -> int:
     """One run.sh action with every failure turned into one line and an exit code."""
     try:
         with handled():
@@ -383,15 +395,62 @@ def run(action: str, mod_dir: Path, site: Optional[Path], workspace: Path, dry_r
         return exit_code(exc.signum)
 
 
-def main(argv: Optional[Sequence[str]] = None, mod_dir: Optional[Path] = None) -> int:
-    parser = argparse.ArgumentParser(prog="run.sh", description="Apply this mod to the installed vLLM.")
-    parser.add_argument("action", nargs="?", default="apply", choices=["apply", "check", "revert"])
-    parser.add_argument("--dry-run", action="store_true", help="say what would change, write nothing")
-    parser.add_argument("--site", help="site-packages holding vllm/ (default: $PYTHON_ROOT, then python3's path)")
-    parser.add_argument("--workspace", help="where installed files go (default: $WORKSPACE_DIR, then the cwd)")
-    args = parser.parse_args(argv)
-    mod_dir = mod_dir or Path(__file__).resolve().parent.parent
+ACTIONS = ("apply", "check", "revert")
+USAGE = "usage: run.sh [-h] [--dry-run] [--site SITE] [--workspace WORKSPACE] [{apply,check,revert}]"
+HELP = f"""{USAGE}
+
+Apply this mod to the installed vLLM.
+
+positional arguments:
+  {{apply,check,revert}}    apply (the default), check (a dry run) or revert
+
+options:
+  -h, --help            show this help message and exit
+  --dry-run             say what would change, write nothing
+  --site SITE           site-packages holding vllm/ (default: $PYTHON_ROOT, then python3's path)
+  --workspace WORKSPACE
+                        where installed files go (default: $WORKSPACE_DIR, then the cwd)
+"""
+
+
+def parse_args(argv: Sequence[str]) -> "tuple[str, bool, Optional[str], Optional[str]]":
+    """(action, dry run, --site, --workspace) from run.sh's arguments, read as argparse would
+    (`--site X` or `--site=X`; -h prints the help); a bad one is the usage and exit 2. Not
+    argparse itself: its import was a tenth of an apply."""
+    action, dry_run, values = None, False, {"--site": None, "--workspace": None}
+    rest = list(argv)
+    while rest:
+        arg = rest.pop(0)
+        name, eq, value = arg.partition("=")
+        if arg in ("-h", "--help"):
+            sys.stdout.write(HELP)
+            raise SystemExit(0)
+        if arg == "--dry-run":
+            dry_run = True
+        elif name in values:
+            if not eq:
+                if not rest:
+                    _usage_error(f"argument {name}: expected one argument")
+                value = rest.pop(0)
+            values[name] = value
+        elif arg.startswith("-") or action is not None:
+            _usage_error(f"unrecognized arguments: {arg}")
+        elif arg not in ACTIONS:
+            _usage_error(f"argument action: invalid choice: {arg!r} (choose from {', '.join(map(repr, ACTIONS))})")
+        else:
+            action = arg
+    return action or "apply", dry_run, values["--site"], values["--workspace"]
+
+
+def _usage_error(message: str) -> None:
+    sys.stderr.write(f"{USAGE}\nrun.sh: error: {message}\n")
+    raise SystemExit(EXIT_USAGE)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """run.sh's program: the mod is the folder this runtime file is in."""
+    action, dry_run, site, workspace = parse_args(sys.argv[1:] if argv is None else argv)
+    mod_dir = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # <mod>/_sparkmods.py/applier.py
     fsops.arm_from_env()
-    workspace = Path(args.workspace or os.environ.get("WORKSPACE_DIR") or os.getcwd())
-    return run(args.action, mod_dir, Path(args.site).resolve() if args.site else None, workspace, args.dry_run,
-               Printer(mod_dir.name))
+    return run(action, mod_dir, os.path.realpath(site) if site else None,
+               workspace or os.environ.get("WORKSPACE_DIR") or os.getcwd(), dry_run, Printer(os.path.basename(mod_dir)))

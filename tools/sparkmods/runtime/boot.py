@@ -12,12 +12,13 @@ mod folder or vLLM's tree. Each module's compiled code is kept in the user's cac
 ($SPARKMODS_CACHE_DIR, else $XDG_CACHE_HOME/sparkmods, else ~/.cache/sparkmods, folder
 `runtime-code/`), one file per module holding (interpreter magic, file name, source, code).
 An entry is used only when all of those equal what this run would compile, so an edited,
-moved or other runtime is never run from a stale entry. A cache that cannot be created or
-written (read-only home, another user's folder) only costs the compile.
+moved or other runtime is never run from a stale entry. The mod's manifest.json is kept there
+the same way, decoded (`cached`). A cache that cannot be created or written (read-only home,
+another user's folder) only costs the compile.
 
-Only what the interpreter has loaded at start-up, plus hashlib (which `stamp` needs anyway), is
-imported here: an already applied tree is answered by `stamp` before anything heavier loads,
-and this file is compiled on every run (run.sh writes no bytecode beside it).
+Only what the interpreter has loaded at start-up, plus its SHA-256 module (which `stamp` needs
+anyway), is imported here: an already applied tree is answered by `stamp` before anything
+heavier loads, and this file is compiled on every run (run.sh writes no bytecode beside it).
 """
 
 # The import system's own modules, loaded before any code runs: `importlib.machinery` would
@@ -25,10 +26,17 @@ and this file is compiled on every run (run.sh writes no bytecode beside it).
 import _frozen_importlib
 import _frozen_importlib_external
 import _signal
-import hashlib
 import marshal
 import os
 import sys
+
+try:  # the interpreter's own SHA-256, as basics.sha256 (which cannot be loaded before this names entries)
+    from _sha2 import sha256  # Python >= 3.12
+except ImportError:
+    try:
+        from _sha256 import sha256  # Python 3.9 - 3.11
+    except ImportError:  # an interpreter built without its own hashes
+        from hashlib import sha256
 
 MAGIC_NUMBER = _frozen_importlib_external.MAGIC_NUMBER
 
@@ -62,11 +70,35 @@ def _ours(folder):
         return False
 
 
+_cache = None  # the cache folder (install sets it), None: none to use
+
+
+def cached(name, path, source, make):
+    """make(), kept in the cache and used again while this interpreter, `path` and `source`
+    (the text or bytes it is made from) are all what they were. Holds each runtime module's
+    code (RuntimeLoader) and the decoded manifest.json (manifest.py: json, with re, would be
+    imported for it on every run). Without a cache folder, just make()."""
+    if _cache is None:
+        return make()
+    entry = os.path.join(_cache, f"{name}-{sha256(path.encode()).hexdigest()[:16]}.code")
+    want = (MAGIC_NUMBER, path, source)
+    try:
+        with open(entry, "rb") as fh:
+            magic, held_path, held_source, value = marshal.loads(fh.read())
+        if (magic, held_path, held_source) == want:
+            return value
+    except (OSError, ValueError, EOFError, TypeError):
+        pass  # absent, unreadable, or from another interpreter: make it
+    value = make()
+    _store(entry, want + (value,))
+    return value
+
+
 class RuntimeLoader:
     """Finds and loads `<package>.<name>` from the sources this file holds, through the cache."""
 
-    def __init__(self, package, archive, sources, cache):
-        self.package, self.archive, self.sources, self.cache = package, archive, sources, cache
+    def __init__(self, package, archive, sources):
+        self.package, self.archive, self.sources = package, archive, sources
 
     def find_spec(self, fullname, path=None, target=None):
         head, _, leaf = fullname.rpartition(".")
@@ -92,20 +124,7 @@ class RuntimeLoader:
     def get_code(self, fullname):
         path = self._path(fullname)
         source = self.get_source(fullname)
-        if self.cache is None:
-            return self._compile(source, path)
-        entry = os.path.join(self.cache, f"{fullname}-{hashlib.sha256(path.encode()).hexdigest()[:16]}.code")
-        want = (MAGIC_NUMBER, path, source)
-        try:
-            with open(entry, "rb") as fh:
-                magic, held_path, held_source, code = marshal.loads(fh.read())
-            if (magic, held_path, held_source) == want:
-                return code
-        except (OSError, ValueError, EOFError, TypeError):
-            pass  # absent, unreadable, or from another interpreter: compile
-        code = self._compile(source, path)
-        _store(self.cache, entry, marshal.dumps(want + (code,)))
-        return code
+        return cached(fullname, path, source, lambda: self._compile(source, path))
 
     @staticmethod
     def _compile(source, path):
@@ -114,18 +133,20 @@ class RuntimeLoader:
         return compile(source, path, "exec", dont_inherit=True)
 
 
-def _store(cache, entry, data):
-    """Write entry atomically into a folder of our own; any failure leaves the cache alone."""
-    tmp = os.path.join(cache, f".{os.path.basename(entry)}.{os.getpid()}.tmp")
+def _store(entry, value):
+    """Write entry (a marshal of value) atomically into a folder of our own; any failure
+    leaves the cache alone."""
+    tmp = os.path.join(_cache, f".{os.path.basename(entry)}.{os.getpid()}.tmp")
     try:
-        os.makedirs(cache, mode=0o700, exist_ok=True)
-        if not _ours(cache):
+        data = marshal.dumps(value)
+        os.makedirs(_cache, mode=0o700, exist_ok=True)
+        if not _ours(_cache):
             return  # never run code from (or leave code in) a folder another user controls
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.replace(tmp, entry)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: nested too deeply to marshal
         pass
     finally:  # also after a KeyboardInterrupt; gone after the replace
         try:
@@ -136,12 +157,12 @@ def _store(cache, entry, data):
 
 def install(sources):
     """Make this module the package of `sources` (name -> text), then let a held SIGINT go."""
-    global __path__
+    global __path__, _cache
     __path__ = []  # a package: `import _sparkmods.applier` asks the finders below
-    cache = cache_dir()
-    if cache is not None and not _ours(cache):
-        cache = None  # another user's folder: compile every time
-    sys.meta_path.insert(0, RuntimeLoader(__name__, os.path.realpath(__file__), sources, cache))
+    _cache = cache_dir()
+    if _cache is not None and not _ours(_cache):
+        _cache = None  # another user's folder: compile every time
+    sys.meta_path.insert(0, RuntimeLoader(__name__, os.path.realpath(__file__), sources))
     sys.excepthook = _excepthook
     if _previous_handler is not None:
         _signal.signal(_signal.SIGINT, _previous_handler)

@@ -14,11 +14,18 @@ spliced in one pass. Writing is separate (journal.transact) and all-or-nothing a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+import os
 
-from .udiff import FilePatch, Hunk
+from .basics import Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+    from .fsops import StrPath
+    from .udiff import FilePatch, Hunk
+
+    Line = Tuple[str, str]  # (content without end-of-line, end-of-line: "\n", "\r\n" or "")
 
 __all__ = [
     "EXACT", "OFFSET", "APPLIED", "CONFLICT",
@@ -34,21 +41,20 @@ OK, OK_OFFSET, MISSING_FILE = "ok", "ok-offset", "missing-file"
 PACKAGE = "vllm"  # the only top-level folder of site-packages a mod may change
 TMP_SUFFIX = ".sparkmods-tmp"  # names the runtime's temp files end with (fsops uses it)
 
-Line = Tuple[str, str]  # (content without end-of-line, end-of-line: "\n", "\r\n" or "")
-
 
 class UnsafePath(ValueError):
     """A patch path that would escape the target tree."""
 
 
-@dataclass
-class NearMatch:
+class NearMatch(Record):
     """Where a conflicting hunk came closest, and the lines that differ there."""
 
-    line: int  # 1-based line of the window's first line in the target file
-    matching: int
-    total: int
-    differing: List[Tuple[int, str, str]] = field(default_factory=list)  # (line, expected, found)
+    __slots__ = ("line", "matching", "total", "differing")
+
+    def __init__(self, line: int, matching: int, total: int, differing: Optional[List[Tuple[int, str, str]]] = None) -> None:
+        self.line = line  # 1-based line of the window's first line in the target file
+        self.matching, self.total = matching, total
+        self.differing = [] if differing is None else differing  # (line, expected, found)
 
     def to_dict(self) -> dict:
         return {
@@ -59,15 +65,18 @@ class NearMatch:
         }
 
 
-@dataclass
-class HunkResult:
-    index: int  # 1-based hunk number within the file patch
-    outcome: str
-    stated_line: int  # the hunk's own old_start
-    line: Optional[int] = None  # 1-based line where it was located (old side, or new side if applied)
-    offset: int = 0
-    reason: str = ""
-    near: Optional[NearMatch] = None
+class HunkResult(Record):
+    """How one hunk fares on one file."""
+
+    __slots__ = ("index", "outcome", "stated_line", "line", "offset", "reason", "near")
+
+    def __init__(self, index: int, outcome: str, stated_line: int, line: Optional[int] = None, offset: int = 0,
+                 reason: str = "", near: Optional[NearMatch] = None) -> None:
+        self.index = index  # 1-based hunk number within the file patch
+        self.outcome = outcome
+        self.stated_line = stated_line  # the hunk's own old_start
+        self.line = line  # 1-based line where it was located (old side, or new side if applied)
+        self.offset, self.reason, self.near = offset, reason, near
 
     def to_dict(self) -> dict:
         out = {"hunk": self.index, "outcome": self.outcome, "stated_line": self.stated_line,
@@ -79,14 +88,19 @@ class HunkResult:
         return out
 
 
-@dataclass
-class FileResult:
-    path: str
-    status: str  # ok, ok-offset, applied, conflict, missing-file
-    hunks: List[HunkResult] = field(default_factory=list)
-    reason: str = ""
-    before: Optional[bytes] = None  # the target's content (None: absent)
-    after: Optional[bytes] = None  # content to write (None: delete, or nothing to do)
+class FileResult(Record):
+    """What a mod's patches (or site install) do to one file."""
+
+    __slots__ = ("path", "status", "hunks", "reason", "before", "after")
+
+    def __init__(self, path: str, status: str, hunks: Optional[List[HunkResult]] = None, reason: str = "",
+                 before: Optional[bytes] = None, after: Optional[bytes] = None) -> None:
+        self.path = path
+        self.status = status  # ok, ok-offset, applied, conflict, missing-file
+        self.hunks = [] if hunks is None else hunks
+        self.reason = reason
+        self.before = before  # the target's content (None: absent)
+        self.after = after  # content to write (None: delete, or nothing to do)
 
     @property
     def changes(self) -> bool:
@@ -99,14 +113,17 @@ class FileResult:
         return out
 
 
+_CONTROL = frozenset(map(chr, (*range(32), 0x7f)))
+
+
 def check_relpath(path: str) -> str:
     """Refuse absolute paths, `..` segments, empty names and control characters in a path."""
-    if any(ord(c) < 32 or c == "\x7f" for c in path):
+    if not _CONTROL.isdisjoint(path):
         raise UnsafePath(f"refusing path with a control character (NUL?) {path!r}")
     if not path or path.startswith(("/", "\\")) or (len(path) > 1 and path[1] == ":"):
         raise UnsafePath(f"refusing absolute path {path!r}")
-    parts = PurePosixPath(path.replace("\\", "/")).parts
-    if any(p in ("..", "") for p in parts):
+    parts = [p for p in path.replace("\\", "/").split("/") if p not in ("", ".")]  # as PurePosixPath reads it
+    if ".." in parts:
         raise UnsafePath(f"refusing path with '..' {path!r}")
     return "/".join(parts)
 
@@ -369,11 +386,18 @@ def _stacked(first: FileResult, then: FileResult) -> FileResult:
     return FileResult(first.path, status, hunks, before=first.before, after=after)
 
 
-def safe_target(root: Path, rel: str) -> Path:
+def safe_target(root: StrPath, rel: str) -> str:
     """The absolute path of rel under root; refuses anything that resolves outside root."""
     rel = check_relpath(rel)
-    base = root.resolve()
-    target = (base / rel).resolve()
-    if target != base and base not in target.parents:
+    base = os.path.realpath(root)
+    # os.path.realpath(base/rel), which would walk base again for each of the runtime's many
+    # calls: rel has no `.` or `..`, so below base only a symlink can lead elsewhere.
+    target, parts = base, rel.split("/") if rel else []
+    for i, part in enumerate(parts):
+        target = os.path.join(target, part)
+        if os.path.islink(target):
+            target = os.path.realpath(os.path.join(target, *parts[i + 1:]))
+            break
+    if target != base and not target.startswith(base.rstrip("/") + "/"):
         raise UnsafePath(f"refusing {rel!r}: it resolves outside {base} (symlink?)")
     return target

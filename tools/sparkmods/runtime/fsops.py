@@ -1,8 +1,9 @@
-"""Durable filesystem steps, each one counted so a test can stop the runtime at any of them.
+"""The runtime's changes to the disk, each one a counted step so a test can stop it at any of them.
 
-A crash-safe apply needs every new file's bytes on disk before the rename that publishes it,
-and the folder fsynced after the rename, or a power cut can publish an empty file. Every
-step that changes the disk goes through `step()`, which is also the fault-injection hook:
+A file is never written in place: its bytes go to a temp name beside it, and one rename puts
+them there, so any reader, and any run killed at any instant, finds either the old file or the
+new one. Every step that changes the disk goes through `step()`, which is also the
+fault-injection hook:
 
   SPARKMODS_FAULT_AFTER=N    stop the process right before its (N+1)-th step (counting from 0)
   SPARKMODS_FAULT_SIGNAL=S   KILL (default: os._exit(137), what SIGKILL does to a process),
@@ -11,28 +12,48 @@ step that changes the disk goes through `step()`, which is also the fault-inject
 
 Temp files have fixed names (`.NAME.sparkmods-tmp` beside NAME) so the journal can list them
 before they exist and a later run can remove every one of them.
+
+Durability: nothing here calls fsync, on purpose. A killed process (SIGKILL, the OOM killer,
+`docker kill`, a crash of Python) loses nothing it handed to the kernel: its writes and
+renames are in the page cache, and every later reader sees them in the order they were made.
+That order (the journal and the copies of the old bytes first, then the new bytes under temp
+names, then the renames, the journal removed last) is all that safety against a kill at any
+instant needs (tests/test_crash_safety.py kills the runtime at every step, and
+ci/bench/bench_kill.py at random instants). fsync would add protection only against a power cut (or a kernel crash) in the
+seconds before the kernel writes its cache back, and it was most of an apply: 19 of them for
+int8-lm-head, 10 to 65 ms on the dev machine's disk depending on its other I/O.
+
+What such a cut can do, then: files this run wrote may come back missing or empty, and some
+of its renames may last without the others or without the journal. What it cannot do is make
+a later run publish wrong bytes or take the mod for applied when it is not: every run checks
+the journal's copies, the staged files and the tree (and the stamp's inputs) by sha256 before
+it relies on them, and a partly patched tree is a conflict that nothing is written over. The
+remedy in that rare case is the one for any damaged install: reinstall vLLM (a container is
+recreated from its image).
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
+import _signal  # not the signal module, whose enums import enum (run.sh's start-up)
 import os
-import shutil
-import signal
 import stat
-from pathlib import Path
-from typing import Callable, List, Optional
 
+from .basics import sha256
 from .engine import TMP_SUFFIX
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, List, Optional, Union
+
+    StrPath = Union[str, "os.PathLike[str]"]  # host callers pass pathlib paths; the runtime uses str
+
 __all__ = ["TMP_SUFFIX", "FAULT_AFTER", "FAULT_SIGNAL", "arm", "arm_from_env", "on_step", "step", "temp_path",
-           "digest", "read_regular", "write_file", "stage", "publish", "remove", "remove_tree", "fsync_dir",
-           "make_dirs", "stray_temps", "umask", "umasked"]
+           "digest", "read_regular", "write_file", "stage", "publish", "remove", "remove_tree", "make_dirs",
+           "stray_temps", "umask", "umasked"]
 
 FAULT_AFTER = "SPARKMODS_FAULT_AFTER"
 FAULT_SIGNAL = "SPARKMODS_FAULT_SIGNAL"
-_SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM}
+_SIGNALS = {"INT": _signal.SIGINT, "TERM": _signal.SIGTERM}
 
 _count = 0
 _limit: Optional[int] = None
@@ -73,23 +94,25 @@ def step() -> None:
         hook()
 
 
-def temp_path(path: Path) -> Path:
+def temp_path(path: StrPath) -> str:
     """The one temp name used for `path` (hidden, same folder, so the rename is atomic)."""
-    return path.with_name(f".{path.name}{TMP_SUFFIX}")
+    folder, name = os.path.split(os.fspath(path))
+    return os.path.join(folder, f".{name}{TMP_SUFFIX}")
 
 
-def digest(path: Path) -> Optional[str]:
+def digest(path: StrPath) -> Optional[str]:
     """sha256 of a regular file's bytes; None when nothing (or no regular file) is there."""
     data = read_regular(path)
-    return None if data is None else hashlib.sha256(data).hexdigest()
+    return None if data is None else sha256(data).hexdigest()
 
 
-def read_regular(path: Path) -> Optional[bytes]:
+def read_regular(path: StrPath) -> Optional[bytes]:
     """The bytes of a regular file (symlinks followed); None when absent or not a regular file."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return None
-        return path.read_bytes()
+        with open(path, "rb") as fh:
+            return fh.read()
     except FileNotFoundError:
         return None
 
@@ -117,43 +140,30 @@ def umasked(mode: int) -> int:
     return mode & 0o777 & ~umask()
 
 
-def _named(exc: OSError, path: Path) -> OSError:
+def _named(exc: OSError, path: StrPath) -> OSError:
     """The same error, naming the file (a full disk must say which write failed)."""
-    return OSError(exc.errno, exc.strerror or str(exc), str(path))
+    return OSError(exc.errno, exc.strerror or str(exc), os.fspath(path))
 
 
-def fsync_dir(path: Path) -> None:
-    """Make renames and removals inside `path` durable."""
+def make_dirs(path: StrPath) -> None:
+    """mkdir -p, one step per folder it creates."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        return
+    make_dirs(os.path.dirname(path))
     step()
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except FileNotFoundError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.EROFS):  # some filesystems cannot sync a folder
-            raise _named(exc, path) from None
-    finally:
-        os.close(fd)
-
-
-def make_dirs(path: Path) -> None:
-    """mkdir -p, with each new folder made durable in its parent."""
-    if path.is_dir():
-        return
-    make_dirs(path.parent)
-    step()
-    try:
-        path.mkdir(exist_ok=True)
+        os.mkdir(path)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
     except OSError as exc:
         raise _named(exc, path) from None
-    fsync_dir(path.parent)
 
 
-def stage(path: Path, data: bytes, mode: int) -> Path:
-    """Write data, fsynced, to path's temp name; returns it. Nothing is published yet."""
-    make_dirs(path.parent)
+def stage(path: StrPath, data: bytes, mode: int) -> str:
+    """Write data to path's temp name; returns it. Nothing is published yet."""
+    make_dirs(os.path.dirname(os.fspath(path)))
     tmp = temp_path(path)
     step()
     try:
@@ -163,7 +173,6 @@ def stage(path: Path, data: bytes, mode: int) -> Path:
             while view:
                 view = view[os.write(fd, view):]
             os.fchmod(fd, mode)
-            os.fsync(fd)
         finally:
             os.close(fd)
     except OSError as exc:
@@ -175,23 +184,22 @@ def stage(path: Path, data: bytes, mode: int) -> Path:
     return tmp
 
 
-def publish(tmp: Path, path: Path) -> None:
-    """Rename a staged temp over path and make that durable."""
+def publish(tmp: StrPath, path: StrPath) -> None:
+    """Rename a staged temp over path."""
     step()
     try:
         os.replace(tmp, path)
     except OSError as exc:
         raise _named(exc, path) from None
-    fsync_dir(path.parent)
 
 
-def write_file(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Replace path with data atomically and durably (temp, fsync, rename, fsync folder)."""
+def write_file(path: StrPath, data: bytes, mode: int = 0o644) -> None:
+    """Replace path with data atomically (temp, then rename)."""
     publish(stage(path, data, mode), path)
 
 
-def remove(path: Path) -> None:
-    """Remove a file if it is there, durably."""
+def remove(path: StrPath) -> None:
+    """Remove a file if it is there."""
     if not os.path.lexists(path):
         return
     step()
@@ -201,24 +209,31 @@ def remove(path: Path) -> None:
         return
     except OSError as exc:
         raise _named(exc, path) from None
-    fsync_dir(path.parent)
 
 
-def remove_tree(path: Path) -> None:
-    """Remove a folder and everything in it, durably."""
+def remove_tree(path: StrPath) -> None:
+    """Remove a folder and everything in it."""
     if not os.path.lexists(path):
         return
+    import shutil  # only here: an apply on a clean tree removes no folder
+
     step()
     try:
         shutil.rmtree(path)
     except OSError as exc:
-        raise _named(exc, Path(exc.filename or path)) from None
-    fsync_dir(path.parent)
+        raise _named(exc, exc.filename or path) from None
 
 
-def stray_temps(folder: Path, recursive: bool = False) -> List[Path]:
+def stray_temps(folder: StrPath, recursive: bool = False) -> List[str]:
     """Temp files of ours (`.*.sparkmods-tmp`, any run, any runtime version) in folder."""
-    if not folder.is_dir():
+    if not os.path.isdir(folder):
         return []
-    pattern = f".*{TMP_SUFFIX}"
-    return sorted(folder.rglob(pattern) if recursive else folder.glob(pattern))
+    if recursive:  # symlinked folders are not entered
+        found = [os.path.join(top, name) for top, _, names in os.walk(folder) for name in names]
+    else:
+        found = [os.path.join(folder, name) for name in os.listdir(folder)]
+    return sorted(p for p in found if _is_temp(os.path.basename(p)) and not os.path.isdir(p))
+
+
+def _is_temp(name: str) -> bool:
+    return name.startswith(".") and name.endswith(TMP_SUFFIX)

@@ -12,17 +12,16 @@ turns both signals into the same exception (SIGTERM would otherwise end the run 
 
 from __future__ import annotations
 
-import signal
-import threading
-from contextlib import contextmanager
-from typing import Iterator
+import _signal  # signal without the wrapper module, whose enums import enum and more (run.sh's start-up)
+import sys
 
 from . import fsops
 
 __all__ = ["Interrupted", "handled", "deferred", "shielded", "poll", "exit_code"]
 
-_SIGNALS = {signal.SIGINT, signal.SIGTERM}
-_CAN_BLOCK = hasattr(signal, "pthread_sigmask") and hasattr(signal, "sigtimedwait")
+_NAMES = {_signal.SIGINT: "SIGINT", _signal.SIGTERM: "SIGTERM"}
+_SIGNALS = set(_NAMES)
+_CAN_BLOCK = hasattr(_signal, "pthread_sigmask") and hasattr(_signal, "sigtimedwait")
 _state = {"blocked": 0, "shield": 0}
 
 
@@ -30,7 +29,7 @@ class Interrupted(BaseException):
     """SIGINT or SIGTERM arrived while vLLM was being changed (BaseException: like Ctrl-C)."""
 
     def __init__(self, signum: int, during_change: bool) -> None:
-        super().__init__(signal.Signals(signum).name)
+        super().__init__(_NAMES[signum])
         self.signum = signum
         self.during_change = during_change  # raised at a disk step of a change (else: between changes)
         self.completed = False  # set when the change was past rolling back and was finished
@@ -45,54 +44,60 @@ def poll() -> None:
     """Raise Interrupted if SIGINT or SIGTERM is pending (and we are not shielded)."""
     if not _state["blocked"] or _state["shield"]:
         return
-    pending = signal.sigpending() & _SIGNALS
+    pending = _signal.sigpending() & _SIGNALS
     if pending:
         signum = min(pending)
-        signal.sigtimedwait({signum}, 0)  # consume it: it is handled here, not again later
+        _signal.sigtimedwait({signum}, 0)  # consume it: it is handled here, not again later
         raise Interrupted(signum, during_change=True)
+
+
+def _in_main_thread() -> bool:
+    """Whether this is the main thread, the one Python runs signal handlers in. Asked of
+    `threading` only where it was imported: threads are started through it, and run.sh's
+    process, which starts none, is spared its import."""
+    threading = sys.modules.get("threading")
+    return threading is None or threading.current_thread() is threading.main_thread()
 
 
 def _raise(signum: int, frame: object) -> None:
     raise Interrupted(signum, during_change=False)
 
 
-@contextmanager
-def handled() -> Iterator[None]:
+# The three context managers are classes, not @contextmanager generators: contextlib (with
+# the collections and functools it imports) was a tenth of run.sh's apply.
+class handled:
     """SIGINT and SIGTERM raise Interrupted (in the main thread; elsewhere nothing changes)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {signum: signal.signal(signum, _raise) for signum in _SIGNALS}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+
+    def __enter__(self) -> None:
+        self.previous = {signum: _signal.signal(signum, _raise) for signum in _SIGNALS} if _in_main_thread() else {}
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self.previous.items():
+            _signal.signal(signum, handler)
 
 
-@contextmanager
-def deferred() -> Iterator[None]:
+class deferred:
     """Block SIGINT/SIGTERM in the body; they surface through poll() at disk steps."""
-    usable = _CAN_BLOCK and threading.current_thread() is threading.main_thread()
-    if not usable:
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
-    _state["blocked"] += 1
-    try:
-        yield
-    finally:
-        _state["blocked"] -= 1
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+    def __enter__(self) -> None:
+        self.previous = None
+        if _CAN_BLOCK and _in_main_thread():
+            self.previous = _signal.pthread_sigmask(_signal.SIG_BLOCK, _SIGNALS)
+            _state["blocked"] += 1
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None:
+            _state["blocked"] -= 1
+            _signal.pthread_sigmask(_signal.SIG_SETMASK, self.previous)
 
 
-@contextmanager
-def shielded() -> Iterator[None]:
+class shielded:
     """No Interrupted inside: for the code that makes the tree consistent again."""
-    _state["shield"] += 1
-    try:
-        yield
-    finally:
+
+    def __enter__(self) -> None:
+        _state["shield"] += 1
+
+    def __exit__(self, *exc: object) -> None:
         _state["shield"] -= 1
 
 

@@ -2,10 +2,11 @@
 
 Before the first file inside vllm/ is renamed, `<site-packages>/.sparkmods/.journal.json`
 lists every file the run changes: its sha256 before and after, where a copy of its old bytes
-is kept (`old`) and where its new bytes are staged (`new`). Then the copies are written and
-fsynced, then the new bytes are staged, then renamed into place, and only then is the
-journal removed. Whatever the moment a run dies, the next run (apply, check, revert, dry
-run, or `sparkmods apply`) finds the journal and settles it:
+is kept (`old`) and where its new bytes are staged (`new`). Then the copies are written,
+then the new bytes are staged, then renamed into place, and only then is the journal
+removed; each of these writes is a complete file renamed into place (fsops.py, which also
+says why nothing is fsynced). Whatever the moment a run dies, the next run (apply, check,
+revert, dry run, or `sparkmods apply`) finds the journal and settles it:
 
   forward  when every new file is present and verified (and, for an apply, every pristine
            copy too, or a later revert would have nothing to restore);
@@ -17,16 +18,18 @@ pristine files are never lost. Settling is idempotent: it can itself be killed a
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Callable, Dict, List, Optional
 
 from . import fsops
+from .basics import Record, sha256
 from .engine import check_relpath, safe_target
 from .interrupts import Interrupted, shielded
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional
+
+    from .fsops import StrPath
 
 __all__ = ["STATE_DIR", "JOURNAL_NAME", "STATE_FILE", "FORWARD", "BACK", "Entry", "Journal", "JournalError",
            "state_dir", "orig_rel", "applied_rel", "temp_rel", "transact", "recover", "sweep", "drop_bytecode"]
@@ -42,34 +45,48 @@ class JournalError(RuntimeError):
     """An interrupted run that can be neither finished nor rolled back (files changed by others)."""
 
 
-@dataclass
-class Entry:
+class Entry(Record):
     """One file of vLLM the run changes; sha256 None means the file is absent on that side."""
 
-    path: str
-    before: Optional[str]
-    after: Optional[str]
-    new: Optional[str]  # site-relative file holding the `after` bytes (None when after is None)
-    old: Optional[str]  # site-relative file holding the `before` bytes (None when before is None)
-    mode: int = 0o644
+    __slots__ = ("path", "before", "after", "new", "old", "mode")
+
+    def __init__(self, path: str, before: Optional[str], after: Optional[str], new: Optional[str], old: Optional[str],
+                 mode: int = 0o644) -> None:
+        self.path, self.before, self.after = path, before, after
+        self.new = new  # site-relative file holding the `after` bytes (None when after is None)
+        self.old = old  # site-relative file holding the `before` bytes (None when before is None)
+        self.mode = mode
 
 
-@dataclass
-class Journal:
-    op: str  # apply | revert
-    mod: str
-    entries: List[Entry]
-    state: Optional[dict] = None  # apply: the state.json written when it completes
-    direction: Optional[str] = None  # set once settling has started: forward | back
+class Journal(Record):
+    """The plan of one apply or revert, as `.journal.json` holds it."""
 
-    def save(self, site: Path) -> None:
-        fsops.write_file(_journal_path(site), json.dumps(asdict(self), indent=1, sort_keys=True).encode())
+    __slots__ = ("op", "mod", "entries", "state", "direction")
+
+    def __init__(self, op: str, mod: str, entries: List[Entry], state: Optional[dict] = None,
+                 direction: Optional[str] = None) -> None:
+        self.op = op  # apply | revert
+        self.mod = mod
+        self.entries = entries
+        self.state = state  # apply: the state.json written when it completes
+        self.direction = direction  # forward | back: the side settling goes to first (None: forward)
+
+    def to_dict(self) -> dict:
+        doc = {name: getattr(self, name) for name in self.__slots__}
+        doc["entries"] = [{name: getattr(e, name) for name in e.__slots__} for e in self.entries]
+        return doc
+
+    def save(self, site: StrPath) -> None:
+        fsops.write_file(_journal_path(site), dump_json(self.to_dict()))
 
     @classmethod
-    def load(cls, site: Path) -> "Journal":
+    def load(cls, site: StrPath) -> "Journal":
+        import json  # only to settle an interrupted run
+
         path = _journal_path(site)
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
+            with open(path, encoding="utf-8") as fh:
+                doc = json.load(fh)
             entries = [Entry(**e) for e in doc.pop("entries")]
             journal = cls(entries=entries, **doc)
             for e in journal.entries:
@@ -84,8 +101,55 @@ class Journal:
         return journal
 
 
-def state_dir(site: Path, mod: str) -> Path:
-    return site / STATE_DIR / mod
+_CONSTANTS = {None: "null", True: "true", False: "false"}
+# json.dumps's escapes within ASCII: control characters and DEL, the quote, the backslash.
+_ESCAPES = {**{code: f"\\u{code:04x}" for code in (*range(0x20), 0x7f)}, ord('"'): '\\"', ord("\\"): "\\\\",
+            ord("\b"): "\\b", ord("\f"): "\\f", ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
+
+
+def dump_json(value: Any) -> bytes:
+    """What `json.dumps(value, indent=1, sort_keys=True).encode()` writes, for what the journal
+    and state.json hold (dicts with str keys, lists, str, int, bool, None). Written without
+    the json module: its import, with re, was a quarter of run.sh's apply. Read back with
+    json (an interrupted run's journal, a revert's state)."""
+    return _json(value, "\n").encode()
+
+
+def _json(value: Any, newline: str) -> str:
+    """value as JSON; its nested lines start with `newline` and one more space."""
+    inner = newline + " "
+    if isinstance(value, dict):
+        items = [f"{inner}{_json_string(k)}: {_json(v, inner)}" for k, v in sorted(value.items())]
+        return "{" + ",".join(items) + newline + "}" if items else "{}"
+    if isinstance(value, list):
+        items = [inner + _json(v, inner) for v in value]
+        return "[" + ",".join(items) + newline + "]" if items else "[]"
+    if isinstance(value, str):
+        return _json_string(value)
+    if value is None or isinstance(value, bool):
+        return _CONSTANTS[value]
+    if isinstance(value, int):
+        return repr(value)
+    raise TypeError(f"{type(value).__name__} is not written to the journal")
+
+
+def _json_string(text: str) -> str:
+    """A JSON string as json.dumps writes it: ASCII only, \\uXXXX (surrogate pairs) for the rest."""
+    out = text.translate(_ESCAPES)
+    if not out.isascii():
+        out = "".join(c if c.isascii() else _json_char(ord(c)) for c in out)
+    return f'"{out}"'
+
+
+def _json_char(code: int) -> str:
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xd800 | code >> 10:04x}\\u{0xdc00 | code & 0x3ff:04x}"
+
+
+def state_dir(site: StrPath, mod: str) -> str:
+    return os.path.join(site, STATE_DIR, mod)
 
 
 def orig_rel(mod: str, rel: str) -> str:
@@ -104,11 +168,11 @@ def temp_rel(rel: str) -> str:
     return f"{head}/.{name}{fsops.TMP_SUFFIX}" if head else f".{name}{fsops.TMP_SUFFIX}"
 
 
-def _journal_path(site: Path) -> Path:
-    return site / STATE_DIR / JOURNAL_NAME
+def _journal_path(site: StrPath) -> str:
+    return os.path.join(site, STATE_DIR, JOURNAL_NAME)
 
 
-def _holds(site: Path, rel: Optional[str], sha: Optional[str]) -> bool:
+def _holds(site: StrPath, rel: Optional[str], sha: Optional[str]) -> bool:
     """Does site/rel hold bytes with this sha256 (None: must be absent)?"""
     if rel is None:
         return sha is None
@@ -122,7 +186,7 @@ def _side(e: Entry, direction: str) -> "tuple[Optional[str], Optional[str]]":
     return (e.after, e.new) if direction == FORWARD else (e.before, e.old)
 
 
-def _blockers(site: Path, journal: Journal, direction: str) -> List[str]:
+def _blockers(site: StrPath, journal: Journal, direction: str) -> List[str]:
     """Why the tree cannot be settled in this direction (empty: it can)."""
     out = []
     for e in journal.entries:
@@ -134,33 +198,43 @@ def _blockers(site: Path, journal: Journal, direction: str) -> List[str]:
     return out
 
 
-def drop_bytecode(target: Path) -> None:
+def drop_bytecode(target: str) -> None:
     """Remove cached bytecode of a rewritten module so Python cannot run a stale .pyc."""
-    if target.suffix == ".py":
-        for pyc in sorted((target.parent / "__pycache__").glob(f"{target.stem}.*.pyc")):
-            fsops.remove(pyc)
+    folder, name = os.path.split(target)
+    stem, suffix = os.path.splitext(name)
+    cache = os.path.join(folder, "__pycache__")
+    if suffix != ".py" or not os.path.isdir(cache):
+        return
+    for pyc in sorted(n for n in os.listdir(cache) if n.startswith(f"{stem}.") and n[len(stem) + 1:].endswith(".pyc")):
+        fsops.remove(os.path.join(cache, pyc))
 
 
-def _bytes_to_write(site: Path, journal: Journal, direction: str) -> List["tuple[Path, str, Callable[[], bytes], int]"]:
+def _read(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def _bytes_to_write(site: StrPath, journal: Journal, direction: str) -> List["tuple[str, str, Callable[[], bytes], int]"]:
     """(target, sha256, bytes, mode) of every file the settle must write, state.json included."""
     out = []
     for e in journal.entries:
         sha, copy = _side(e, direction)
         if sha is not None and not _holds(site, e.path, sha):
-            out.append((safe_target(site, e.path), sha, lambda c=copy: (site / c).read_bytes(), e.mode))
+            out.append((safe_target(site, e.path), sha, lambda c=copy: _read(os.path.join(site, c)), e.mode))
     if journal.op == APPLY and direction == FORWARD:
-        data = json.dumps(journal.state, indent=1, sort_keys=True).encode()
-        out.append((state_dir(site, journal.mod) / STATE_FILE, hashlib.sha256(data).hexdigest(), lambda: data, 0o644))
+        data = dump_json(journal.state)
+        target = os.path.join(state_dir(site, journal.mod), STATE_FILE)
+        out.append((target, sha256(data).hexdigest(), lambda: data, 0o644))
     return out
 
 
-def _stage(target: Path, sha: str, data: Callable[[], bytes], mode: int) -> None:
+def _stage(target: str, sha: str, data: Callable[[], bytes], mode: int) -> None:
     """Stage target's new bytes beside it, unless its temp already holds them (an apply's)."""
     if fsops.digest(fsops.temp_path(target)) != sha:
         fsops.stage(target, data(), mode)
 
 
-def _put(site: Path, e: Entry, direction: str) -> None:
+def _put(site: StrPath, e: Entry, direction: str) -> None:
     sha, _ = _side(e, direction)
     target = safe_target(site, e.path)
     if _holds(site, e.path, sha):
@@ -172,36 +246,39 @@ def _put(site: Path, e: Entry, direction: str) -> None:
     drop_bytecode(target)
 
 
-def _finish(site: Path, journal: Journal, direction: str) -> None:
+def _finish(site: StrPath, journal: Journal, direction: str) -> None:
     """Record the outcome in the mod's state folder; copies go only once the tree is verified."""
     target_side = FORWARD if direction == FORWARD else BACK
     off = [e.path for e in journal.entries if not _holds(site, e.path, _side(e, target_side)[0])]
     if off:
         raise JournalError(f"{off[0]} changed while the {journal.op} of {journal.mod} was being settled")
     folder = state_dir(site, journal.mod)
+    state = os.path.join(folder, STATE_FILE)
     if journal.op == APPLY and direction == FORWARD:
-        fsops.publish(fsops.temp_path(folder / STATE_FILE), folder / STATE_FILE)  # staged by settle
+        fsops.publish(fsops.temp_path(state), state)  # staged by settle
     elif journal.op == APPLY or direction == FORWARD:
         fsops.remove_tree(folder)  # apply rolled back / revert complete: the tree is pristine
     else:
-        fsops.remove_tree(folder / "applied")  # revert rolled back: the mod stays applied
-        if not (folder / STATE_FILE).is_file():
+        fsops.remove_tree(os.path.join(folder, "applied"))  # revert rolled back: the mod stays applied
+        if not os.path.isfile(state):
             fsops.remove_tree(folder)
 
 
-def sweep(site: Path, rels: List[str]) -> None:
+def sweep(site: StrPath, rels: List[str]) -> None:
     """Remove our temp files beside these vLLM files and anywhere in the state folder."""
-    folders = {safe_target(site, r).parent for r in rels}
+    folders = {os.path.dirname(safe_target(site, r)) for r in rels}
     found = [p for folder in sorted(folders) for p in fsops.stray_temps(folder)]
-    found += fsops.stray_temps(site / STATE_DIR, recursive=True)
+    found += fsops.stray_temps(os.path.join(site, STATE_DIR), recursive=True)
     for path in found:
         fsops.remove(path)
 
 
-def settle(site: Path, journal: Journal, prefer: str) -> str:
+def settle(site: StrPath, journal: Journal, prefer: str) -> str:
     """Bring the tree to one side of the journal (prefer, else the other); returns the side."""
     other = BACK if prefer == FORWARD else FORWARD
-    blocked = {d: _blockers(site, journal, d) for d in (prefer, other)}
+    blocked = {prefer: _blockers(site, journal, prefer)}
+    if blocked[prefer]:  # the other side is looked at only when this one cannot be reached
+        blocked[other] = _blockers(site, journal, other)
     choice = next((d for d in (prefer, other) if not blocked[d]), None)
     if choice is None:
         raise JournalError(
@@ -222,7 +299,7 @@ def settle(site: Path, journal: Journal, prefer: str) -> str:
     return choice
 
 
-def transact(site: Path, journal: Journal, payload: Dict[str, bytes]) -> None:
+def transact(site: StrPath, journal: Journal, payload: Dict[str, bytes]) -> None:
     """Carry out a journaled change: journal, copies (payload: site-relative file -> bytes), rename.
 
     Copies of old bytes are written durably first, then new bytes are staged beside their
@@ -230,6 +307,7 @@ def transact(site: Path, journal: Journal, payload: Dict[str, bytes]) -> None:
     included, rolls the tree back before it propagates.
     """
     staged = {e.new: e for e in journal.entries if e.new is not None and e.new == temp_rel(e.path)}
+    journal.direction = FORWARD  # how a run killed from here on is settled (what recover prefers anyway)
     try:
         journal.save(site)
         for rel in sorted(r for r in payload if r not in staged):
@@ -241,7 +319,7 @@ def transact(site: Path, journal: Journal, payload: Dict[str, bytes]) -> None:
         with shielded():
             side = BACK
             try:
-                if _journal_path(site).exists():
+                if os.path.exists(_journal_path(site)):
                     side = settle(site, Journal.load(site), BACK)
                 else:
                     sweep(site, [e.path for e in journal.entries])
@@ -260,9 +338,9 @@ def _what(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def recover(site: Path, say: Callable[[str], None]) -> None:
+def recover(site: StrPath, say: Callable[[str], None]) -> None:
     """Settle a journal an interrupted run left behind, say in one line what was done."""
-    if not _journal_path(site).exists():
+    if not os.path.exists(_journal_path(site)):
         sweep(site, [])
         return
     with shielded():

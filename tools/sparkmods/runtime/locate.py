@@ -10,11 +10,15 @@ when set. No path such as dist-packages is ever assumed.
 from __future__ import annotations
 
 import os
-import re
 import sys
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Iterable, List, Optional
+
+from .basics import Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterable, List, Optional
+
+    from .fsops import StrPath
 
 __all__ = ["LocateError", "Installation", "find_vllm", "read_version"]
 
@@ -23,38 +27,50 @@ class LocateError(RuntimeError):
     """vLLM could not be found or its version read."""
 
 
-@dataclass(frozen=True)
-class Installation:
-    site: Path  # the folder that holds vllm/
-    version: str
+class Installation(Record):
+    """Where vLLM is installed and which version it is."""
+
+    __slots__ = ("site", "version")
+
+    def __init__(self, site: str, version: str) -> None:
+        self.site = site  # the folder that holds vllm/ (resolved)
+        self.version = version
 
 
-def _site_dirs_under(prefix: Path) -> List[Path]:
+def _site_dirs_under(prefix: str) -> List[str]:
+    import glob  # only for a PYTHON_ROOT that is a prefix, not the site-packages itself
+
     found = []
     for pattern in ("lib/python3*/site-packages", "lib/python3*/dist-packages",
                     "local/lib/python3*/dist-packages", "local/lib/python3*/site-packages"):
-        found.extend(sorted(prefix.glob(pattern)))
+        found.extend(sorted(glob.glob(os.path.join(glob.escape(prefix), pattern))))
     return found
 
 
-def _candidates(python_root: Optional[str]) -> Iterable[Path]:
+def _candidates(python_root: Optional[str]) -> Iterable[str]:
     if python_root:
-        root = Path(python_root)
-        yield root
-        yield from _site_dirs_under(root)
+        yield python_root
+        yield from _site_dirs_under(python_root)
         return
     for entry in sys.path:
         if entry:
-            yield Path(entry)
+            yield entry
 
 
-def _version_from_dist_info(site: Path) -> Optional[str]:
+def _read_text(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        return fh.read()
+
+
+def _version_from_dist_info(site: str) -> Optional[str]:
     versions = []
-    for dist in sorted(site.glob("vllm-*.dist-info")):
-        meta = dist / "METADATA"
-        if not meta.is_file():
+    for name in sorted(os.listdir(site) if os.path.isdir(site) else ()):
+        if not (name.startswith("vllm-") and name.endswith(".dist-info")):
             continue
-        for line in meta.read_text(encoding="utf-8", errors="replace").splitlines():
+        meta = os.path.join(site, name, "METADATA")
+        if not os.path.isfile(meta):
+            continue
+        for line in _read_text(meta).splitlines():
             if line.startswith("Version:"):
                 versions.append(line.split(":", 1)[1].strip())
                 break
@@ -67,18 +83,21 @@ def _version_from_dist_info(site: Path) -> Optional[str]:
     return versions[0] if versions else None
 
 
-def _version_from_module(site: Path) -> Optional[str]:
-    path = site / "vllm" / "_version.py"
-    if not path.is_file():
+def _version_from_module(site: str) -> Optional[str]:
+    import re  # only for a vLLM without dist-info (a source checkout)
+
+    path = os.path.join(site, "vllm", "_version.py")
+    if not os.path.isfile(path):
         return None
     # setuptools-scm writes e.g. `__version__ = version = '0.18.0'` (chained, maybe annotated).
     match = re.search(r"""^(?:__version__|version)\s*(?::\s*\w+\s*)?=\s*(?:(?:__version__|version)\s*=\s*)?['"]([^'"]+)['"]""",
-                      path.read_text(encoding="utf-8", errors="replace"), re.M)
+                      _read_text(path), re.M)
     return match.group(1) if match else None
 
 
-def read_version(site: Path) -> str:
+def read_version(site: StrPath) -> str:
     """The vLLM version installed in site (dist-info first, then vllm/_version.py)."""
+    site = os.fspath(site)
     version = _version_from_dist_info(site) or _version_from_module(site)
     if not version:
         raise LocateError(f"{site}: found vllm/ but no vllm-*.dist-info/METADATA or vllm/_version.py to read its version")
@@ -91,11 +110,11 @@ def find_vllm(python_root: Optional[str] = None) -> Installation:
         python_root = os.environ.get("PYTHON_ROOT") or None
     seen = set()
     for site in _candidates(python_root):
-        key = str(site.resolve()) if site.exists() else str(site)
+        key = os.path.realpath(site) if os.path.exists(site) else site
         if key in seen:
             continue
         seen.add(key)
-        if (site / "vllm" / "__init__.py").is_file():
-            return Installation(site.resolve(), read_version(site))
+        if os.path.isfile(os.path.join(site, "vllm", "__init__.py")):
+            return Installation(os.path.realpath(site), read_version(site))
     where = f"PYTHON_ROOT={python_root}" if python_root else f"the path of {sys.executable}"
     raise LocateError(f"vllm is not installed in {where} (set PYTHON_ROOT to the site-packages that holds vllm/)")

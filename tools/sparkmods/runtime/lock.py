@@ -12,11 +12,14 @@ import errno
 import fcntl
 import os
 import time
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Callable, Iterator
 
 from . import fsops
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Optional
+
+    from .fsops import StrPath
 
 __all__ = ["LOCK_NAME", "LOCK_TIMEOUT", "DEFAULT_TIMEOUT_S", "LockTimeout", "ReadOnlyTree", "tree_lock", "timeout_s"]
 
@@ -48,32 +51,43 @@ def timeout_s() -> float:
     return value
 
 
-@contextmanager
-def tree_lock(state_root: Path, say: Callable[[str], None], required: bool = True) -> Iterator[None]:
+class tree_lock:
     """Hold the tree's lock for the body; waits up to timeout_s() for another holder.
 
     On a read-only tree the lock cannot be created: ReadOnlyTree, or, when not `required`
     (a dry run, which nobody else can disturb there either), the body runs unlocked.
+    (A class, not a @contextmanager: contextlib's import was a tenth of run.sh's apply.)
     """
-    path = state_root / LOCK_NAME
-    try:
-        fsops.make_dirs(state_root)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    except OSError as exc:
-        if exc.errno not in _READ_ONLY:
+
+    def __init__(self, state_root: StrPath, say: Callable[[str], None], required: bool = True) -> None:
+        self.state_root, self.say, self.required = state_root, say, required
+        self.fd: Optional[int] = None
+
+    def __enter__(self) -> None:
+        path = os.path.join(self.state_root, LOCK_NAME)
+        try:
+            fsops.make_dirs(self.state_root)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except OSError as exc:
+            if exc.errno not in _READ_ONLY:
+                raise
+            if self.required:
+                raise ReadOnlyTree(f"{exc.filename or path}: {exc.strerror}") from None
+            return
+        try:
+            _acquire(fd, path, timeout_s(), self.say)
+        except BaseException:
+            os.close(fd)
             raise
-        if required:
-            raise ReadOnlyTree(f"{exc.filename or path}: {exc.strerror}") from None
-        yield
-        return
-    try:
-        _acquire(fd, path, timeout_s(), say)
-        yield
-    finally:
-        os.close(fd)  # closing the descriptor releases the flock
+        self.fd = fd
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd = None
 
 
-def _acquire(fd: int, path: Path, limit: float, say: Callable[[str], None]) -> None:
+def _acquire(fd: int, path: str, limit: float, say: Callable[[str], None]) -> None:
     deadline = time.monotonic() + limit
     delay = 0.02
     told = False

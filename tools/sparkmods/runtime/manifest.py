@@ -8,22 +8,42 @@ Every error names the file, the key and the problem in one line.
 
 from __future__ import annotations
 
-import json
-import re
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+import os
+import sys
 
+from .basics import Record
 from .engine import PACKAGE, UnsafePath, check_relpath, confine
 from .pep440 import InvalidRange, InvalidVersion, Range, Version
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Union
+
+    from .fsops import StrPath
 
 __all__ = ["ManifestError", "Install", "Variant", "Upstream", "Manifest", "load_manifest", "MANIFEST_TOML", "MANIFEST_JSON"]
 
 MANIFEST_TOML = "mod.toml"
 MANIFEST_JSON = "manifest.json"
 SCHEMA = 1
-_LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$")
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+class _Form:
+    """The form a name must have: a first character from `first`, then up to `longest - 1`
+    from `rest`. `pattern` is the same rule as a regular expression, which error messages
+    show; it is checked without re, whose import was a tenth of run.sh's apply."""
+
+    def __init__(self, pattern: str, first: str, rest: str, longest: int) -> None:
+        self.pattern, self.first, self.rest, self.longest = pattern, frozenset(first), frozenset(rest), longest
+
+    def matches(self, value: str) -> bool:
+        return 0 < len(value) <= self.longest and value[0] in self.first and self.rest.issuperset(value[1:])
+
+
+_LOWER_DIGITS = "abcdefghijklmnopqrstuvwxyz0123456789"
+_ALNUM = _LOWER_DIGITS + "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_LABEL = _Form("^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$", _ALNUM, _ALNUM + "._-", 40)
+_NAME = _Form("^[a-z0-9][a-z0-9-]{0,62}$", _LOWER_DIGITS, _LOWER_DIGITS + "-", 63)
 _WORKSPACE = "workspace:"
 _SITE = "site:"
 
@@ -32,47 +52,55 @@ class ManifestError(ValueError):
     """A manifest problem: `<file>: <key>: <problem>`."""
 
 
-@dataclass(frozen=True)
-class Install:
+class Install(Record):
     """A file the mod installs: `src` inside the mod; `name` is a file name in $WORKSPACE_DIR
     (site False) or a package path inside vllm/ (site True, journaled like a patched file)."""
 
-    src: str
-    name: str
-    site: bool = False
+    __slots__ = ("src", "name", "site")
+
+    def __init__(self, src: str, name: str, site: bool = False) -> None:
+        self.src, self.name, self.site = src, name, site
 
 
-@dataclass(frozen=True)
-class Variant:
-    label: str
-    vllm: Range
-    patches: List[str]
-    install: List[Install]
-    verified: List[str]
-    notes: str = ""
+class Variant(Record):
+    """The patches and installs for one range of vLLM versions."""
+
+    __slots__ = ("label", "vllm", "patches", "install", "verified", "notes")
+
+    def __init__(self, label: str, vllm: Range, patches: List[str], install: List[Install], verified: List[str],
+                 notes: str = "") -> None:
+        self.label, self.vllm, self.patches, self.install = label, vllm, patches, install
+        self.verified, self.notes = verified, notes
 
 
-@dataclass(frozen=True)
-class Detect:
-    file: str
-    contains: str
+class Detect(Record):
+    """A file of vLLM that must contain a text for the upstream fix to count as present."""
+
+    __slots__ = ("file", "contains")
+
+    def __init__(self, file: str, contains: str) -> None:
+        self.file, self.contains = file, contains
 
 
-@dataclass(frozen=True)
-class Upstream:
-    since: Version
-    evidence: str
-    detect: List[Detect]
+class Upstream(Record):
+    """From `since` on, vLLM carries the mod's change itself."""
+
+    __slots__ = ("since", "evidence", "detect")
+
+    def __init__(self, since: Version, evidence: str, detect: List[Detect]) -> None:
+        self.since, self.evidence, self.detect = since, evidence, detect
 
 
-@dataclass
-class Manifest:
-    name: str
-    summary: str
-    variants: List[Variant]
-    upstream: Optional[Upstream] = None
-    source: str = MANIFEST_TOML
-    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+class Manifest(Record):
+    """A validated manifest; `raw` is the table it was read from (what manifest.json holds)."""
+
+    __slots__ = ("name", "summary", "variants", "upstream", "source", "raw")
+
+    def __init__(self, name: str, summary: str, variants: List[Variant], upstream: Optional[Upstream] = None,
+                 source: str = MANIFEST_TOML, raw: Optional[Dict[str, Any]] = None) -> None:
+        self.name, self.summary, self.variants, self.upstream = name, summary, variants, upstream
+        self.source = source
+        self.raw = {} if raw is None else raw
 
     def select(self, version: Union[str, Version]) -> Union[Variant, Upstream, None]:
         """The variant whose range holds version; the upstream section past `since`; or None."""
@@ -113,11 +141,11 @@ class _Validator:
             if key not in required and key not in optional:
                 raise self.fail(f"{where}{key}", f"unknown key (allowed: {', '.join(required + optional)})")
 
-    def string(self, value: Any, key: str, pattern: Optional["re.Pattern[str]"] = None) -> str:
+    def string(self, value: Any, key: str, form: Optional[_Form] = None) -> str:
         if not isinstance(value, str) or not value.strip():
             raise self.fail(key, f"must be a non-empty string, got {value!r}")
-        if pattern is not None and not pattern.match(value):
-            raise self.fail(key, f"{value!r} does not match {pattern.pattern}")
+        if form is not None and not form.matches(value):
+            raise self.fail(key, f"{value!r} does not match {form.pattern}")
         return value
 
     def str_list(self, value: Any, key: str) -> List[str]:
@@ -137,7 +165,7 @@ class _Validator:
         self.keys(data, "", ["schema", "name", "summary", "variant"], ["upstream"])
         if data["schema"] != SCHEMA:
             raise self.fail("schema", f"unsupported schema {data['schema']!r} (this sparkmods reads {SCHEMA})")
-        name = self.string(data["name"], "name", _NAME_RE)
+        name = self.string(data["name"], "name", _NAME)
         summary = self.string(data["summary"], "summary")
         raw_variants = data["variant"]
         if not isinstance(raw_variants, list) or not raw_variants:
@@ -169,7 +197,7 @@ class _Validator:
         if not isinstance(table, dict):
             raise self.fail(f"variant[{i}]", "must be a table")
         self.keys(table, where, ["label", "vllm", "verified"], ["patches", "install", "notes"])
-        label = self.string(table["label"], where + "label", _LABEL_RE)
+        label = self.string(table["label"], where + "label", _LABEL)
         try:
             rng = Range(self.string(table["vllm"], where + "vllm"))
         except InvalidRange as exc:
@@ -239,13 +267,13 @@ class _Validator:
 _IN_MOD = __package__ == "_sparkmods"
 
 
-def load_manifest(mod_dir: Path) -> Manifest:
+def load_manifest(mod_dir: StrPath) -> Manifest:
     """The generated manifest.json inside a mod (run.sh); on the host mod.toml when a TOML
     reader exists, else manifest.json."""
-    toml_path = mod_dir / MANIFEST_TOML
-    json_path = mod_dir / MANIFEST_JSON
+    toml_path = os.path.join(mod_dir, MANIFEST_TOML)
+    json_path = os.path.join(mod_dir, MANIFEST_JSON)
     data: Any
-    if toml_path.is_file() and not _IN_MOD:
+    if not _IN_MOD and os.path.isfile(toml_path):
         try:
             import tomllib  # type: ignore[import-not-found]
         except ImportError:  # Python < 3.11
@@ -255,38 +283,60 @@ def load_manifest(mod_dir: Path) -> Manifest:
                 tomllib = None  # type: ignore[assignment]
         if tomllib is not None:
             try:
-                data = tomllib.loads(_text(toml_path))
+                data = tomllib.loads(_utf8(toml_path, _read(toml_path)))
             except tomllib.TOMLDecodeError as exc:
                 raise ManifestError(f"{toml_path}: (syntax): {exc}") from None
             except RecursionError:
                 raise ManifestError(f"{toml_path}: (syntax): nested too deeply") from None
-            manifest = Manifest.from_dict(data, str(toml_path))
+            manifest = Manifest.from_dict(data, toml_path)
             _check_name(manifest, mod_dir, toml_path)
             return manifest
-    if not json_path.is_file():
+    if not os.path.isfile(json_path):
         raise ManifestError(f"{mod_dir}: no {MANIFEST_TOML} or {MANIFEST_JSON}: not a mod folder")
-    try:
-        data = json.loads(_text(json_path))
-    except ValueError as exc:
-        raise ManifestError(f"{json_path}: (syntax): {exc}") from None
-    except RecursionError:
-        raise ManifestError(f"{json_path}: (syntax): nested too deeply") from None
-    manifest = Manifest.from_dict(data, str(json_path))
+    raw = _read(json_path)
+    if _IN_MOD:  # decoded once, then taken from the runtime's cache while the file is byte-identical
+        data = sys.modules[__package__].cached(MANIFEST_JSON, json_path, raw, lambda: _decode_json(json_path, raw))
+    else:
+        data = _decode_json(json_path, raw)
+    manifest = Manifest.from_dict(data, json_path)
     _check_name(manifest, mod_dir, json_path)
     return manifest
 
 
-def _text(path: Path) -> str:
-    """A manifest's text; binary or unreadable content is a one-line ManifestError."""
+def _decode_json(path: str, raw: bytes) -> Any:
+    """manifest.json's data; bad JSON is a one-line ManifestError. (json is imported only
+    here: with re, its import was a quarter of run.sh's apply, which finds the data in the
+    cache; see the top of _sparkmods.py.)"""
+    import json
+
+    text = _utf8(path, raw)
     try:
-        return path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ManifestError(f"{path}: not UTF-8 text (byte {exc.start}): is it a binary file?") from None
+        return json.loads(text)
+    except ValueError as exc:
+        raise ManifestError(f"{path}: (syntax): {exc}") from None
+    except RecursionError:
+        raise ManifestError(f"{path}: (syntax): nested too deeply") from None
+
+
+def _read(path: str) -> bytes:
+    """A manifest's bytes; an unreadable file is a one-line ManifestError."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
     except OSError as exc:
         raise ManifestError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
-def _check_name(manifest: Manifest, mod_dir: Path, source: Path) -> None:
+def _utf8(path: str, raw: bytes) -> str:
+    """A manifest's text; binary content is a one-line ManifestError."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{path}: not UTF-8 text (byte {exc.start}): is it a binary file?") from None
+
+
+def _check_name(manifest: Manifest, mod_dir: StrPath, source: str) -> None:
     # Inside a container the folder is /workspace/mods/<basename>, so the name must match it.
-    if mod_dir.resolve().name != manifest.name:
-        raise ManifestError(f"{source}: name: {manifest.name!r} differs from the folder name {mod_dir.resolve().name!r}")
+    folder = os.path.basename(os.path.realpath(mod_dir))
+    if folder != manifest.name:
+        raise ManifestError(f"{source}: name: {manifest.name!r} differs from the folder name {folder!r}")

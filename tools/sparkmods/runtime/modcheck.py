@@ -8,17 +8,25 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable, Dict, List, Optional
 
+from .basics import Record
 from .engine import APPLIED, CONFLICT, EXACT, MISSING_FILE, OK, OK_OFFSET, FileResult, HunkResult, UnsafePath, confine, plan
-from .manifest import Install, Manifest, ManifestError, Upstream, Variant
+from .manifest import ManifestError, Upstream
 from .pep440 import InvalidVersion, Version
-from .udiff import FilePatch, PatchParseError, parse_patch
+from .udiff import PatchParseError, parse_patch
 
-__all__ = ["UPSTREAM", "NO_VARIANT", "DRIFT", "GREEN", "STATUSES", "ModResult", "aggregate", "check_mod", "variant_patches",
-           "mod_file", "install_results"]
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, List, Optional, Union
+
+    from .fsops import StrPath
+    from .manifest import Install, Manifest, Variant
+    from .udiff import FilePatch
+
+    Reader = Callable[[str], Optional[bytes]]
+
+__all__ = ["UPSTREAM", "NO_VARIANT", "DRIFT", "GREEN", "STATUSES", "ModResult", "ModInputs", "aggregate", "check_mod",
+           "mod_inputs", "decide", "variant_patches", "mod_file", "install_sources", "install_results"]
 
 UPSTREAM, NO_VARIANT = "upstream", "no-variant"
 # Set only on the host (sparkmods check): the patch applies, but the patched code would not
@@ -27,17 +35,16 @@ DRIFT = "drift"
 STATUSES = (OK, OK_OFFSET, APPLIED, UPSTREAM, NO_VARIANT, CONFLICT, MISSING_FILE, DRIFT)
 GREEN = frozenset({OK, OK_OFFSET, APPLIED, UPSTREAM})
 
-Reader = Callable[[str], Optional[bytes]]
 
+class ModResult(Record):
+    """The decision for one mod on one vLLM, with every file's result."""
 
-@dataclass
-class ModResult:
-    mod: str
-    version: str
-    status: str
-    variant: Optional[str] = None
-    reason: str = ""
-    files: List[FileResult] = field(default_factory=list)
+    __slots__ = ("mod", "version", "status", "variant", "reason", "files")
+
+    def __init__(self, mod: str, version: str, status: str, variant: Optional[str] = None, reason: str = "",
+                 files: Optional[List[FileResult]] = None) -> None:
+        self.mod, self.version, self.status, self.variant, self.reason = mod, version, status, variant, reason
+        self.files = [] if files is None else files
 
     @property
     def green(self) -> bool:
@@ -55,28 +62,27 @@ class ModResult:
         return out
 
 
-def mod_file(mod_dir: Path, rel: str, what: str) -> bytes:
+def mod_file(mod_dir: StrPath, rel: str, what: str) -> bytes:
     """The bytes of a regular file inside the mod; anything else is a one-line ManifestError.
 
     Checked with stat before opening: a FIFO is never opened (reading one blocks forever), and
     a symlink may not lead out of the mod folder.
     """
-    path = mod_dir / rel
-    base = mod_dir.resolve()
+    path = os.path.join(mod_dir, rel)
+    base = os.path.realpath(mod_dir)
     try:
-        real = path.resolve()
-        if real != base and base not in real.parents:
+        real = os.path.realpath(path)  # a symlink loop stays a loop: os.stat below says so
+        if real != base and not real.startswith(base.rstrip("/") + "/"):
             raise ManifestError(f"{path}: {what} leads outside the mod folder (to {real}); refusing to read it")
         if not stat.S_ISREG(os.stat(real).st_mode):
             raise ManifestError(f"{path}: {what} is not a regular file")
-        return real.read_bytes()
+        with open(real, "rb") as fh:
+            return fh.read()
     except OSError as exc:
         raise ManifestError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
-    except RuntimeError as exc:  # a symlink loop
-        raise ManifestError(f"{path}: cannot read {what}: {exc}") from None
 
 
-def variant_patches(mod_dir: Path, variant: Variant) -> List[FilePatch]:
+def variant_patches(mod_dir: StrPath, variant: Variant) -> List[FilePatch]:
     """Parse every patch file of a variant; a bad patch is a ManifestError naming the file.
 
     Patches must be UTF-8 text inside the mod, and may change only files inside vllm/.
@@ -84,7 +90,7 @@ def variant_patches(mod_dir: Path, variant: Variant) -> List[FilePatch]:
     patches: List[FilePatch] = []
     seen: Dict[str, str] = {}
     for rel in variant.patches:
-        path = mod_dir / rel
+        path = os.path.join(mod_dir, rel)
         try:
             text = mod_file(mod_dir, rel, f"patch of variant {variant.label!r}").decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -103,14 +109,18 @@ def variant_patches(mod_dir: Path, variant: Variant) -> List[FilePatch]:
     return patches
 
 
-def install_results(mod_dir: Path, variant: Variant, read: Reader) -> List[FileResult]:
+def install_sources(mod_dir: StrPath, variant: Variant) -> List[bytes]:
+    """The bytes of every install source of a variant, in order; a bad one is a ManifestError."""
+    return [mod_file(mod_dir, item.src, f"install source of variant {variant.label!r}") for item in variant.install]
+
+
+def install_results(mod_dir: StrPath, variant: Variant, read: Reader) -> List[FileResult]:
     """Check every install source; plan the `site:` installs like new-file patches."""
-    out = []
-    for item in variant.install:
-        data = mod_file(mod_dir, item.src, f"install source of variant {variant.label!r}")
-        if item.site:
-            out.append(_site_install(item, data, read(item.name)))
-    return out
+    return _site_installs(variant, install_sources(mod_dir, variant), read)
+
+
+def _site_installs(variant: Variant, sources: List[bytes], read: Reader) -> List[FileResult]:
+    return [_site_install(item, data, read(item.name)) for item, data in zip(variant.install, sources) if item.site]
 
 
 def _site_install(item: Install, data: bytes, current: Optional[bytes]) -> FileResult:
@@ -151,22 +161,63 @@ def _check_upstream(manifest: Manifest, upstream: Upstream, version: str, read: 
     return ModResult(manifest.name, version, UPSTREAM, None, f"vLLM includes it since {upstream.since}: {upstream.evidence}")
 
 
-def check_mod(manifest: Manifest, mod_dir: Path, version: str, read: Reader) -> ModResult:
-    """Decide the status of one mod on one vLLM tree (read: package path -> bytes or None)."""
+class ModInputs(Record):
+    """What deciding needs from the mod folder for one vLLM version, read and checked once: the
+    variant the version selects (`chosen`) with its patches parsed and its install sources
+    read, or the upstream section, or (chosen None) the reason no variant applies. run.sh
+    decides before it takes the tree's lock, under it, and after its change: on one read of
+    the mod (parsing the patches was the larger part of each decision)."""
+
+    __slots__ = ("manifest", "version", "chosen", "patches", "sources", "reason")
+
+    def __init__(self, manifest: Manifest, version: str, chosen: Union[Variant, Upstream, None],
+                 patches: Optional[List[FilePatch]] = None, sources: Optional[List[bytes]] = None,
+                 reason: str = "") -> None:
+        self.manifest, self.version, self.chosen = manifest, version, chosen
+        self.patches = [] if patches is None else patches
+        self.sources = [] if sources is None else sources
+        self.reason = reason
+
+    def paths(self) -> List[str]:
+        """The vLLM files deciding reads (each patch target, site install and upstream check)."""
+        if isinstance(self.chosen, Upstream):
+            return [d.file for d in self.chosen.detect]
+        if self.chosen is None:
+            return []
+        return [fp.path for fp in self.patches] + [item.name for item in self.chosen.install if item.site]
+
+
+def mod_inputs(manifest: Manifest, mod_dir: StrPath, version: str) -> ModInputs:
+    """Read and check what the mod gives for this vLLM version; bad mod input is a ManifestError."""
     try:
         chosen = manifest.select(version)
     except InvalidVersion:
-        return ModResult(manifest.name, version, NO_VARIANT, None, f"vLLM version {version!r} is not PEP 440")
-    if isinstance(chosen, Upstream):
-        return _check_upstream(manifest, chosen, version, read)
+        return ModInputs(manifest, version, None, reason=f"vLLM version {version!r} is not PEP 440")
     if chosen is None:
-        return ModResult(manifest.name, version, NO_VARIANT, None,
-                         f"no variant covers vLLM {Version(version).public}; variants: {manifest.describe_variants()}")
+        return ModInputs(manifest, version, None, reason=f"no variant covers vLLM {Version(version).public}; "
+                                                         f"variants: {manifest.describe_variants()}")
+    if isinstance(chosen, Upstream):
+        return ModInputs(manifest, version, chosen)
     patches = variant_patches(mod_dir, chosen)
-    installs = install_results(mod_dir, chosen, read)
-    twice = {fp.path for fp in patches} & {f.path for f in installs}
+    sources = install_sources(mod_dir, chosen)
+    twice = {fp.path for fp in patches} & {item.name for item in chosen.install if item.site}
     if twice:
         raise ManifestError(f"{manifest.source}: variant {chosen.label!r} both patches and installs {sorted(twice)[0]}")
-    files = plan(patches, read) + installs
+    return ModInputs(manifest, version, chosen, patches, sources)
+
+
+def decide(inputs: ModInputs, read: Reader) -> ModResult:
+    """The status of the mod on one vLLM tree (read: package path -> bytes or None)."""
+    manifest, version, chosen = inputs.manifest, inputs.version, inputs.chosen
+    if chosen is None:
+        return ModResult(manifest.name, version, NO_VARIANT, None, inputs.reason)
+    if isinstance(chosen, Upstream):
+        return _check_upstream(manifest, chosen, version, read)
+    files = plan(inputs.patches, read) + _site_installs(chosen, inputs.sources, read)
     status, reason = aggregate(files)
     return ModResult(manifest.name, version, status, chosen.label, reason, files)
+
+
+def check_mod(manifest: Manifest, mod_dir: StrPath, version: str, read: Reader) -> ModResult:
+    """Decide the status of one mod on one vLLM tree (read: package path -> bytes or None)."""
+    return decide(mod_inputs(manifest, mod_dir, version), read)

@@ -13,8 +13,10 @@ source build taken from main between X-1 and X really contains.
 
 from __future__ import annotations
 
-import re
-from typing import Optional, Tuple
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import re
+    from typing import Optional, Tuple
 
 __all__ = ["InvalidVersion", "Version", "Range", "InvalidRange"]
 
@@ -27,8 +29,10 @@ class InvalidRange(ValueError):
     """The string is not a range we accept."""
 
 
-_VERSION_RE = re.compile(
-    r"""
+# The grammar (packaging's), compiled on first use: a plain release (`0.19.1`: every release,
+# every range bound, most vLLMs run.sh meets) is read without it, which spares run.sh the
+# import of re and this compile, a tenth of its apply.
+_VERSION_PATTERN = r"""
     ^\s*v?
     (?:(?P<epoch>[0-9]+)!)?
     (?P<release>[0-9]+(?:\.[0-9]+)*)
@@ -37,13 +41,12 @@ _VERSION_RE = re.compile(
     (?:[-_.]?(?P<dev_l>dev)[-_.]?(?P<dev_n>[0-9]+)?)?
     (?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?
     \s*$
-    """,
-    re.VERBOSE | re.IGNORECASE,
-)
+    """
+_version_re: Optional[re.Pattern[str]] = None
 
 _PRE_CANON = {"a": "a", "alpha": "a", "b": "b", "beta": "b", "c": "rc", "rc": "rc", "pre": "rc", "preview": "rc"}
 _PRE_RANK = {"a": 0, "b": 1, "rc": 2}
-_COMMIT_RE = re.compile(r"^g([0-9a-f]{7,40})$")
+_HEX = frozenset("0123456789abcdef")
 
 # Sort sentinels: -inf sorts below and +inf above every integer in a key tuple.
 _NEG = (-1,)
@@ -56,10 +59,24 @@ class Version:
     __slots__ = ("text", "epoch", "release", "pre", "post", "dev", "local", "_key")
 
     def __init__(self, text: str) -> None:
-        match = _VERSION_RE.match(text)
+        self.text = text.strip()
+        parts = self.text.split(".")
+        if all(part.isdigit() and part.isascii() for part in parts):  # a plain release, as the grammar reads it
+            self.epoch, self.release = 0, tuple(int(part) for part in parts)
+            self.pre = self.post = self.dev = self.local = None
+        else:
+            self._parse(text)
+        self._key = self._sort_key()
+
+    def _parse(self, text: str) -> None:
+        global _version_re
+        if _version_re is None:
+            import re
+
+            _version_re = re.compile(_VERSION_PATTERN, re.VERBOSE | re.IGNORECASE)
+        match = _version_re.match(text)
         if not match:
             raise InvalidVersion(f"not a PEP 440 version: {text!r}")
-        self.text = text.strip()
         self.epoch = int(match.group("epoch") or 0)
         self.release: Tuple[int, ...] = tuple(int(p) for p in match.group("release").split("."))
         pre_l = match.group("pre_l")
@@ -75,9 +92,8 @@ class Version:
         self.dev: Optional[int] = int(match.group("dev_n") or 0) if match.group("dev_l") else None
         local = match.group("local")
         self.local: Optional[Tuple[str, ...]] = (
-            tuple(re.split(r"[-_.]", local.lower())) if local else None
+            tuple(local.lower().replace("-", ".").replace("_", ".").split(".")) if local else None
         )
-        self._key = self._sort_key()
 
     def _sort_key(self) -> tuple:
         release = list(self.release)
@@ -122,9 +138,8 @@ class Version:
     def commit(self) -> Optional[str]:
         """The git commit named in a local label such as `+g50cd5674b.d20260403`."""
         for part in self.local or ():
-            found = _COMMIT_RE.match(part)
-            if found:
-                return found.group(1)
+            if part[:1] == "g" and 7 <= len(part) - 1 <= 40 and _HEX.issuperset(part[1:]):
+                return part[1:]
         return None
 
     def __str__(self) -> str:
@@ -161,7 +176,18 @@ class Version:
         return self._key >= other._key
 
 
-_CLAUSE_RE = re.compile(r"^\s*(>=|<=|==|~=|>|<)\s*([^\s,]+)\s*$")
+_OPERATORS = (">=", "<=", "==", "~=", ">", "<")  # the two-character ones first
+
+
+def _clause(text: str) -> Optional[Tuple[str, str]]:
+    """(operator, version text) of one clause such as ` >= 0.19.0 `; None if it is not one.
+    What `^\\s*(>=|<=|==|~=|>|<)\\s*([^\\s,]+)\\s*$` matches, read without re (see above)."""
+    clause = text.strip()
+    for op in _OPERATORS:  # in the pattern's order, trying the next as it backtracks (`<=` is `<`, `=`)
+        raw = clause[len(op):].strip() if clause.startswith(op) else ""
+        if raw and "," not in raw and not any(c.isspace() for c in raw):
+            return op, raw
+    return None
 
 
 class Range:
@@ -183,12 +209,12 @@ class Range:
         if not self.text:
             raise InvalidRange("empty range")
         for clause in self.text.split(","):
-            match = _CLAUSE_RE.match(clause)
-            if not match:
+            parsed = _clause(clause)
+            if parsed is None:
                 raise InvalidRange(
                     f"bad clause {clause.strip()!r} in {self.text!r} (use >=, >, <=, <, == or ~=)"
                 )
-            op, raw = match.groups()
+            op, raw = parsed
             try:
                 version = Version(raw)
             except InvalidVersion as exc:

@@ -2,7 +2,7 @@
 
 Launchers run run.sh on every container start, and almost always the mod is already on. The
 full decision (lock, journal, parse the patches, plan every hunk) costs the import of the
-whole runtime; this module imports only what Python has loaded anyway plus hashlib and fcntl.
+whole runtime; this module imports only what Python has loaded anyway plus fcntl and basics.
 
 After a run that leaves the mod applied (the decision said `applied`, under the tree's lock),
 applier.py writes `<site>/.sparkmods/<mod>/stamp`: a marshal of every input that decision read
@@ -17,10 +17,11 @@ path.
 """
 
 import fcntl
-import hashlib
 import marshal
 import os
 import sys
+
+from .basics import sha256
 
 STAMP_NAME = "stamp"
 _VERSION = 1
@@ -45,17 +46,17 @@ def _read(path: str) -> "bytes | None":
 
 
 def _sha(data: "bytes | None") -> "str | None":
-    return None if data is None else hashlib.sha256(data).hexdigest()
+    return None if data is None else sha256(data).hexdigest()
 
 
 def mod_inputs(mod_dir: str, rels: "list[str]") -> str:
     """sha256 over the named mod files (each name and content)."""
-    digest = hashlib.sha256()
+    digest = sha256()
     for rel in rels:
         data = _read(os.path.join(mod_dir, rel))
         if data is None:
             raise OSError(f"{rel}: missing")
-        digest.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
+        digest.update(rel.encode() + b"\0" + sha256(data).digest())
     return digest.hexdigest()
 
 
@@ -98,7 +99,7 @@ def record(mod_dir: str, site: str, variant: str, version: str, mod_files: "list
     stamp = {"v": _VERSION, "mod": name, "variant": variant, "vllm": version, "inputs": rels,
              "digest": mod_inputs(mod_dir, rels), "dist": dist_infos(site),
              "files": [(rel, _sha(_read(_within(site, rel)))) for rel in sorted(vllm_files)],
-             "installs": [(dest, hashlib.sha256(data).hexdigest()) for dest, data in installs],
+             "installs": [(dest, sha256(data).hexdigest()) for dest, data in installs],
              "notes": notes}
     target = os.path.join(site, _STATE_DIR, name, STAMP_NAME)
     tmp = os.path.join(os.path.dirname(target), f".{STAMP_NAME}{_TMP_SUFFIX}")
@@ -121,10 +122,9 @@ def _site() -> "str | None":
     return None
 
 
-def _workspace() -> "str | None":
-    """$WORKSPACE_DIR, else the cwd, when it prints as applier's Path() prints it."""
-    workspace = os.environ.get("WORKSPACE_DIR") or os.getcwd()
-    return workspace if workspace == os.path.normpath(workspace) else None
+def _workspace() -> str:
+    """$WORKSPACE_DIR, else the cwd: the folder applier.main installs into (and names)."""
+    return os.environ.get("WORKSPACE_DIR") or os.getcwd()
 
 
 def _verified(stamp: dict, mod_dir: str, site: str, workspace: str) -> bool:
@@ -154,7 +154,7 @@ def quick(argv: "list[str]", mod_dir: str) -> "int | None":
     if any(os.environ.get(k) is not None for k in _FULL_PATH_ENV):
         return None
     site, workspace = _site(), _workspace()
-    if site is None or workspace is None:
+    if site is None:
         return None
     name = os.path.basename(mod_dir)
     try:

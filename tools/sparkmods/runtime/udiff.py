@@ -8,32 +8,34 @@ without their end-of-line so the engine can compare them against files of either
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
-from typing import List, Optional
+from .basics import Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List, Optional
 
 __all__ = ["PatchParseError", "Hunk", "FilePatch", "parse_patch", "reverse"]
 
 DEV_NULL = "/dev/null"
-_HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
 
 
 class PatchParseError(ValueError):
     """The patch text is malformed; the message names the patch line."""
 
 
-@dataclass
-class Hunk:
+class Hunk(Record):
     """One hunk. `lines` are (tag, text) pairs with tag in ' ', '-', '+'."""
 
-    old_start: int
-    old_len: int
-    new_start: int
-    new_len: int
-    section: str
-    lines: List[tuple] = field(default_factory=list)
-    old_eof_newline: bool = True  # False when the old side ends without a final newline
-    new_eof_newline: bool = True
+    __slots__ = ("old_start", "old_len", "new_start", "new_len", "section", "lines", "old_eof_newline",
+                 "new_eof_newline")
+
+    def __init__(self, old_start: int, old_len: int, new_start: int, new_len: int, section: str,
+                 lines: Optional[List[tuple]] = None, old_eof_newline: bool = True, new_eof_newline: bool = True) -> None:
+        self.old_start, self.old_len, self.new_start, self.new_len = old_start, old_len, new_start, new_len
+        self.section = section
+        self.lines = [] if lines is None else lines
+        self.old_eof_newline = old_eof_newline  # False when the old side ends without a final newline
+        self.new_eof_newline = new_eof_newline
 
     @property
     def old_lines(self) -> List[str]:
@@ -44,13 +46,14 @@ class Hunk:
         return [text for tag, text in self.lines if tag != "-"]
 
 
-@dataclass
-class FilePatch:
+class FilePatch(Record):
     """The hunks for one file. `path` is the target path after stripping."""
 
-    old_path: Optional[str]
-    new_path: Optional[str]
-    hunks: List[Hunk] = field(default_factory=list)
+    __slots__ = ("old_path", "new_path", "hunks")
+
+    def __init__(self, old_path: Optional[str], new_path: Optional[str], hunks: Optional[List[Hunk]] = None) -> None:
+        self.old_path, self.new_path = old_path, new_path
+        self.hunks = [] if hunks is None else hunks
 
     @property
     def is_new(self) -> bool:
@@ -103,11 +106,11 @@ def parse_patch(text: str, strip: int = 1) -> List[FilePatch]:
             files.append(current)
             i += 2
             continue
-        match = _HUNK_RE.match(line)
-        if match:
+        header = _hunk_header(line)
+        if header:
             if current is None:
                 raise PatchParseError(f"line {i + 1}: hunk before any ---/+++ file header")
-            hunk, i = _read_hunk(lines, i, match)
+            hunk, i = _read_hunk(lines, i, Hunk(*header))
             current.hunks.append(hunk)
             continue
         if _stray_body_line(line) and current is not None and current.hunks:
@@ -127,10 +130,31 @@ def _stray_body_line(line: str) -> bool:
     return line.startswith(("+", "-", " ")) and not line.startswith(("+++", "---")) and line != "-- "
 
 
-def _read_hunk(lines: List[str], i: int, match: "re.Match[str]") -> "tuple[Hunk, int]":
-    old_len = int(match.group(2)) if match.group(2) is not None else 1
-    new_len = int(match.group(4)) if match.group(4) is not None else 1
-    hunk = Hunk(int(match.group(1)), old_len, int(match.group(3)), new_len, match.group(5).strip())
+def _hunk_header(line: str) -> "Optional[tuple[int, int, int, int, str]]":
+    """(old start, old length, new start, new length, section) of `@@ -A[,B] +C[,D] @@ section`
+    (an absent length is 1); None for any other line (one line: no line break in it). What
+    `^@@ -(\\d+)(?:,(\\d+))? \\+(\\d+)(?:,(\\d+))? @@(.*)$` matches, read without re: importing it
+    and compiling patterns were a tenth of run.sh's apply."""
+    if not line.startswith("@@ -"):
+        return None
+    old, plus, rest = line[4:].partition(" +")
+    new, at, section = rest.partition(" @@")
+    old_range, new_range = _range(old), _range(new)
+    if not (plus and at and old_range and new_range):
+        return None
+    return old_range + new_range + (section.strip(),)
+
+
+def _range(text: str) -> "Optional[tuple[int, int]]":
+    """`A` or `A,B` (decimal digits) -> (A, B), B being 1 when absent; None otherwise."""
+    start, comma, length = text.partition(",")
+    if not start.isdecimal() or (comma and not length.isdecimal()):
+        return None
+    return int(start), int(length) if comma else 1
+
+
+def _read_hunk(lines: List[str], i: int, hunk: Hunk) -> "tuple[Hunk, int]":
+    old_len, new_len = hunk.old_len, hunk.new_len
     header_line = i + 1
     i += 1
     old_seen = new_seen = 0

@@ -1,0 +1,43 @@
+"""Two standard pieces the runtime uses in a lighter form, for run.sh's start-up.
+
+run.sh starts a fresh Python on every container start, and what it imports is much of what
+it costs: an apply once spent more time importing modules than changing files.
+
+  Record   plain data classes without `dataclasses`: that module (with `inspect`, which it
+           imports) cost about a fifth of an apply, and each class built its methods with
+           exec at import. A Record subclass lists its fields in `__slots__` (a subclass of
+           it, the fields it adds) and writes its own typed `__init__`; Record adds what a
+           dataclass would: equality field by field (same class only) and a repr that names
+           every field. Records are not hashable, like mutable dataclasses.
+  sha256   the interpreter's own SHA-256 module: hashlib imports OpenSSL's, whose loading cost
+           more (about 3 ms) than the runtime's hashing of a few hundred KB takes either way.
+"""
+
+try:
+    from _sha2 import sha256  # Python >= 3.12
+except ImportError:
+    try:
+        from _sha256 import sha256  # type: ignore[no-redef]  # Python 3.9 - 3.11
+    except ImportError:  # an interpreter built without its own hashes
+        from hashlib import sha256  # type: ignore[no-redef]
+
+__all__ = ["Record", "sha256"]
+
+
+class Record:
+    """Equality and repr over the fields named in `__slots__`, the base classes' first."""
+
+    __slots__ = ()
+    __hash__ = None  # type: ignore[assignment]  # equality by value on mutable fields
+
+    def _names(self) -> "list[str]":
+        return [name for cls in reversed(type(self).__mro__) for name in cls.__dict__.get("__slots__", ())]
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in self._names())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._names())
+        return f"{self.__class__.__name__}({fields})"
