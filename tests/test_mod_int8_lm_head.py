@@ -19,6 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from int8_lm_head_bounds import logit_bound  # noqa: E402
 from sparkmods.runtime.manifest import load_manifest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,6 +68,85 @@ def test_quantization_bounds_on_random_rows(mod: ModuleType) -> None:
 def test_quantization_rejects_a_non_matrix(mod: ModuleType) -> None:
     with pytest.raises(ValueError, match="2-D weight"):
         mod.quantize_rows(torch.ones(4))
+    with pytest.raises(ValueError, match="2-D weight"):
+        mod.quantize_head(torch.ones(4))
+
+
+# ---- the rotation of the hidden dimension ----
+
+
+@pytest.mark.parametrize("k,block", [(3072, 1024), (4096, 1024), (2048, 1024), (192, 64), (48, 16), (40, 0), (7, 0)])
+def test_rotation_block_is_the_largest_power_of_two_factor_within_bounds(mod: ModuleType, k: int, block: int) -> None:
+    assert mod.rotation_block(k) == block
+    rotation = mod.make_rotation(k, torch.bfloat16, torch.device("cpu"))
+    assert (rotation is None) == (block == 0)
+    if rotation is not None:
+        assert rotation.block == block and rotation.matrix.shape == (k // block, block, block)
+
+
+def _dense(rotation) -> "torch.Tensor":
+    return torch.block_diag(*[m.double() for m in rotation.matrix])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rotation_is_orthogonal_and_its_fast_transform_is_its_matrix(mod: ModuleType, dtype: "torch.dtype") -> None:
+    rotation = mod.make_rotation(192, dtype, torch.device("cpu"))
+    r = _dense(rotation)  # the matrices are exact in 16 bits: entries +-1/8 at block 64
+    assert rotation.matrix.dtype == dtype
+    assert torch.allclose(r @ r.t(), torch.eye(192, dtype=torch.float64), atol=1e-12)
+    assert set(rotation.signs.tolist()) == {-1.0, 1.0}
+    x = torch.randn(37, 192, generator=torch.Generator().manual_seed(3))
+    assert torch.allclose(rotation.apply_fp32(x).double(), x.double() @ r, atol=1e-5)
+
+
+def test_rotation_is_the_same_on_every_call(mod: ModuleType) -> None:
+    """Tensor-parallel ranks build it separately: it must not depend on the global RNG."""
+    first = mod.make_rotation(3072, torch.bfloat16, torch.device("cpu"))
+    torch.manual_seed(12345)
+    second = mod.make_rotation(3072, torch.bfloat16, torch.device("cpu"))
+    assert torch.equal(first.signs, second.signs) and torch.equal(first.matrix, second.matrix)
+
+
+def test_head_codes_are_the_rows_of_the_rotated_weight(mod: ModuleType) -> None:
+    gen = torch.Generator().manual_seed(4)
+    w = (torch.randn(300, 192, generator=gen) * 0.05).to(torch.bfloat16)
+    head = mod.quantize_head(w)
+    assert head.rotation is not None
+    direct = mod.quantize_rows(head.rotation.apply_fp32(w).to(torch.float32))
+    assert torch.equal(head.qweight, direct.qweight) and torch.equal(head.scale, direct.scale)
+    assert head.nbytes == 300 * 192 + 300 * 4 + 192 * 4 + 3 * 64 * 64 * 2
+    assert mod.quantize_head(torch.randn(5, 40)).rotation is None  # no block: plain rows
+
+
+@pytest.mark.parametrize("dtype,step", [(torch.bfloat16, 2.0**-8), (torch.float16, 2.0**-10)])
+def test_rotated_head_stays_within_the_bound_of_the_exact_head(mod: ModuleType, dtype: "torch.dtype", step: float) -> None:
+    gen = torch.Generator().manual_seed(5)
+    w = (torch.randn(mod.CHUNK_ROWS + 33, 192, generator=gen) * 0.02).to(dtype)
+    x = (torch.randn(6, 192, generator=gen) * 3).to(dtype)
+    head = mod.quantize_head(w)
+    out = mod.int8_matmul(x, head)
+    assert out.dtype == dtype and out.shape == (6, w.shape[0])
+    exact = x.double() @ w.double().t()
+    bound = logit_bound(x, w, head.rotation, step)
+    assert bool(((out.double() - exact).abs() <= bound).all())
+    # and the bound is tight enough to catch a head that forgot to rotate x
+    unrotated = x.double() @ (head.qweight.double() * head.scale.double()[:, None]).t()
+    assert not bool(((unrotated - exact).abs() <= bound).all())
+
+
+def test_rotation_rescues_int8_hidden_states_with_outlier_channels(mod: ModuleType) -> None:
+    """Why the head is rotated: W8A8 on final-norm-like states is far more accurate after it."""
+    from int8_lm_head_interp import bench_module
+
+    hidden = bench_module("int8_lm_head_hidden")
+    gen = torch.Generator().manual_seed(6)
+    w = torch.randn(2000, 1024, generator=gen) * 0.02  # one rotation block, as the real heads have
+    x = hidden.hidden_states(hidden.norm_model(1024, gen), w, 64, gen, torch.float32)
+    exact = x.double() @ w.double().t()
+    w8a8 = mod.KernelConfig(mod.W8A8, 16, 32, 64, 4, 2)  # the torch path: x rounded to INT8 per row
+    plain = (mod.int8_matmul(x, mod.quantize_rows(w), w8a8).double() - exact).abs().mean()
+    rotated = (mod.int8_matmul(x, mod.quantize_head(w), w8a8).double() - exact).abs().mean()
+    assert float(rotated) < 0.5 * float(plain)
 
 
 # ---- torch path numerics ----
@@ -167,7 +247,7 @@ def logs(mod: ModuleType) -> List[str]:
 def test_active_head_is_quantized_once_and_freed(mod: ModuleType, logs: List[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(mod.ENV_SWITCH, raising=False)
     head = ParallelLMHead(16384, 64)
-    expected_q = mod.quantize_rows(head.weight.data)
+    expected_q = mod.quantize_head(head.weight.data)
     x = torch.randn(3, 64).to(torch.bfloat16)
     bias = torch.randn(16384).to(torch.bfloat16)
     out = mod.maybe_apply(head, x, bias)

@@ -100,9 +100,9 @@ def _accuracy(w8a8_top1: float) -> dict:
             for kind in ("gemv", "mma", "split", "w8a8")}
 
 
-@pytest.mark.parametrize("w8a8_top1,chosen", [(0.970, "split"), (0.974, "w8a8")])
-def test_the_band_table_keeps_w8a8_only_within_half_a_point_of_gemv(w8a8_top1: float, chosen: str, swept: Path) -> None:
-    """0.8 points below gemv: the faster w8a8 tile is reported, not suggested; 0.4 points: suggested."""
+@pytest.mark.parametrize("w8a8_top1,chosen", [(0.966, "split"), (0.972, "w8a8")])
+def test_the_band_table_keeps_w8a8_only_within_one_point_of_gemv(w8a8_top1: float, chosen: str, swept: Path) -> None:
+    """1.2 points below gemv: the faster w8a8 tile is reported, not suggested; 0.6 points: suggested."""
     sweep = bench_module("sweep_int8_lm_head")
     module = bench_module("int8_lm_head_kernel").load_kernel_module(swept)
     times = {"split 64x256x128 w8 s3": 700.0, "w8a8 128x256x128 w8 s3": 500.0, "gemv 128x128x64 w4 s3": 900.0}
@@ -116,7 +116,7 @@ def test_the_band_table_keeps_w8a8_only_within_half_a_point_of_gemv(w8a8_top1: f
     assert next(c for limit, c in namespace["DISPATCH"] if limit is None or 256 <= limit).kernel == chosen
     data = {"tuning": summary, "rows": [], "accuracy": {}, "heads": [], "limits": {}}
     rendered = bench_module("int8_lm_head_report").tuning_table(data)
-    assert "0.5 percentage points below the gemv" in rendered and f"w8a8 {-100 * (0.978 - w8a8_top1):+.2f} pp" in rendered
+    assert "1.0 percentage points below the gemv" in rendered and f"w8a8 {-100 * (0.978 - w8a8_top1):+.2f} pp" in rendered
 
 
 def test_set_dispatch_writes_the_suggested_table_into_the_patch(swept: Path, tmp_path: Path, monkeypatch, capsys) -> None:

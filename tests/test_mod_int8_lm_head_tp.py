@@ -20,6 +20,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from int8_lm_head_bounds import logit_bound  # noqa: E402
 from int8_lm_head_interp import interpreted_module  # noqa: E402
 
 VOCAB, HIDDEN, TP, PADDING = 1000, 64, 2, 64
@@ -81,16 +82,16 @@ def test_vocab_parallel_shards_gather_to_the_unsplit_head(
 
     # against the unsplit 16-bit head: the quantization bound, FP32 sums, output rounding
     exact = x.double() @ weight.double().t()
-    quant = x.double().abs().sum(dim=1, keepdim=True) * weight.double().abs().amax(dim=1)[None, :] / 254
     step = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-10
-    rounding = step * exact.abs()
-    assert bool(((gathered.double() - exact).abs() <= quant + rounding + 1e-6).all())
+    rotation = interp_mod.make_rotation(HIDDEN, dtype, x.device)
+    assert bool(((gathered.double() - exact).abs() <= logit_bound(x, weight, rotation, step)).all())
     unsplit16 = torch.matmul(x.float(), weight.float().t())
     assert (gathered.float().argmax(dim=1) == unsplit16.argmax(dim=1)).float().mean() >= 0.9
 
-    # and against the unsplit INT8 head: per-row quantization makes the shards' codes the same
-    whole = interp_mod.quantize_rows(weight)
-    codes = torch.cat([interp_mod.quantize_rows(s).qweight for s in vocab_shards(weight, TP)])[:VOCAB]
+    # and against the unsplit INT8 head: per-row quantization after the same rotation on every
+    # rank makes the shards' codes the same
+    whole = interp_mod.quantize_head(weight)
+    codes = torch.cat([interp_mod.quantize_head(s).qweight for s in vocab_shards(weight, TP)])[:VOCAB]
     assert torch.equal(codes, whole.qweight)
     unsplit8 = interp_mod.int8_matmul(x, whole)
     assert bool(((gathered.double() - unsplit8.double()).abs() <= step * unsplit8.double().abs() + 1e-6).all())

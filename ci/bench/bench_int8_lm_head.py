@@ -47,7 +47,7 @@ def copy_tbs() -> float:
 
 def bench_shape(mod, n: int, k: int, batches, peak: float, copy: float) -> list:
     w = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
-    qw = mod.quantize_rows(w)
+    qw = mod.quantize_head(w)
     rows = []
     for m in batches:
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
@@ -84,7 +84,7 @@ SWEEP_GRIDS = (
 def sweep(mod, n: int, k: int) -> list:
     """Time candidate tile configurations (the table in pick_config came from this)."""
     w = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
-    qw = mod.quantize_rows(w)
+    qw = mod.quantize_head(w)
     del w
     rows = []
     for batches, grid in SWEEP_GRIDS:

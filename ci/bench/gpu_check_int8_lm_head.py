@@ -9,8 +9,11 @@ Error bound (per logit, row m of x, vocab row n of W, hidden size K):
   accumulation  products x*q are exact in FP32 (8 + 7 significant bits); K FP32 additions
                 add at most K 2^-24 s_n sum_k |x q| (counted twice for slack);
   output        rounding to bf16 adds at most 2^-9 |logit| (2^-8 used, for slack).
-The kernel must stay within the sum against the float64 product with the ORIGINAL weight,
-and within the last two terms against the float64 product with the dequantized weight.
+The head rotates the hidden dimension first (x R and W R, R orthogonal; see the module): W above
+is then W R, x the rotated x the kernel reads (x R rounded to bf16), and the total bound adds that
+rounding, 2^-8 |x R| . |W R|. The kernel must stay within the sum against the float64 product
+with the ORIGINAL weight and x, and within the accumulation and output terms against the float64
+product of the rotated x with the dequantized weight.
 Exit status 1 when any check fails.
 """
 
@@ -44,8 +47,15 @@ def make_weight(n: int, k: int, gen: torch.Generator) -> torch.Tensor:
     return w.to(torch.bfloat16)
 
 
+def rotated(qw, t: torch.Tensor) -> torch.Tensor:
+    """t times the head's rotation (FP32, the transform the quantizer uses), or t as float."""
+    return t.float() if qw.rotation is None else qw.rotation.apply_fp32(t)
+
+
 def check_quantization(mod, w: torch.Tensor, qw) -> dict:
+    """The codes against the rotated weight they quantize."""
     q, s = qw.qweight, qw.scale
+    w = rotated(qw, w)
     amax = w.float().abs().amax(dim=1)
     nonzero = amax > 0
     dq_err = (w.double() - q.double() * s.double()[:, None]).abs().amax(dim=1)
@@ -61,9 +71,10 @@ def check_quantization(mod, w: torch.Tensor, qw) -> dict:
 def check_batches(mod, w: torch.Tensor, qw, gen: torch.Generator) -> dict:
     n, k = w.shape
     w64 = w.double()
+    wr64 = rotated(qw, w).double()
     wq64 = qw.qweight.double() * qw.scale.double()[:, None]
     absq64 = qw.qweight.double().abs() * qw.scale.double()[:, None]
-    amax = w64.abs().amax(dim=1)
+    amax = wr64.abs().amax(dim=1)
     worst_total = worst_kernel = worst_quant_ratio = 0.0
     unwritten = 0
     for m in BATCHES:
@@ -74,9 +85,11 @@ def check_batches(mod, w: torch.Tensor, qw, gen: torch.Generator) -> dict:
         assert out.dtype == x.dtype and out.shape == (m, n)
         unwritten += int((~torch.isfinite(out)).sum().item())
         y = out.double()
-        x64 = x.double()
-        ref = x64 @ w64.t()
+        xr = x if qw.rotation is None else mod.rotate_rows(x, qw.rotation, True)
+        x64 = xr.double()  # what the kernel multiplies
+        ref = x.double() @ w64.t()
         ref_q = x64 @ wq64.t()
+        rotation_term = 0.0 if qw.rotation is None else 2.0**-8 * (rotated(qw, x).double().abs() @ wr64.abs().t())
         acc_term = 2 * k * 2.0**-24 * (x64.abs() @ absq64.t())
         kernel = mod.table_config(m).kernel
         if kernel in (mod.SPLIT, mod.W8A8):  # x coded in int8: xscale / (2 LO_STEPS) an entry, xscale / 2 for W8A8
@@ -86,8 +99,9 @@ def check_batches(mod, w: torch.Tensor, qw, gen: torch.Generator) -> dict:
         round_term = 2.0**-8 * torch.maximum(y.abs(), ref.abs())
         quant_term = x64.abs().sum(dim=1, keepdim=True) * amax[None, :] / 254
         worst_kernel = max(worst_kernel, ((y - ref_q).abs() - acc_term - 2.0**-8 * y.abs()).max().item())
-        worst_total = max(worst_total, ((y - ref).abs() - quant_term - acc_term - round_term).max().item())
-        ratio = ((y - ref).abs() / (quant_term + acc_term + round_term + 1e-30)).max().item()
+        bound = quant_term + acc_term + round_term + rotation_term
+        worst_total = max(worst_total, ((y - ref).abs() - bound).max().item())
+        ratio = ((y - ref).abs() / (bound + 1e-30)).max().item()
         worst_quant_ratio = max(worst_quant_ratio, ratio)
     return {
         "batches": list(BATCHES),
@@ -128,7 +142,8 @@ def check_fp16_and_3d(mod, qw, k: int, gen: torch.Generator) -> dict:
     """fp16 hidden states and a [B, T, K] input keep their dtype and leading shape."""
     x = torch.randn(2, 3, k, generator=gen, device="cuda").to(torch.float16)
     out = mod.int8_matmul(x, qw)
-    ref = (x.double().reshape(6, k) @ (qw.qweight.double() * qw.scale.double()[:, None]).t()).reshape(2, 3, -1)
+    xr = rotated(qw, x.reshape(6, k)).double()
+    ref = (xr @ (qw.qweight.double() * qw.scale.double()[:, None]).t()).reshape(2, 3, -1)
     return {
         "dtype_kept": out.dtype == torch.float16,
         "shape_kept": tuple(out.shape) == (2, 3, qw.qweight.shape[0]),
@@ -164,7 +179,7 @@ def check_head_memory(mod, n: int, k: int, gen: torch.Generator) -> dict:
     mod.logger.addHandler(handler)
     mod.logger.setLevel(logging.INFO)
     head = ParallelLMHead(make_weight(n, k, gen))
-    reference = mod.quantize_rows(head.weight.data)
+    reference = mod.quantize_head(head.weight.data)
     x = torch.randn(4, k, generator=gen, device="cuda").to(torch.bfloat16)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
@@ -202,7 +217,7 @@ def main() -> int:
     ok = True
     for n, k in SHAPES:
         w = make_weight(n, k, gen)
-        qw = mod.quantize_rows(w)
+        qw = mod.quantize_head(w)
         entry = {
             "quantization": check_quantization(mod, w, qw),
             "batches": check_batches(mod, w, qw, gen),

@@ -118,7 +118,8 @@ def markdown(data: dict) -> str:
         f"Device: {data['device']} (torch {data['torch']}, Triton {data['triton']}); hidden states {data['dtype']}. "
         f"Limits: HBM {lim['hbm_tbs']} TB/s ({lim['hbm_source']}), tensor cores {lim['tc_tflops']} TFLOPS dense "
         f"BF16 ({lim['tc_source']}); measured device copy {_fmt(data.get('copy_tbs'), 2)} TB/s. "
-        "A limit is max(bytes / HBM, 2 M N K / tensor-core peak); the INT8 bytes are the int8 weight, "
+        "A limit is max(bytes / HBM, 2 M N K / tensor-core peak), the INT8 peak twice the BF16 one (INT8 "
+        "tensor cores); the INT8 bytes are the int8 weight, "
         "its fp32 scales, x and the logits. BF16 Triton GEMM: the GEMV kernel on the BF16 weight, "
         "what Triton reaches on the shape (yardstick, not a mod path).",
         verdict(data),

@@ -10,7 +10,7 @@ next to their physical limits: max(bytes / HBM bandwidth, 2 M N K / tensor-core 
 times candidate tiles of every kernel kind (gemv, mma, split, w8a8) per row band, and measures
 the accuracy of each kind on final-norm-like hidden states (ci/bench/int8_lm_head_hidden.py).
 The table it suggests per band is the fastest candidate whose kind keeps top-1 agreement with
-BF16 within TOP1_TOLERANCE_PP (0.5) percentage points of the gemv path's on every head (what
+BF16 within TOP1_TOLERANCE_PP (1.0) percentage point of the gemv path's on every head (what
 the table could be, reported, never applied; int8_lm_head_kernel.py --set-dispatch applies it).
 Next to the candidates it times a BF16 Triton GEMM (the GEMV kernel on the BF16 weight), a
 yardstick for what Triton reaches on these shapes.
@@ -59,7 +59,10 @@ DEVICE_LIMITS = (
     ("GB10", 0.273, "DGX Spark specifications, LPDDR5x", 125.0, "our assumption, see the mod README"),
 )
 UNKNOWN_TC_TFLOPS = 989.4
-STATES, QUICK_STATES, STATE_CHUNK = 4096, 512, 512
+# Dense INT8 tensor-core rate over dense BF16: 2 on Hopper (H100 SXM5: 1979 TOPS against 989.4 TFLOPS)
+# and on the H200; assumed the same on GB10 (not measured there).
+INT8_TC_FACTOR = 2.0
+STATES, QUICK_STATES, STATE_CHUNK = 8192, 512, 512  # 8192: a top-1 rate to ~0.1 point
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 # Candidate tiles, per row band of a suggested DISPATCH: (largest rows of the band, specs); a spec
 # is (kernel, block_m, block_n, block_k, warps, stages). gemv: x rows on the left, the weight tile
@@ -93,7 +96,12 @@ KINDS = ("gemv", "mma", "split", "w8a8")  # every kind is timed and its accuracy
 # The suggested table keeps a kind only if, on every head, its top-1 agreement with BF16 is at
 # most this many percentage points below the gemv path's (gemv is the reference INT8 path:
 # weight rounding only, FP32 products of the bf16 hidden states).
-TOP1_TOLERANCE_PP = 0.5
+# One point: the rotated W8A8 kind (x rounded to INT8 per row after the head's rotation) costs
+# 0.4-0.9 points on the three heads (H100 sweep, 4096 states) and is the only kind that keeps
+# INT8 at or above BF16 speed once the head turns compute-bound (>= ~192 rows); the weight-only
+# kinds there run at 0.8x. For scale: BF16 itself disagrees with exact FP32 logits on ~2 % of
+# these states (near-ties), and the mean logit error stays under 1 % of the logit RMS.
+TOP1_TOLERANCE_PP = 1.0
 # The BF16 Triton yardstick: the GEMV kernel on the BF16 weight, at these tiles (best one kept).
 YARDSTICK = (("gemv", 128, 256, 64, 8, 3), ("gemv", 128, 128, 64, 8, 4), ("gemv", 64, 128, 64, 4, 4))
 YARDSTICK_FROM = 48  # rows; below, the yardstick is not timed (the BF16 head is memory-bound)
@@ -175,11 +183,15 @@ def device_limits(name: str, copy_tbs: Optional[float]) -> Tuple[float, str, flo
 
 
 def limits(head: Head, m: int, hbm_tbs: float, tc_tflops: float) -> Tuple[float, float]:
-    """(BF16, INT8) lower bounds in microseconds: max(bytes / bandwidth, flops / peak)."""
+    """(BF16, INT8) lower bounds in microseconds: max(bytes / bandwidth, flops / peak).
+
+    The INT8 peak is INT8_TC_FACTOR times the BF16 one: the INT8 head's many-row path (w8a8)
+    runs on the INT8 tensor cores.
+    """
     act = m * head.k * 2 + m * head.n * 2
     compute = 2 * m * head.n * head.k / (tc_tflops * 1e12)
     bf16 = max((head.n * head.k * 2 + act) / (hbm_tbs * 1e12), compute)
-    int8 = max((head.n * head.k + head.n * 4 + act) / (hbm_tbs * 1e12), compute)
+    int8 = max((head.n * head.k + head.n * 4 + act) / (hbm_tbs * 1e12), compute / INT8_TC_FACTOR)
     return 1e6 * bf16, 1e6 * int8
 
 
@@ -233,7 +245,7 @@ def sweep_head(mod, head: Head, batches: Sequence[int], args, timers: tuple, gen
     timer, candidate_timer = timers
     device, dtype = gen.device, DTYPES[args.dtype]
     w = make_weight(head, gen, dtype)
-    qw = mod.quantize_rows(w)
+    qw = mod.quantize_head(w)
     dense = mod.Int8Weight(w, torch.ones(head.n, dtype=torch.float32, device=device))  # the BF16 yardstick
     rows, tuned = [], {}
     for m in batches:
@@ -285,7 +297,7 @@ def accuracy(mod, head: Head, states: int, args, gen: torch.Generator) -> Dict[s
     """Per kernel kind: INT8 against BF16 (and both against FP32) on final-norm-like hidden states."""
     dtype = DTYPES[args.dtype]
     w = make_weight(head, gen, dtype)
-    qw = mod.quantize_rows(w)
+    qw = mod.quantize_head(w)
     wf = w.float()
     model = norm_model(head.k, gen)
     kinds = accuracy_configs(mod)
