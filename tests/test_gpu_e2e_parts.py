@@ -66,12 +66,15 @@ def test_int8_bound_holds_for_the_real_head_and_is_not_vacuous(tmp_path):
 
     head, embed = tensor("lm_head.weight"), tensor("model.language_model.embed_tokens.weight")
     x = embed[: manifest["tokenizer_size"]]
-    x = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True))).to(torch.bfloat16).float()
-    scale = head.abs().amax(1, keepdim=True) / 127
-    q = torch.clamp(torch.round(head / scale), -127, 127) * scale
-    exact = torch.log_softmax(x @ head.T, -1)
-    quant = torch.log_softmax(x @ q.T, -1)
-    bound = checks.int8_logprob_bound(float(head.abs().max()), manifest["shape"]["hidden"], 1.1 * TOP_LOGIT)
+    x = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True))).to(torch.bfloat16)
+    from int8_lm_head_interp import bench_module
+
+    mod = bench_module("int8_lm_head_kernel").load_kernel_module(tmp_path)  # the module the patch installs
+    int8 = mod.quantize_head(head.to(torch.bfloat16))
+    assert int8.rotation is not None  # hidden 512: one rotation block
+    quant = torch.log_softmax(mod.int8_matmul(x, int8).float(), -1)  # the torch path: the kernels' arithmetic
+    exact = torch.log_softmax(x.float() @ head.T, -1)
+    bound = checks.int8_logprob_bound(checks.rotated_absmax(head), manifest["shape"]["hidden"], 1.1 * TOP_LOGIT)
     error = float((exact - quant).abs().max())
     assert 0 < error <= bound < 2.0
 

@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "tools"))  # sparkmods.verify: metrics and log parsing
 
-from e2e_checks import Report, summary_lines  # noqa: E402
+from e2e_checks import Report, rotated_absmax, summary_lines  # noqa: E402
 from e2e_scenarios import SCENARIOS, chat, greedy  # noqa: E402
 from e2e_parallel import Parallel, RayHead, gpus_visible, importable  # noqa: E402
 from e2e_serve import ServeError, Server, apply_mod, free_port, overlay, server_command, server_env  # noqa: E402
@@ -179,11 +179,12 @@ class Run:
         return metrics.facts(metrics.parse(metrics_text)).spec
 
     def head_absmax(self, key: str) -> float:
+        """max |(W R)[n, k]| of the model's LM head W, R the int8-lm-head's rotation: what it quantizes."""
         from safetensors import safe_open
 
         index = json.loads((self.model_dir(key) / "model.safetensors.index.json").read_text())
         with safe_open(str(self.model_dir(key) / index["weight_map"]["lm_head.weight"]), "pt") as f:
-            return float(f.get_tensor("lm_head.weight").float().abs().max())
+            return rotated_absmax(f.get_tensor("lm_head.weight"))
 
     def top_logit(self) -> float:
         from tiny_weights import TOP_LOGIT

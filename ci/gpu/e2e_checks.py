@@ -98,15 +98,35 @@ def kv_cache_tokens(log_text: str) -> int | None:
     return int(found[-1].replace(",", "")) if found else None
 
 
+def rotated_absmax(weight: Any) -> float:
+    """max |(W R)[n, k]| for a head weight W, R the rotation of the int8-lm-head module its patch installs."""
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    bench = str(Path(__file__).resolve().parents[1] / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    from int8_lm_head_kernel import load_kernel_module
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mod = load_kernel_module(Path(tmp))
+    rotation = mod.make_rotation(weight.shape[1], weight.dtype, weight.device)
+    rotated = weight.float() if rotation is None else rotation.apply_fp32(weight)
+    return float(rotated.abs().max())
+
+
 def int8_logprob_bound(head_absmax: float, hidden: int, top_logit: float) -> float:
     """Largest logprob change an INT8 per-row head may cause for a normalised hidden state.
 
-    Per logit: |W_n . x - s_n q_n . x| <= max|W_n| * ||x||_1 / 254, and ||x||_1 <= hidden for a
-    hidden state of RMS 1 (the final RMSNorm's output, weight 1); bf16 rounding of both logit
-    vectors adds 2^-8 of the largest logit each. A logprob moves by at most twice the largest
-    logit change (its own plus the log-sum-exp's).
+    The head multiplies x R (rounded to bf16) by W R quantized per row, R its orthogonal
+    rotation; head_absmax is max |(W R)[n, k]|. Per logit: |W_n . x - s_n q_n . (x R)| <=
+    max|W R| * ||x R||_1 / 254 (the weight's rounding) + 2^-8 ||x R||_1 max|W R| (x R's rounding),
+    and ||x R||_1 <= hidden for a hidden state of RMS 1 (the final RMSNorm's output, weight 1;
+    R keeps the norm); bf16 rounding of both logit vectors adds 2^-8 of the largest logit each.
+    A logprob moves by at most twice the largest logit change (its own plus the log-sum-exp's).
     """
-    per_logit = head_absmax * hidden / 254 + 2 * 2.0 ** -8 * top_logit
+    per_logit = head_absmax * hidden * (1 / 254 + 2.0 ** -8) + 2 * 2.0 ** -8 * top_logit
     return 2 * per_logit
 
 
