@@ -76,9 +76,10 @@ _cache = None  # the cache folder (install sets it), None: none to use
 
 def cached(name, path, source, make):
     """make(), kept in the cache and used again while this interpreter, `path` and `source`
-    (the text or bytes it is made from) are all what they were. Holds each runtime module's
-    code (RuntimeLoader) and the decoded manifest.json (manifest.py: json, with re, would be
-    imported for it on every run). Without a cache folder, just make()."""
+    (the text or bytes it is made from) are all what they were: each runtime module's code
+    (RuntimeLoader) and the decoded manifest.json (manifest.py: json, with re, would be
+    imported for it on every run). Runtime modules reach it as `from . import cached` (on the
+    host, the package's stand-in). Without a cache folder, just make()."""
     if _cache is None:
         return make()
     entry = os.path.join(_cache, f"{name}-{sha256(path.encode()).hexdigest()[:16]}.code")
@@ -2069,8 +2070,8 @@ Every error names the file, the key and the problem in one line.
 from __future__ import annotations
 
 import os
-import sys
 
+from . import cached
 from .basics import Record
 from .engine import PACKAGE, UnsafePath, check_relpath, confine
 from .pep440 import InvalidRange, InvalidVersion, Range, Version
@@ -2354,19 +2355,16 @@ def load_manifest(mod_dir: StrPath) -> Manifest:
     if not os.path.isfile(json_path):
         raise ManifestError(f"{mod_dir}: no {MANIFEST_TOML} or {MANIFEST_JSON}: not a mod folder")
     raw = _read(json_path)
-    if _IN_MOD:  # decoded once, then taken from the runtime's cache while the file is byte-identical
-        data = sys.modules[__package__].cached(MANIFEST_JSON, json_path, raw, lambda: _decode_json(json_path, raw))
-    else:
-        data = _decode_json(json_path, raw)
+    data = cached(MANIFEST_JSON, json_path, raw, lambda: _decode_json(json_path, raw))
     manifest = Manifest.from_dict(data, json_path)
     _check_name(manifest, mod_dir, json_path)
     return manifest
 
 
 def _decode_json(path: str, raw: bytes) -> Any:
-    """manifest.json's data; bad JSON is a one-line ManifestError. (json is imported only
-    here: with re, its import was a quarter of run.sh's apply, which finds the data in the
-    cache; see the top of _sparkmods.py.)"""
+    """manifest.json's data; bad JSON is a one-line ManifestError. Inside a mod it is decoded
+    once and then taken from the runtime's cache while the file is byte-identical (`cached`):
+    json, with re, was a quarter of run.sh's apply, so it is imported only here."""
     import json
 
     text = _utf8(path, raw)

@@ -75,9 +75,10 @@ _cache = None  # the cache folder (install sets it), None: none to use
 
 def cached(name, path, source, make):
     """make(), kept in the cache and used again while this interpreter, `path` and `source`
-    (the text or bytes it is made from) are all what they were. Holds each runtime module's
-    code (RuntimeLoader) and the decoded manifest.json (manifest.py: json, with re, would be
-    imported for it on every run). Without a cache folder, just make()."""
+    (the text or bytes it is made from) are all what they were: each runtime module's code
+    (RuntimeLoader) and the decoded manifest.json (manifest.py: json, with re, would be
+    imported for it on every run). Runtime modules reach it as `from . import cached` (on the
+    host, the package's stand-in). Without a cache folder, just make()."""
     if _cache is None:
         return make()
     entry = os.path.join(_cache, f"{name}-{sha256(path.encode()).hexdigest()[:16]}.code")

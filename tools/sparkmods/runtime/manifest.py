@@ -9,8 +9,8 @@ Every error names the file, the key and the problem in one line.
 from __future__ import annotations
 
 import os
-import sys
 
+from . import cached
 from .basics import Record
 from .engine import PACKAGE, UnsafePath, check_relpath, confine
 from .pep440 import InvalidRange, InvalidVersion, Range, Version
@@ -294,19 +294,16 @@ def load_manifest(mod_dir: StrPath) -> Manifest:
     if not os.path.isfile(json_path):
         raise ManifestError(f"{mod_dir}: no {MANIFEST_TOML} or {MANIFEST_JSON}: not a mod folder")
     raw = _read(json_path)
-    if _IN_MOD:  # decoded once, then taken from the runtime's cache while the file is byte-identical
-        data = sys.modules[__package__].cached(MANIFEST_JSON, json_path, raw, lambda: _decode_json(json_path, raw))
-    else:
-        data = _decode_json(json_path, raw)
+    data = cached(MANIFEST_JSON, json_path, raw, lambda: _decode_json(json_path, raw))
     manifest = Manifest.from_dict(data, json_path)
     _check_name(manifest, mod_dir, json_path)
     return manifest
 
 
 def _decode_json(path: str, raw: bytes) -> Any:
-    """manifest.json's data; bad JSON is a one-line ManifestError. (json is imported only
-    here: with re, its import was a quarter of run.sh's apply, which finds the data in the
-    cache; see the top of _sparkmods.py.)"""
+    """manifest.json's data; bad JSON is a one-line ManifestError. Inside a mod it is decoded
+    once and then taken from the runtime's cache while the file is byte-identical (`cached`):
+    json, with re, was a quarter of run.sh's apply, so it is imported only here."""
     import json
 
     text = _utf8(path, raw)
