@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,10 +88,11 @@ def check_source(mods: Sequence["tuple[Path, Manifest]"], source,
             for mod_dir, manifest in todo:
                 wanted |= paths_needed(manifest, mod_dir, source.version, hashes[manifest.name])
             source.prefetch(sorted(wanted))
-            for mod_dir, manifest in todo:
-                result = _checked(manifest, mod_dir, source, hashes[manifest.name])
-                cache.put(hashes[manifest.name], source, result)
-                results[manifest.name] = _without_bytes(result)
+            with _CHECKING:  # see SOURCE_JOBS
+                for mod_dir, manifest in todo:
+                    result = _checked(manifest, mod_dir, source, hashes[manifest.name])
+                    cache.put(hashes[manifest.name], source, result)
+                    results[manifest.name] = _without_bytes(result)
     finally:
         _release(source)
     return [CheckRow(source.label, source.commit, source.sha256, results[m.name]) for _, m in mods]
@@ -166,11 +168,16 @@ def _release(source) -> None:
         release()
 
 
-# Sources checked at once (check, matrix, community judge). The checks are CPU-bound under one
-# GIL, and each source in flight holds its read-ahead (sources/remote.py: 6-9 MB of a vLLM
-# wheel) until released: with 8, 50 nightly builds took 5.7 s and 128 MiB; with 4, 4.2 s and
-# 87 MiB (23 releases cold from PyPI: the same 5.5-5.9 s; with 2: 7.9 s, the rounds serialise).
+# Sources in flight at once (check, matrix, community judge), each holding its wheel's central
+# directory and fetched bytes until released: 8 took the 50-build nightly row to 119 MiB, 4
+# keeps it under 90. Of those, at most CHECK_SLOTS run their checks (check_source) at a time,
+# process-wide: the checks are CPU-bound under one GIL, so a third or fourth thread adds only
+# switching, and it starves the threads reading the next sources' bytes, which need the GIL for
+# every 16 KB TLS record (a CPU-bound thread holds it for 5 ms at a time). The others meanwhile
+# fetch what their checks will read.
 SOURCE_JOBS = 4
+CHECK_SLOTS = 2
+_CHECKING = threading.BoundedSemaphore(CHECK_SLOTS)
 
 
 def check_mods(mod_dirs: Iterable[Path], sources: Sequence, jobs: int = SOURCE_JOBS) -> List[CheckRow]:

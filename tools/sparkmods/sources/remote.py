@@ -2,10 +2,11 @@
 
 Nothing is downloaded whole: the tail of the file (end of central directory, zip64 records,
 central directory) comes first, then exactly the byte spans of the members asked for,
-coalesced and fetched in parallel. Each member is CRC-checked (zipread.py), then cached on
-disk under the wheel's sha256 together with the central directory, so a second run reads
-nothing from the network and `offline=True` works. A server that ignores Range gets one
-full download instead, verified against the index sha256 and kept in the cache.
+coalesced and fetched in parallel. Each member is CRC-checked (zipread.py), then kept in the
+member store (memberstore.py), where any wheel listing the same path, size and CRC-32 finds
+it; the central directory is cached under the wheel's sha256. A second run reads nothing
+from the network and `offline=True` works. A server that ignores Range gets one full
+download instead, verified against the index sha256 and kept in the cache.
 
 The cache entry is tied to what was read, not only to the hash the index claims: see
 wheelentry.py for the rule (size and central-directory digest recorded on the first read,
@@ -20,14 +21,16 @@ import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable, Dict, Iterable, List, Optional, Set
+from typing import TYPE_CHECKING, BinaryIO, Callable, Dict, Iterable, List, Optional, Sequence
 
 from sparkmods.errors import SparkmodsError
 from sparkmods.runtime.pep440 import InvalidVersion, Version
 from sparkmods.sources.base import VllmSource, check_member
-from sparkmods.sources.cache import cache_root, read_bytes, write_atomic
+from sparkmods.sources import memberstore
+from sparkmods.sources.cache import cache_root
 from sparkmods.sources.fetchstats import stats
 from sparkmods.sources.rangefile import RangeFile
+from sparkmods.sources.siblings import Siblings
 from sparkmods.sources.wheelentry import Identity, WheelEntry
 from sparkmods.sources.zipread import ZipMembers
 
@@ -39,15 +42,18 @@ log = logging.getLogger("sparkmods.sources")
 # The first request reads this much of the file's end: the end records and, in the same
 # request, the whole central directory of a vLLM wheel (0.16 MB in 0.18.0, 0.59 MB in 0.33.0).
 TAIL_BYTES = 1 << 20
-# Members closer than this share one request: over PyPI a request costs about 65 ms and 64 KiB
-# about 5 ms, and the members a check reads lie in a few clusters (measured on 23 releases:
-# 315 member requests at 8 KiB, 181 at 64 KiB for 3 MiB more).
-COALESCE_GAP = 64 * 1024
-# A fetch of members also reads the members around them, this far on each side (see
-# ZipMembers.widened): a cold `sparkmods check` of 23 releases from PyPI went from 385 requests
-# (13.8 MB) to 89 (185 MB; 512 KiB: 114 requests, 127 MB). Bytes are cheap next to round trips
-# on the links measured (1 MB: 65 ms, 1 kB: 59 ms); a slow link pays more for them.
-READ_AHEAD = 1 << 20
+# Members closer than this share one request. A request costs a round trip (about 65 ms over
+# PyPI, in parallel with the others), a byte costs CPU: every 16 KB TLS record needs the GIL,
+# which a thread running a check holds for 5 ms at a time. The members a check reads lie in a
+# few clusters, and the ones a sibling's hint adds (siblings.py) fill the gaps between them.
+COALESCE_GAP = 2 << 20
+# The members asked for (not the hinted ones) also bring the members around them, this far on
+# each side (see ZipMembers.widened): the modules an import chain reaches next lie near each
+# other, which saves the rounds a release without a useful hint makes. Cold `sparkmods check`
+# of 23 releases with the hints and the member store: 128 KiB (gap 1 MiB) 102 requests,
+# 87 MB; 256 KiB 71-74 requests, 120 MB; 1 MiB (gap 1 MiB) 72 requests, 152 MB (without
+# either, and 1 MiB with a 64 KiB gap: 89 requests, 185 MB).
+READ_AHEAD = 256 << 10
 _CHUNK = 1 << 20
 
 
@@ -67,20 +73,23 @@ def _submit(fn: Callable, *args: object):
 
 
 class RemoteWheel(VllmSource):
-    """One wheel file on an index: `url`, its sha256 and size when the index gives them."""
+    """One wheel file on an index: `url`, its sha256 and size when the index gives them;
+    `siblings`: what it shares with the other wheels of its target (siblings.py)."""
 
     def __init__(self, label: str, version: str, url: str, *, filename: str,
-                 sha256: Optional[str] = None, size: Optional[int] = None, offline: bool = False) -> None:
+                 sha256: Optional[str] = None, size: Optional[int] = None, offline: bool = False,
+                 siblings: Optional[Siblings] = None) -> None:
         super().__init__(label, version, commit_of(version), sha256)
         self.url = url
         self.filename = filename
         self.size = size
         self.offline = offline
+        self._siblings = siblings if siblings is not None else Siblings()
+        self._place = self._siblings.join()
         self._entry = WheelEntry(label, url, sha256)
         self._opened = False
         self._central_checked = False  # the cached central directory compared with the server's
         self._members: Dict[str, bytes] = {}
-        self._absent: Set[str] = set()  # paths this wheel does not have
         self._zip: Optional[ZipMembers] = None
         self._file: Optional[BinaryIO] = None
         self._lock = threading.RLock()
@@ -106,41 +115,41 @@ class RemoteWheel(VllmSource):
         return f"wheel:{self.sha256}:{ident.central_sha256}"
 
     def release(self) -> None:
+        self._siblings.done(self._place)
         with self._lock:
             self._members.clear()
-            self._absent.clear()
             self._zip = None
             self._file = None
 
     def prefetch(self, paths: Iterable[str]) -> None:
         with self._lock:
             self._open_entry()
-            wanted = [check_member(self.label, p) for p in dict.fromkeys(paths)
-                      if p not in self._members and p not in self._absent]
-            wanted = [p for p in wanted if not self._from_cache(p)]
+            asked = [check_member(self.label, p) for p in dict.fromkeys(paths)]
+            self._siblings.note_asked(self._place, asked)
+            wanted = [p for p in asked if p not in self._members]
             if not wanted:
                 return
             layout = self.layout()
-            present = [p for p in wanted if p in layout]
-            for path in wanted:
-                if path not in layout:
-                    write_atomic(self._entry.member_path(path, absent=True), b"")
-                    self._absent.add(path)
-            if present:
-                self._with_fallback(lambda: self._fetch_members(present))
+            fetch = [p for p in wanted if p in layout and not self._from_store(p)]
+            if fetch:  # a round trip anyway: what the nearest sibling was asked for comes with it
+                hinted = [p for p in self._siblings.hints(self._place) if p in layout and p not in fetch
+                          and p not in self._members and not self._from_store(p)]
+                self._with_fallback(lambda: self._fetch_members(fetch, hinted))
 
-    def _fetch_members(self, paths: List[str]) -> None:
-        """Fetch the members' byte spans in one parallel batch, then decompress and CRC-check."""
+    def _fetch_members(self, paths: List[str], hinted: Sequence[str] = ()) -> None:
+        """Fetch the members' byte spans in one parallel batch (the asked ones read ahead,
+        hinted ones as they are), then decompress, CRC-check and store them."""
+        layout = self.layout()
         if isinstance(self._file, RangeFile):
-            layout = self.layout()
-            spans = [s for s in layout.spans(paths) if self._file.missing(*s)]
+            spans = [layout.widened(s, READ_AHEAD) for s in layout.spans(paths) if self._file.missing(*s)]
+            spans += [s for s in layout.spans(hinted) if self._file.missing(*s)]
             if spans:
                 self._need_network(f"{len(paths)} file(s) such as {paths[0]} are")
                 self._check_cached_central()
-                self._file.ensure([layout.widened(s, READ_AHEAD) for s in spans], COALESCE_GAP)
-        for path in paths:
-            data = self.layout().read(path)
-            write_atomic(self._entry.member_path(path), data)
+                self._file.ensure(spans, COALESCE_GAP)
+        for path in [*paths, *hinted]:
+            data = layout.read(path)
+            memberstore.save(layout.content_id(path), data)  # type: ignore[arg-type]
             self._members[path] = data
 
     def layout(self) -> ZipMembers:
@@ -158,17 +167,14 @@ class RemoteWheel(VllmSource):
             self._entry.open(self.size)
             self._opened = True
 
-    def _from_cache(self, path: str) -> bool:
-        """Serve path from the disk cache: its content, or the note that the wheel lacks it."""
-        if not self._entry.trusted:
+    def _from_store(self, path: str) -> bool:
+        """Serve a member of the layout from the member store (memberstore.py) when the bytes
+        stored under its id pass its size and CRC-32 check."""
+        layout = self.layout()
+        data = memberstore.load(layout.content_id(path))  # type: ignore[arg-type]
+        if data is None or not layout.matches(path, data):
             return False
-        data = read_bytes(self._entry.member_path(path))
-        if data is not None:
-            self._members[path] = data
-        elif self._entry.member_path(path, absent=True).is_file():
-            self._absent.add(path)
-        else:
-            return False
+        self._members[path] = data
         stats.add(cache_hits=1)
         return True
 

@@ -14,6 +14,7 @@ from sparkmods.errors import SparkmodsError
 from sparkmods.sources.base import VllmSource
 from sparkmods.sources.index import DEFAULT_INDEX, ProjectPage, fetch_page
 from sparkmods.sources.remote import RemoteWheel
+from sparkmods.sources.siblings import Siblings
 
 log = logging.getLogger("sparkmods.sources")
 
@@ -86,7 +87,8 @@ def _from_index(index_url: str, selector: str, prefix: str, *, offline: bool, pr
     if not versions:
         raise SparkmodsError(f"{where}: no vllm release on {page.url} is in {selector!r}"
                              + ("" if prereleases else " (pre-releases need --pre)"))
-    return [_wheel(page, v, prefix, offline) for v in versions]
+    siblings = Siblings()  # the range's wheels share member contents and asked paths
+    return [_wheel(page, v, prefix, offline, siblings) for v in versions]
 
 
 def _as_version(selector: str) -> Optional[Version]:
@@ -111,10 +113,11 @@ def _find(page: ProjectPage, pinned: Version, selector: str) -> Version:
     raise SparkmodsError(f"vllm {selector} is not on {page.url} (newest there: {newest}){hint}")
 
 
-def _wheel(page: ProjectPage, version: Version, prefix: str, offline: bool) -> RemoteWheel:
+def _wheel(page: ProjectPage, version: Version, prefix: str, offline: bool,
+           siblings: Optional[Siblings] = None) -> RemoteWheel:
     chosen = page.wheel(version)
     if chosen.yanked:
         log.warning("vllm %s is yanked on %s; reading it because it was named exactly", version, page.url)
     text = str(version)
     return RemoteWheel(f"{prefix}{text}", text, chosen.url, filename=chosen.filename,
-                       sha256=chosen.sha256, size=chosen.size, offline=offline)
+                       sha256=chosen.sha256, size=chosen.size, offline=offline, siblings=siblings)

@@ -16,7 +16,9 @@ would hand those bytes to every later run. The rule:
   a cached central directory that does not match the record, or a verified full download
   that does not match, is a conflict. The folder then gets `conflict.txt` and is refused
   from then on, offline too, until it is deleted: a poisoned entry is never used.
-- Members are cached only after their CRC-32 matched the recorded central directory.
+- Members are not kept here but in the member store (memberstore.py), by what the central
+  directory lists for them, and are read back only when they match the central directory
+  the recorded identity vouches for.
 - What this cannot see: an answer served wholly from the cache makes no request, so with an
   index that lists no sizes (PEP 503 HTML) a server that lied on the first read is caught
   only once a member must be fetched. PEP 691 indexes (PyPI) list sizes: checked every run.
@@ -53,7 +55,7 @@ class Identity:
 
 
 class WheelEntry:
-    """The cache folder of one wheel: identity, central directory, members, whole download."""
+    """The cache folder of one wheel: identity, central directory, whole download."""
 
     def __init__(self, label: str, url: str, sha256: Optional[str]) -> None:
         if sha256 is not None and not is_sha256(sha256):
@@ -137,9 +139,6 @@ class WheelEntry:
 
     def store_central(self, offset: int, size: int, data: bytes) -> None:
         write_atomic(self.dir / "central.bin", _HEADER.pack(offset, size) + data)
-
-    def member_path(self, path: str, absent: bool = False) -> Path:
-        return self.dir / ("absent" if absent else "members") / digest(path)
 
     @property
     def whole(self) -> Path:

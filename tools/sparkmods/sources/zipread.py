@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import struct
 import zlib
-from typing import BinaryIO, Dict, Iterable, List, NamedTuple, Optional
+from typing import BinaryIO, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from sparkmods.errors import SparkmodsError
 from sparkmods.sources.base import is_safe_member
@@ -29,6 +29,7 @@ _LOCAL = struct.Struct("<4s2B4HL2L2H")  # one local file header
 _MAX_COMMENT = 0xFFFF
 _UTF8_FLAG, _ENCRYPTED_FLAG = 0x800, 0x1
 _STORED, _DEFLATED = 0, 8
+ContentId = Tuple[str, int, int]  # name, size, CRC-32: what the central directory says a member holds
 
 
 class Member(NamedTuple):
@@ -144,6 +145,18 @@ class ZipMembers:
             hi += 1
         return min(bounds[lo], span[0]), max(bounds[hi] if hi < len(bounds) else span[1], span[1])
 
+    def content_id(self, name: str) -> Optional[ContentId]:
+        """(name, size, CRC-32) as the central directory lists the member; None when absent.
+        Bytes that another wheel's member of the same id held pass this member's check
+        (matches) exactly as its own bytes would."""
+        member = self._members.get(name)
+        return None if member is None else (name, member.size, member.crc)
+
+    def matches(self, name: str, data: bytes) -> bool:
+        """Whether data has the size and CRC-32 the central directory lists for the member."""
+        member = self._members[name]
+        return len(data) == member.size and zlib.crc32(data) == member.crc
+
     def read(self, name: str) -> Optional[bytes]:
         """The member's content, verified against its CRC-32 and size; None when absent."""
         member = self._members.get(name)
@@ -153,7 +166,7 @@ class ZipMembers:
             data = self._content(name, member)
         except (zlib.error, EOFError, struct.error) as exc:
             raise SparkmodsError(f"{self.label}: member {name} cannot be decompressed ({exc})") from None
-        if len(data) != member.size or zlib.crc32(data) != member.crc:
+        if not self.matches(name, data):
             raise SparkmodsError(f"{self.label}: member {name} failed its CRC-32 check; "
                                  "the wheel or the transfer is corrupt")
         return data
