@@ -52,7 +52,8 @@ def test_apply_and_the_applied_tree_import_none_of_the_heavy_modules(tmp_path: P
     shutil.copytree(pristine, site)
     start = imported(subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"], capture_output=True,
                                     text=True).stderr)  # what the interpreter loads before any code runs
-    for expect, module in (("applied variant v1", "_sparkmods.applier"), ("already applied (variant v1)", "_sparkmods.stamp")):
+    runs = (("applied variant v1", "_sparkmods.applier"), ("already applied (variant v1)", "_sparkmods.stamp"))
+    for expect, module in runs:
         out = run_sh(mod, site, tmp_path, env_extra=env)
         assert out.returncode == 0 and expect in out.stdout, out.stdout + out.stderr
         loaded = imported(out.stderr) - start

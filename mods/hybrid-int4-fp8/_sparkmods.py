@@ -640,7 +640,7 @@ options:
 def parse_args(argv: Sequence[str]) -> "tuple[str, bool, Optional[str], Optional[str]]":
     """(action, dry run, --site, --workspace) from run.sh's arguments, read as argparse would
     (`--site X` or `--site=X`; -h prints the help); a bad one is the usage and exit 2. Not
-    argparse itself: its import was a tenth of an apply."""
+    argparse itself: importing it takes 8 ms of a fresh interpreter on the dev machine."""
     action, dry_run, values = None, False, {"--site": None, "--workspace": None}
     rest = list(argv)
     while rest:
@@ -682,16 +682,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     'basics': r'''"""Two standard pieces the runtime uses in a lighter form, for run.sh's start-up.
 
 run.sh starts a fresh Python on every container start, and what it imports is much of what
-it costs: an apply once spent more time importing modules than changing files.
+it costs: an apply once spent more time importing modules than changing files. (Times are
+imports into a fresh interpreter on the dev machine, whose `python -c pass` takes 13 ms.)
 
-  Record   plain data classes without `dataclasses`: that module (with `inspect`, which it
-           imports) cost about a fifth of an apply, and each class built its methods with
-           exec at import. A Record subclass lists its fields in `__slots__` (a subclass of
-           it, the fields it adds) and writes its own typed `__init__`; Record adds what a
-           dataclass would: equality field by field (same class only) and a repr that names
-           every field. Records are not hashable, like mutable dataclasses.
-  sha256   the interpreter's own SHA-256 module: hashlib imports OpenSSL's, whose loading cost
-           more (about 3 ms) than the runtime's hashing of a few hundred KB takes either way.
+  Record   plain data classes without `dataclasses`: that module, with `inspect` which it
+           imports, takes about 15 ms, and each class built its methods with exec at import.
+           A Record subclass lists its fields in `__slots__` (a subclass of it, the fields
+           it adds) and writes its own typed `__init__`; Record adds what a dataclass would:
+           equality field by field (same class only) and a repr that names every field.
+           Records are not hashable, like mutable dataclasses.
+  sha256   the interpreter's own SHA-256 module: hashlib loads OpenSSL's, which takes about
+           3 ms, more than the few hundred KB an apply hashes take with the interpreter's own.
 """
 
 try:
@@ -776,7 +777,8 @@ class NearMatch(Record):
 
     __slots__ = ("line", "matching", "total", "differing")
 
-    def __init__(self, line: int, matching: int, total: int, differing: Optional[List[Tuple[int, str, str]]] = None) -> None:
+    def __init__(self, line: int, matching: int, total: int,
+                 differing: Optional[List[Tuple[int, str, str]]] = None) -> None:
         self.line = line  # 1-based line of the window's first line in the target file
         self.matching, self.total = matching, total
         self.differing = [] if differing is None else differing  # (line, expected, found)
@@ -1148,9 +1150,10 @@ renames are in the page cache, and every later reader sees them in the order the
 That order (the journal and the copies of the old bytes first, then the new bytes under temp
 names, then the renames, the journal removed last) is all that safety against a kill at any
 instant needs (tests/test_crash_safety.py kills the runtime at every step, and
-ci/bench/bench_kill.py at random instants). fsync would add protection only against a power cut (or a kernel crash) in the
-seconds before the kernel writes its cache back, and it was most of an apply: 19 of them for
-int8-lm-head, 10 to 65 ms on the dev machine's disk depending on its other I/O.
+ci/bench/bench_kill.py at random instants). fsync would add protection only against a power
+cut (or a kernel crash) in the seconds before the kernel writes its cache back, and it was
+most of an apply: 19 of them for int8-lm-head, 10 to 65 ms on the dev machine's disk
+depending on its other I/O.
 
 What such a cut can do, then: files this run wrote may come back missing or empty, and some
 of its renames may last without the others or without the journal. What it cannot do is make
@@ -1163,7 +1166,7 @@ recreated from its image).
 
 from __future__ import annotations
 
-import _signal  # not the signal module, whose enums import enum (run.sh's start-up)
+import _signal  # not the signal module, whose enums import enum: about 5 ms (basics.py: how measured)
 import os
 import stat
 
@@ -1381,7 +1384,7 @@ turns both signals into the same exception (SIGTERM would otherwise end the run 
 
 from __future__ import annotations
 
-import _signal  # signal without the wrapper module, whose enums import enum and more (run.sh's start-up)
+import _signal  # not the signal module, whose enums import enum: about 5 ms (basics.py: how measured)
 import sys
 
 from . import fsops
@@ -1432,8 +1435,8 @@ def _raise(signum: int, frame: object) -> None:
     raise Interrupted(signum, during_change=False)
 
 
-# The three context managers are classes, not @contextmanager generators: contextlib (with
-# the collections and functools it imports) was a tenth of run.sh's apply.
+# The three context managers are classes, not @contextmanager generators: importing contextlib,
+# with the collections and functools it imports, takes about 3 ms (basics.py: how measured).
 class handled:
     """SIGINT and SIGTERM raise Interrupted (in the main thread; elsewhere nothing changes)."""
 
@@ -1584,8 +1587,8 @@ _ESCAPES = {**{code: f"\\u{code:04x}" for code in (*range(0x20), 0x7f)}, ord('"'
 def dump_json(value: Any) -> bytes:
     """What `json.dumps(value, indent=1, sort_keys=True).encode()` writes, for what the journal
     and state.json hold (dicts with str keys, lists, str, int, bool, None). Written without
-    the json module: its import, with re, was a quarter of run.sh's apply. Read back with
-    json (an interrupted run's journal, a revert's state)."""
+    the json module, which with re takes about 10 ms to import (basics.py: how measured);
+    read back with it (an interrupted run's journal, a revert's state)."""
     return _json(value, "\n").encode()
 
 
@@ -1688,7 +1691,8 @@ def _read(path: str) -> bytes:
         return fh.read()
 
 
-def _bytes_to_write(site: StrPath, journal: Journal, direction: str) -> List["tuple[str, str, Callable[[], bytes], int]"]:
+def _bytes_to_write(site: StrPath, journal: Journal, direction: str
+                    ) -> List["tuple[str, str, Callable[[], bytes], int]"]:
     """(target, sha256, bytes, mode) of every file the settle must write, state.json included."""
     out = []
     for e in journal.entries:
@@ -2007,7 +2011,7 @@ class tree_lock:
 
     On a read-only tree the lock cannot be created: ReadOnlyTree, or, when not `required`
     (a dry run, which nobody else can disturb there either), the body runs unlocked.
-    (A class, not a @contextmanager: contextlib's import was a tenth of run.sh's apply.)
+    (A class, not a @contextmanager: see interrupts.py.)
     """
 
     def __init__(self, state_root: StrPath, say: Callable[[str], None], required: bool = True) -> None:
@@ -2092,7 +2096,7 @@ SCHEMA = 1
 class _Form:
     """The form a name must have: a first character from `first`, then up to `longest - 1`
     from `rest`. `pattern` is the same rule as a regular expression, which error messages
-    show; it is checked without re, whose import was a tenth of run.sh's apply."""
+    show; it is checked without re, whose import takes about 7 ms (basics.py: how measured)."""
 
     def __init__(self, pattern: str, first: str, rest: str, longest: int) -> None:
         self.pattern, self.first, self.rest, self.longest = pattern, frozenset(first), frozenset(rest), longest
@@ -2364,7 +2368,7 @@ def load_manifest(mod_dir: StrPath) -> Manifest:
 def _decode_json(path: str, raw: bytes) -> Any:
     """manifest.json's data; bad JSON is a one-line ManifestError. Inside a mod it is decoded
     once and then taken from the runtime's cache while the file is byte-identical (`cached`):
-    json, with re, was a quarter of run.sh's apply, so it is imported only here."""
+    json, with re, takes about 10 ms to import (basics.py: how measured), so only here."""
     import json
 
     text = _utf8(path, raw)
@@ -2656,7 +2660,7 @@ class InvalidRange(ValueError):
 
 # The grammar (packaging's), compiled on first use: a plain release (`0.19.1`: every release,
 # every range bound, most vLLMs run.sh meets) is read without it, which spares run.sh the
-# import of re and this compile, a tenth of its apply.
+# import of re and this compile, about 8 ms (basics.py: how measured).
 _VERSION_PATTERN = r"""
     ^\s*v?
     (?:(?P<epoch>[0-9]+)!)?
@@ -3122,7 +3126,8 @@ class Hunk(Record):
                  "new_eof_newline")
 
     def __init__(self, old_start: int, old_len: int, new_start: int, new_len: int, section: str,
-                 lines: Optional[List[tuple]] = None, old_eof_newline: bool = True, new_eof_newline: bool = True) -> None:
+                 lines: Optional[List[tuple]] = None, old_eof_newline: bool = True,
+                 new_eof_newline: bool = True) -> None:
         self.old_start, self.old_len, self.new_start, self.new_len = old_start, old_len, new_start, new_len
         self.section = section
         self.lines = [] if lines is None else lines
@@ -3225,8 +3230,8 @@ def _stray_body_line(line: str) -> bool:
 def _hunk_header(line: str) -> "Optional[tuple[int, int, int, int, str]]":
     """(old start, old length, new start, new length, section) of `@@ -A[,B] +C[,D] @@ section`
     (an absent length is 1); None for any other line (one line: no line break in it). What
-    `^@@ -(\\d+)(?:,(\\d+))? \\+(\\d+)(?:,(\\d+))? @@(.*)$` matches, read without re: importing it
-    and compiling patterns were a tenth of run.sh's apply."""
+    `^@@ -(\\d+)(?:,(\\d+))? \\+(\\d+)(?:,(\\d+))? @@(.*)$` matches, read without re, whose import takes
+    about 7 ms (basics.py: how measured)."""
     if not line.startswith("@@ -"):
         return None
     old, plus, rest = line[4:].partition(" +")

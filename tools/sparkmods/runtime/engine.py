@@ -51,7 +51,8 @@ class NearMatch(Record):
 
     __slots__ = ("line", "matching", "total", "differing")
 
-    def __init__(self, line: int, matching: int, total: int, differing: Optional[List[Tuple[int, str, str]]] = None) -> None:
+    def __init__(self, line: int, matching: int, total: int,
+                 differing: Optional[List[Tuple[int, str, str]]] = None) -> None:
         self.line = line  # 1-based line of the window's first line in the target file
         self.matching, self.total = matching, total
         self.differing = [] if differing is None else differing  # (line, expected, found)

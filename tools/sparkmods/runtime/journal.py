@@ -110,8 +110,8 @@ _ESCAPES = {**{code: f"\\u{code:04x}" for code in (*range(0x20), 0x7f)}, ord('"'
 def dump_json(value: Any) -> bytes:
     """What `json.dumps(value, indent=1, sort_keys=True).encode()` writes, for what the journal
     and state.json hold (dicts with str keys, lists, str, int, bool, None). Written without
-    the json module: its import, with re, was a quarter of run.sh's apply. Read back with
-    json (an interrupted run's journal, a revert's state)."""
+    the json module, which with re takes about 10 ms to import (basics.py: how measured);
+    read back with it (an interrupted run's journal, a revert's state)."""
     return _json(value, "\n").encode()
 
 
@@ -214,7 +214,8 @@ def _read(path: str) -> bytes:
         return fh.read()
 
 
-def _bytes_to_write(site: StrPath, journal: Journal, direction: str) -> List["tuple[str, str, Callable[[], bytes], int]"]:
+def _bytes_to_write(site: StrPath, journal: Journal, direction: str
+                    ) -> List["tuple[str, str, Callable[[], bytes], int]"]:
     """(target, sha256, bytes, mode) of every file the settle must write, state.json included."""
     out = []
     for e in journal.entries:

@@ -56,7 +56,7 @@ class tree_lock:
 
     On a read-only tree the lock cannot be created: ReadOnlyTree, or, when not `required`
     (a dry run, which nobody else can disturb there either), the body runs unlocked.
-    (A class, not a @contextmanager: contextlib's import was a tenth of run.sh's apply.)
+    (A class, not a @contextmanager: see interrupts.py.)
     """
 
     def __init__(self, state_root: StrPath, say: Callable[[str], None], required: bool = True) -> None:
