@@ -119,7 +119,7 @@ class _FileCheck:
                     self._override(cls, node)
                 inner = dict(local)
                 if _touches(node, self.import_lines):  # a def without the word has nothing to walk for
-                    inner.update(_local_imports(node))
+                    inner.update(_local_imports(node, self.import_lines))
                 self._scan(node.decorator_list + list(node.args.defaults) + [d for d in node.args.kw_defaults if d], cls, local)
                 self._walk(node.body, cls if cls is not None else None, inner)
                 continue
@@ -220,25 +220,36 @@ class _FileCheck:
                      f"{cls.qualname}.{node.name}:{problem}")
 
 
-def _walk_no_defs(node: ast.AST, touched: Optional[Sequence[int]] = None) -> Iterable[ast.AST]:
+_NESTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+def _walk_no_defs(node: ast.AST, touched: Sequence[int]) -> Iterable[ast.AST]:
     """ast.walk that does not enter nested defs/classes/lambdas (they are walked with context)
-    and, given the sorted `touched` lines, skips children that span none of them (a node's
-    children lie within its lines, so nothing there can be touched)."""
+    and skips children that span none of the sorted `touched` lines (a node's children lie
+    within its lines, so nothing there can be touched). ast.iter_child_nodes' order, without
+    its two generators per node: the walk runs over every node the patches wrote."""
     stack = [node]
     while stack:
         cur = stack.pop()
         yield cur
-        for child in ast.iter_child_nodes(cur):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-                continue
-            if touched is not None and getattr(child, "end_lineno", None) is not None and not _touches(child, touched):
-                continue
-            stack.append(child)
+        for field in cur._fields:
+            value = getattr(cur, field, None)
+            for child in value if isinstance(value, list) else (value,):
+                if not isinstance(child, ast.AST) or isinstance(child, _NESTED):
+                    continue
+                end = getattr(child, "end_lineno", None)
+                if end is not None:
+                    i = bisect.bisect_left(touched, child.lineno)  # type: ignore[attr-defined]
+                    if i == len(touched) or touched[i] > end:
+                        continue
+                stack.append(child)
 
 
-def _local_imports(fn: ast.AST) -> Dict[str, ast.AST]:
+def _local_imports(fn: ast.AST, import_lines: Sequence[int]) -> Dict[str, ast.AST]:
+    """The names a def's own imports bind (later ones win); only the parts of it that span a
+    line with the word `import` are walked, as no import statement can lie elsewhere."""
     out: Dict[str, ast.AST] = {}
-    for node in _walk_no_defs(fn):
+    for node in _walk_no_defs(fn, import_lines):
         if isinstance(node, ast.ImportFrom):
             for alias in node.names:
                 out[alias.asname or alias.name] = node

@@ -24,7 +24,9 @@ from sparkmods.sources.rangefile import Span
 _EOCD = struct.Struct("<4s4H2LH")  # end of central directory
 _LOCATOR = struct.Struct("<4sLQL")  # (its offset field is not needed: the record precedes it)  # zip64 end of central directory locator
 _EOCD64 = struct.Struct("<4sQ2H2L4Q")  # zip64 end of central directory record
-_CENTRAL = struct.Struct("<4s4B4HL2L5H2L")  # one central directory record
+# One central directory record, only the fields read: signature, flags, method, CRC-32, sizes,
+# name/extra/comment lengths, local header offset (versions, times, disk and attributes skipped).
+_CENTRAL = struct.Struct("<4s4x2H4x3L3H8xL")
 _LOCAL = struct.Struct("<4s2B4HL2L2H")  # one local file header
 _MAX_COMMENT = 0xFFFF
 _UTF8_FLAG, _ENCRYPTED_FLAG = 0x800, 0x1
@@ -92,22 +94,24 @@ class ZipMembers:
         self.central_offset = cd_offset + concat
         data = self._read_at(self.central_offset, cd_size)
         members: Dict[str, Member] = {}
-        pos, unpack, record = 0, _CENTRAL.unpack_from, _CENTRAL.size
+        pos, unpack, record, last = 0, _CENTRAL.unpack_from, _CENTRAL.size, len(data) - _CENTRAL.size
         make = tuple.__new__  # Member(...) runs Python code per call; this is one C call
-        while pos + record <= len(data):
-            (sig, _, _, _, _, flags, method, _, _, crc, compressed, fsize,
-             n, m, k, _, _, _, offset) = unpack(data, pos)
+        offsets = self._offsets
+        while pos <= last:
+            sig, flags, method, crc, compressed, fsize, n, m, k, offset = unpack(data, pos)
             if sig != b"PK\x01\x02":
                 raise ValueError(f"bad central directory record at offset {self.central_offset + pos}")
-            raw = data[pos + record:pos + record + n]
+            start = pos + record
+            raw = data[start:start + n]
             # ASCII reads the same in both encodings and has a fast decoder (cp437's is a
             # Python-level codec, and a vLLM wheel has about 4,000 names)
             name = raw.decode("ascii") if raw.isascii() else raw.decode("utf-8" if flags & _UTF8_FLAG else "cp437")
-            if 0xFFFFFFFF in (compressed, fsize, offset):
-                fsize, compressed, offset = _zip64(data[pos + record + n:pos + record + n + m], fsize, compressed, offset)
-            members[name] = make(Member, (offset + concat, compressed, fsize, crc, method, flags))
-            self._offsets.append(offset + concat)
-            pos += record + n + m + k
+            if compressed == 0xFFFFFFFF or fsize == 0xFFFFFFFF or offset == 0xFFFFFFFF:
+                fsize, compressed, offset = _zip64(data[start + n:start + n + m], fsize, compressed, offset)
+            offset += concat
+            members[name] = make(Member, (offset, compressed, fsize, crc, method, flags))
+            offsets.append(offset)
+            pos = start + n + m + k
         return members
 
     # -- queries ------------------------------------------------------------------------
