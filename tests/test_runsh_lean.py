@@ -18,7 +18,7 @@ from typing import Set
 
 import pytest
 
-from modfactory import make_site, make_template_mod
+from modfactory import ORIGINAL, TARGET, make_mod, make_site, make_template_mod
 from sparkmods.community.judge import CommunityResult
 from sparkmods.runtime import pep440
 from sparkmods.runtime.engine import FileResult, UnsafePath, safe_target
@@ -58,6 +58,24 @@ def test_apply_and_the_applied_tree_import_none_of_the_heavy_modules(tmp_path: P
         assert out.returncode == 0 and expect in out.stdout, out.stdout + out.stderr
         loaded = imported(out.stderr) - start
         assert module in loaded and not loaded & HEAVY, sorted(loaded & HEAVY)
+
+
+@pytest.mark.parametrize("tree,code,line", [
+    ({}, 0, "[demo] applied variant v1 to vLLM 0.19.1"),
+    ({TARGET: ORIGINAL.replace("y = x * 2", "y = x * 3")}, 1, "[demo]   nothing was changed; pin a vLLM"),
+])
+def test_the_exit_skips_the_teardown_but_no_output_or_exit_code(tmp_path: Path, tree, code: int, line: str) -> None:
+    """run.sh's Python ends with os._exit once its streams are flushed: every line reaches a
+    file (block-buffered, unlike a terminal) and the exit code is the run's."""
+    site = make_site(tmp_path / "site", files=tree)
+    mod = make_mod(tmp_path / "mods")
+    env = {"PATH": os.environ["PATH"], "PYTHON_ROOT": str(site), "SPARKMODS_PYTHON": sys.executable,
+           "SPARKMODS_CACHE_DIR": str(tmp_path / "cache")}
+    with open(tmp_path / "out.txt", "w") as out:
+        done = subprocess.run(["bash", str(mod / "run.sh")], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+                              timeout=60)
+    lines = (tmp_path / "out.txt").read_text().splitlines()
+    assert done.returncode == code and any(text.startswith(line) for text in lines), lines
 
 
 def test_an_edited_manifest_is_decoded_again_not_taken_from_the_cache(tmp_path: Path) -> None:

@@ -193,6 +193,11 @@ KeyboardInterrupt: while the runtime is still being imported, or in the instant 
 returned. Either way no change to vLLM is under way: one line instead of a traceback, and
 exit 130 as after any SIGINT. (A SIGINT during the interpreter's own start-up, before this
 file runs, stays Python's.)
+
+The exit skips tearing the interpreter down, as sparkmods' own `cli.entry` does: freeing every
+module and object one by one took about 2.5 ms, a tenth of an already-applied run. What an
+exit must still do is done: the exit handlers run and the standard streams are flushed (the
+runtime starts no thread and leaves no other file open).
 """
 
 try:  # first: a SIGINT at any later line is caught
@@ -208,6 +213,15 @@ try:  # first: a SIGINT at any later line is caught
         from .applier import main
 
         code = main()
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # a reader that went away, or a closed stream: nothing more can reach it
+    os._exit(code)
 except KeyboardInterrupt:
     import os
     import sys
@@ -220,7 +234,6 @@ except KeyboardInterrupt:
     # `python -m` then ends the process by SIGINT instead of with the exit code. Nothing but
     # the line above is left to flush.
     os._exit(130)
-sys.exit(code)
 ''',
     'applier': r'''"""Apply, check or revert one mod on an installed vLLM; the entry point of every run.sh.
 
