@@ -32,7 +32,7 @@ def check_json(capsys, *args: str) -> dict:
 
 
 def entries(cache: Path) -> List[Path]:
-    return sorted((cache / "results-v1").glob("*/*.json"))
+    return sorted((cache / "results-v2").glob("*.json"))
 
 
 @pytest.fixture

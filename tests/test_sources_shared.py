@@ -1,6 +1,6 @@
 """What the wheels of one run share: members stored by what the central directory says they hold
 (memberstore.py), the paths siblings were asked for (siblings.py), and the check slots
-(check.CHECK_SLOTS)."""
+(slots.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 from typing import List
 
 from modfactory import ORIGINAL, TARGET, make_mod
-from sparkmods import check, resultcache
+from sparkmods import check, resultcache, slots
 from sparkmods.sources import memberstore, open_targets, stats
 from sparkmods.sources.base import MemorySource
 from sparkmods.sources.siblings import Siblings
@@ -35,7 +35,7 @@ def member_requests(index, version: str) -> List[str]:
     return [h.range for h in index.file_hits() if h.path.endswith(WHEEL.format(v=version)) and "=-" not in h.range]
 
 
-def test_a_member_two_wheels_hold_byte_for_byte_is_fetched_once(loopback_index, tmp_path):
+def test_a_member_two_wheels_hold_byte_for_byte_is_fetched_once(loopback_index, tmp_path):  # noqa: F811
     old, new = two_releases(loopback_index, tmp_path)
     assert old.read(SHARED) == b"SHARED = 1\n" * 50
     stats.reset()
@@ -43,13 +43,13 @@ def test_a_member_two_wheels_hold_byte_for_byte_is_fetched_once(loopback_index, 
     assert member_requests(loopback_index, "0.19.1") == [] and stats.snapshot()["cache_hits"] == 1
 
 
-def test_a_member_whose_bytes_differ_is_never_taken_from_another_wheel(loopback_index, tmp_path):
+def test_a_member_whose_bytes_differ_is_never_taken_from_another_wheel(loopback_index, tmp_path):  # noqa: F811
     old, new = two_releases(loopback_index, tmp_path)
     assert old.read(A) != new.read(A)  # same path and size, another CRC-32
     assert new.read(A) == wheel_files("0.19.1")[A] and len(member_requests(loopback_index, "0.19.1")) == 1
 
 
-def test_a_stored_member_that_fails_its_check_is_fetched_again(loopback_index, tmp_path):
+def test_a_stored_member_that_fails_its_check_is_fetched_again(loopback_index, tmp_path):  # noqa: F811
     old, new = two_releases(loopback_index, tmp_path)
     old.read(SHARED)
     cid = old.layout().content_id(SHARED)
@@ -58,7 +58,55 @@ def test_a_stored_member_that_fails_its_check_is_fetched_again(loopback_index, t
     assert memberstore.load(cid) == b"SHARED = 1\n" * 50  # stored again, verified
 
 
-def test_a_wheel_fetches_what_its_sibling_was_asked_for_in_the_same_round(loopback_index, tmp_path):
+def _claimed_elsewhere(wheel, path: str):
+    """Claim path's bytes as another wheel fetching them would; (claim, set once a reader waits)."""
+    cid = wheel.layout().content_id(path)
+    mine, _ = memberstore.claim([cid])
+    event, reached = memberstore._claims[cid], threading.Event()
+    wait = event.wait
+    event.wait = lambda timeout=None: (reached.set(), wait(timeout))[1]  # type: ignore[method-assign]
+    return mine, reached
+
+
+def _read_in_thread(wheel, path: str):
+    out: dict = {}
+    thread = threading.Thread(target=lambda: out.setdefault("data", wheel.read(path)))
+    thread.start()
+    return thread, out
+
+
+def test_a_wheel_waits_for_the_fetch_another_is_making_of_the_same_bytes(loopback_index, tmp_path):  # noqa: F811
+    _, new = two_releases(loopback_index, tmp_path)
+    claim, reached = _claimed_elsewhere(new, SHARED)
+    thread, out = _read_in_thread(new, SHARED)
+    assert reached.wait(10)
+    memberstore.save(claim[0], b"SHARED = 1\n" * 50)  # what the other fetch stores
+    memberstore.settle(claim)
+    thread.join(10)
+    assert out["data"] == b"SHARED = 1\n" * 50 and member_requests(loopback_index, "0.19.1") == []
+
+
+def test_when_the_fetch_waited_for_fails_the_wheel_fetches_itself(loopback_index, tmp_path):  # noqa: F811
+    _, new = two_releases(loopback_index, tmp_path)
+    claim, reached = _claimed_elsewhere(new, SHARED)
+    thread, out = _read_in_thread(new, SHARED)
+    assert reached.wait(10)
+    memberstore.settle(claim)  # nothing stored
+    thread.join(10)
+    assert out["data"] == b"SHARED = 1\n" * 50 and len(member_requests(loopback_index, "0.19.1")) == 1
+
+
+def test_a_warmed_wheel_holds_nothing_and_its_first_read_is_one_request(loopback_index, tmp_path):  # noqa: F811
+    old, _ = two_releases(loopback_index, tmp_path)
+    old.warm()
+    assert [h.range.startswith("bytes=-") for h in loopback_index.file_hits()] == [True]
+    assert old._zip is None and old._file is None
+    old.warm()  # cached now: nothing to do
+    assert old.read(A) == wheel_files("0.19.0")[A]
+    assert len(loopback_index.file_hits()) == 2 and len(member_requests(loopback_index, "0.19.0")) == 1
+
+
+def test_a_wheel_fetches_what_its_sibling_was_asked_for_in_the_same_round(loopback_index, tmp_path):  # noqa: F811
     old, new = two_releases(loopback_index, tmp_path)
     old.prefetch([A, HINTED])
     old.release()
@@ -68,16 +116,18 @@ def test_a_wheel_fetches_what_its_sibling_was_asked_for_in_the_same_round(loopba
     assert new.read(HINTED) == b"HINTED = '0.19.1'\n" and member_requests(loopback_index, "0.19.1") == ranges
 
 
-def test_hints_come_from_the_nearest_sibling_and_prefer_a_done_one():
+def test_hints_come_from_the_nearest_siblings_up_to_a_done_one():
     siblings = Siblings(max_asked=2)
-    places = [siblings.join() for _ in range(4)]
+    places = [siblings.join() for _ in range(5)]
     assert siblings.hints(places[0]) == []
     siblings.note_asked(places[0], ["a"])
     siblings.note_asked(places[2], ["c", "d", "e"])  # bounded: "e" is dropped
-    assert siblings.hints(places[3]) == ["c", "d"] and siblings.hints(places[1]) == ["a"]
-    assert siblings.hints(places[0]) == ["c", "d"]  # none before it: the nearest after it
-    siblings.done(places[0])
-    assert siblings.hints(places[3]) == ["a"]  # done: its paths are all it will ever ask
+    siblings.note_asked(places[4], ["e"])
+    assert siblings.hints(places[3]) == ["c", "d", "e", "a"]  # none done: all, nearest first
+    assert siblings.hints(places[1]) == ["a", "c", "d", "e"]  # at the same distance the earlier first
+    siblings.done(places[2])
+    assert siblings.hints(places[3]) == ["c", "d"]  # its chains are complete: nothing further
+    assert siblings.hints(places[1]) == ["a", "c", "d"]
 
 
 class _SlowSource(MemorySource):
@@ -104,4 +154,4 @@ def test_no_more_sources_are_checked_at_once_than_there_are_check_slots(tmp_path
     sources = [_SlowSource("0.19.1", {TARGET: ORIGINAL}) for _ in range(3 * check.SOURCE_JOBS)]
     rows = check.check_mods([mod], sources)
     assert [r.result.status for r in rows] == ["ok"] * len(sources)
-    assert _SlowSource.most == check.CHECK_SLOTS < check.SOURCE_JOBS
+    assert _SlowSource.most == slots.CHECK_SLOTS < check.SOURCE_JOBS

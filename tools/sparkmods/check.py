@@ -12,15 +12,15 @@ A row is a pure function of its inputs, so rows already checked come from the re
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Set
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set
 
-from sparkmods import gcpause, resultcache
+from sparkmods import gcpause, resultcache, slots
 from sparkmods.modsdir import load
 from sparkmods.runtime.manifest import Manifest, Upstream, Variant
 from sparkmods.runtime.modcheck import ModResult, aggregate, check_mod, variant_patches
@@ -88,7 +88,7 @@ def check_source(mods: Sequence["tuple[Path, Manifest]"], source,
             for mod_dir, manifest in todo:
                 wanted |= paths_needed(manifest, mod_dir, source.version, hashes[manifest.name])
             source.prefetch(sorted(wanted))
-            with _CHECKING:  # see SOURCE_JOBS
+            with slots.checking():
                 for mod_dir, manifest in todo:
                     result = _checked(manifest, mod_dir, source, hashes[manifest.name])
                     cache.put(hashes[manifest.name], source, result)
@@ -169,21 +169,47 @@ def _release(source) -> None:
 
 
 # Sources in flight at once (check, matrix, community judge), each holding its wheel's central
-# directory and fetched bytes until released: 8 took the 50-build nightly row to 119 MiB, 4
-# keeps it under 90. Of those, at most CHECK_SLOTS run their checks (check_source) at a time,
-# process-wide: the checks are CPU-bound under one GIL, so a third or fourth thread adds only
-# switching, and it starves the threads reading the next sources' bytes, which need the GIL for
-# every 16 KB TLS record (a CPU-bound thread holds it for 5 ms at a time). The others meanwhile
-# fetch what their checks will read.
+# directory and fetched bytes until released (8 took the 50-build nightly row to 119 MiB, 4
+# keeps it under 90); of those, at most slots.CHECK_SLOTS run their checks at a time.
 SOURCE_JOBS = 4
-CHECK_SLOTS = 2
-_CHECKING = threading.BoundedSemaphore(CHECK_SLOTS)
+
+
+# Sources whose central directories are fetched ahead at once (warming).
+WARM_JOBS = 4
+
+
+@contextlib.contextmanager
+def warming(sources: Sequence) -> Iterator[None]:
+    """While the block checks the sources, fetch their central directories ahead, in order
+    (RemoteWheel.warm; other sources have nothing to warm): a source's own fetches then take
+    one round trip instead of two, and the sources in flight keep the checks busy. What has
+    not started when the block ends is dropped. A failure is left for the check's own read of
+    that source to report."""
+    warms = [warm for warm in (getattr(s, "warm", None) for s in sources) if warm is not None]
+    if not warms:
+        yield
+        return
+    with ThreadPoolExecutor(max_workers=WARM_JOBS, thread_name_prefix="sparkmods-warm") as pool:
+        futures = [pool.submit(_quietly, warm) for warm in warms]
+        try:
+            yield
+        finally:
+            for future in futures:
+                future.cancel()
+
+
+def _quietly(action: Callable[[], None]) -> None:
+    try:
+        action()
+    except Exception:  # see warming
+        pass
 
 
 def check_mods(mod_dirs: Iterable[Path], sources: Sequence, jobs: int = SOURCE_JOBS) -> List[CheckRow]:
     """Every mod on every source; sources are checked in parallel, results keep input order."""
-    mods = [(d, load(d)) for d in mod_dirs]
-    hashes = {m.name: resultcache.mod_hash(d) for d, m in mods}
-    with gcpause.paused(), ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources)))) as pool:
-        per_source = list(pool.map(lambda s: check_source(mods, s, hashes), sources))
+    with warming(sources):
+        mods = [(d, load(d)) for d in mod_dirs]
+        hashes = {m.name: resultcache.mod_hash(d) for d, m in mods}
+        with gcpause.paused(), ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources)))) as pool:
+            per_source = list(pool.map(lambda s: check_source(mods, s, hashes), sources))
     return [row for rows in per_source for row in rows]

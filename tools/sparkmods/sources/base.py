@@ -50,6 +50,10 @@ class VllmSource(ABC):
         Local sources read quickly one by one, so by default there is nothing to do.
         """
 
+    def warm(self) -> None:
+        """Fetch ahead, in the background, what any later read needs first, holding nothing
+        (a remote wheel: its central directory, into the cache); by default nothing."""
+
     def content_key(self) -> Optional[str]:
         """A name for exactly these bytes (a wheel's sha256, a git tree id) under which check
         results may be stored and reused; None (the default) when there is none, as for a

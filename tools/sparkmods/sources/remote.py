@@ -23,6 +23,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable, Dict, Iterable, List, Optional, Sequence
 
+from sparkmods import slots
 from sparkmods.errors import SparkmodsError
 from sparkmods.runtime.pep440 import InvalidVersion, Version
 from sparkmods.sources.base import VllmSource, check_member
@@ -32,7 +33,7 @@ from sparkmods.sources.fetchstats import stats
 from sparkmods.sources.rangefile import RangeFile
 from sparkmods.sources.siblings import Siblings
 from sparkmods.sources.wheelentry import Identity, WheelEntry
-from sparkmods.sources.zipread import ZipMembers
+from sparkmods.sources.zipread import ZipMembers, central_directory
 
 if TYPE_CHECKING:
     from sparkmods.sources import http
@@ -46,13 +47,14 @@ TAIL_BYTES = 1 << 20
 # PyPI, in parallel with the others), a byte costs CPU: every 16 KB TLS record needs the GIL,
 # which a thread running a check holds for 5 ms at a time. The members a check reads lie in a
 # few clusters, and the ones a sibling's hint adds (siblings.py) fill the gaps between them.
-COALESCE_GAP = 2 << 20
+COALESCE_GAP = 1 << 20
 # The members asked for (not the hinted ones) also bring the members around them, this far on
 # each side (see ZipMembers.widened): the modules an import chain reaches next lie near each
-# other, which saves the rounds a release without a useful hint makes. Cold `sparkmods check`
-# of 23 releases with the hints and the member store: 128 KiB (gap 1 MiB) 102 requests,
-# 87 MB; 256 KiB 71-74 requests, 120 MB; 1 MiB (gap 1 MiB) 72 requests, 152 MB (without
-# either, and 1 MiB with a 64 KiB gap: 89 requests, 185 MB).
+# other, which saves rounds where no hint knows the chain yet. Cold `sparkmods check` of 23
+# releases (hints, member store, central directories fetched ahead): read-ahead 256 KiB with
+# this gap 75-78 requests, 76 MB; with a 2 MiB gap 64-66 requests, 97 MB; 128 KiB 83-86
+# requests, 69 MB; 256 KiB with a 512 KiB gap 89-91 requests, 67 MB (1 MiB with a 64 KiB gap
+# and none of the rest: 89 requests, 185 MB).
 READ_AHEAD = 256 << 10
 _CHUNK = 1 << 20
 
@@ -121,6 +123,22 @@ class RemoteWheel(VllmSource):
             self._zip = None
             self._file = None
 
+    def warm(self) -> None:
+        """Fetch and cache the central directory now unless the cache has it, holding nothing:
+        a check fetches the next wheels' directories while it works on others, so their reads
+        start from the cache, a round trip shorter. A server that ignores Range is left to the
+        first read, which downloads the wheel."""
+        from sparkmods.sources.http import RangeIgnored
+
+        with self._lock:
+            self._open_entry()
+            if self.offline or self._zip is not None or self._entry.trusted or self._entry.whole.is_file():
+                return
+            try:
+                self._fetch_central()
+            except RangeIgnored as exc:
+                exc.stream.close()
+
     def prefetch(self, paths: Iterable[str]) -> None:
         with self._lock:
             self._open_entry()
@@ -130,11 +148,32 @@ class RemoteWheel(VllmSource):
             if not wanted:
                 return
             layout = self.layout()
-            fetch = [p for p in wanted if p in layout and not self._from_store(p)]
-            if fetch:  # a round trip anyway: what the nearest sibling was asked for comes with it
-                hinted = [p for p in self._siblings.hints(self._place) if p in layout and p not in fetch
-                          and p not in self._members and not self._from_store(p)]
-                self._with_fallback(lambda: self._fetch_members(fetch, hinted))
+            missing = [p for p in wanted if p in layout and not self._from_store(p)]
+            if not missing:
+                return
+            fetch, others = self._claim(missing)
+            hinted: List[str] = []
+            with slots.waiting():
+                try:
+                    if fetch:  # a round trip anyway: what the nearest siblings were asked for comes with it
+                        hinted, _ = self._claim([p for p in self._siblings.hints(self._place) if p in layout and
+                                                 p not in missing and p not in self._members and not self._from_store(p)])
+                        self._with_fallback(lambda: self._fetch_members(fetch, hinted))
+                finally:
+                    memberstore.settle(layout.content_id(p) for p in [*fetch, *hinted])  # type: ignore[misc]
+                for event in others:
+                    event.wait()
+            left = [p for p in missing if p not in self._members and not self._from_store(p)]
+            if left:  # another wheel's fetch of these failed: ours says why
+                self._with_fallback(lambda: self._fetch_members(left))
+
+    def _claim(self, paths: List[str]) -> "tuple[List[str], List[threading.Event]]":
+        """(the paths whose bytes this wheel now fetches, the fetches of other wheels to wait
+        for): see memberstore.claim."""
+        layout = self.layout()
+        ids = {layout.content_id(p): p for p in paths}
+        mine, theirs = memberstore.claim(ids)  # type: ignore[arg-type]
+        return [ids[cid] for cid in mine], theirs
 
     def _fetch_members(self, paths: List[str], hinted: Sequence[str] = ()) -> None:
         """Fetch the members' byte spans in one parallel batch (the asked ones read ahead,
@@ -196,6 +235,11 @@ class RemoteWheel(VllmSource):
             rf.add(*cached)
             self._use_file(rf)
             return
+        self._use_file(self._fetch_central())
+
+    def _fetch_central(self) -> RangeFile:
+        """The end of the wheel from the server, the whole central directory included, bound
+        to the cache entry's identity and cached."""
         self._need_network("its central directory is")
         from sparkmods.sources import http  # the HTTP layer (ssl, http.client) only once a request is due
 
@@ -206,11 +250,13 @@ class RemoteWheel(VllmSource):
         self._entry.check_size(size, self.url)
         rf = self._range_file(size)
         rf.add(start, tail)
-        self._use_file(rf)  # reads the rest of the central directory if the tail missed some
+        central, _ = central_directory(self.label, rf)
+        rf.ensure([(central, size)])  # the rest of the central directory if the tail missed some
         offset, data = rf.segment_at(size - 1)
-        self._entry.bind(Identity.of(data, offset, size, self._zip.central_offset, self.url), "the central directory")
+        self._entry.bind(Identity.of(data, offset, size, central, self.url), "the central directory")
         self._entry.store_central(offset, size, data)
         self._central_checked = True
+        return rf
 
     def _check_cached_central(self) -> None:
         """Before the network serves members against a cached central directory, the server's

@@ -3,10 +3,11 @@
 A check asks neighbouring releases for about the same paths: the patched files, then the
 modules the drift checks follow from them, one round trip at a time as each module names the
 next. A wheel that must go to the network anyway fetches, in the same batch, what its nearest
-sibling (in the target's version order) was asked for and it does not hold yet
+siblings (in the target's version order) were asked for and it does not hold yet
 (remote.RemoteWheel.prefetch): a release's import chains then cost one round of requests
 rather than one per module. A sibling whose check is done (released) knows its whole chain,
-so it is preferred to one still being checked. A hint, never a requirement: bounded per wheel.
+so the hints stop at the nearest such one; before any is done, the first releases checked
+at once learn each other's chains as they go. A hint, never a requirement: bounded per wheel.
 (What the wheels share byte for byte is shared through the member store, memberstore.py.)
 """
 
@@ -49,9 +50,15 @@ class Siblings:
                 asked[path] = None
 
     def hints(self, place: int) -> List[str]:
-        """What the nearest done sibling was asked, else the nearest one asked anything;
-        earlier ones first (the release before is the likeliest to read the same)."""
+        """What the siblings were asked, nearest first (earlier before later at the same
+        distance: the release before is the likeliest to read the same), up to and including
+        the nearest done one, whose chains are complete; all of them while none is done."""
         with self._lock:
-            order = [p for p in [*range(place - 1, -1, -1), *range(place + 1, len(self._asked))] if self._asked[p]]
-            nearest = next((p for p in order if self._done[p]), order[0] if order else None)
-            return [] if nearest is None else list(self._asked[nearest])
+            out: Dict[str, None] = {}
+            for distance in range(1, len(self._asked)):
+                for other in (place - distance, place + distance):
+                    if 0 <= other < len(self._asked):
+                        out.update(self._asked[other])
+                        if self._done[other]:
+                            return list(out)
+            return list(out)

@@ -53,8 +53,9 @@ class ZipMembers:
         self._file = fileobj
         self._offsets: List[int] = []  # every local header, duplicates' included
         try:
-            self._members = self._read_central()
-        except (struct.error, ValueError, IndexError, EOFError, UnicodeDecodeError) as exc:
+            self.central_offset, size, concat = _locate(fileobj)
+            self._members = self._read_central(size, concat)
+        except _UNREADABLE as exc:
             raise SparkmodsError(f"{label}: not a readable wheel ({exc})") from None
         unsafe = [n for n in self._members if _maybe_unsafe(n) and not is_safe_member(n)]
         if unsafe:
@@ -67,32 +68,10 @@ class ZipMembers:
 
     # -- the central directory ----------------------------------------------------------
     def _read_at(self, offset: int, n: int) -> bytes:
-        self._file.seek(offset)
-        data = self._file.read(n)
-        if len(data) != n:
-            raise EOFError(f"{n} bytes wanted at offset {offset}, {len(data)} there")
-        return data
+        return _read_at(self._file, offset, n)
 
-    def _read_central(self) -> Dict[str, Member]:
-        size = self._file.seek(0, 2)
-        tail_start = max(0, size - _EOCD.size - _MAX_COMMENT)
-        tail = self._read_at(tail_start, size - tail_start)
-        at = tail.rfind(b"PK\x05\x06")
-        if at < 0 or len(tail) - at < _EOCD.size:
-            raise ValueError("no end of central directory record")
-        _, _, _, _, _, cd_size, cd_offset, _ = _EOCD.unpack_from(tail, at)
-        end_record = tail_start + at  # where the directory's end records begin
-        if at >= _LOCATOR.size and tail[at - _LOCATOR.size:at - _LOCATOR.size + 4] == b"PK\x06\x07":
-            rec = _EOCD64.unpack(self._read_at(end_record - _LOCATOR.size - _EOCD64.size, _EOCD64.size))
-            if rec[0] != b"PK\x06\x06":
-                raise ValueError("zip64 end of central directory record not where its locator says")
-            cd_size, cd_offset = rec[8], rec[9]
-            end_record -= _LOCATOR.size + _EOCD64.size
-        concat = end_record - cd_size - cd_offset  # bytes prepended to the archive (as zipfile allows)
-        if concat < 0:
-            raise ValueError("the central directory lies outside the file")
-        self.central_offset = cd_offset + concat
-        data = self._read_at(self.central_offset, cd_size)
+    def _read_central(self, size: int, concat: int) -> Dict[str, Member]:
+        data = self._read_at(self.central_offset, size)
         members: Dict[str, Member] = {}
         pos, unpack, record, last = 0, _CENTRAL.unpack_from, _CENTRAL.size, len(data) - _CENTRAL.size
         make = tuple.__new__  # Member(...) runs Python code per call; this is one C call
@@ -195,6 +174,50 @@ class ZipMembers:
             return body
         inflate = zlib.decompressobj(-15)
         return inflate.decompress(body) + inflate.flush()
+
+
+_UNREADABLE = (struct.error, ValueError, IndexError, EOFError, UnicodeDecodeError)
+
+
+def central_directory(label: str, fileobj: BinaryIO) -> Tuple[int, int]:
+    """(where the central directory starts, its size), from the end records alone: what a
+    wheel's identity needs (wheelentry.py) without reading every record."""
+    try:
+        offset, size, _ = _locate(fileobj)
+    except _UNREADABLE as exc:
+        raise SparkmodsError(f"{label}: not a readable wheel ({exc})") from None
+    return offset, size
+
+
+def _read_at(fileobj: BinaryIO, offset: int, n: int) -> bytes:
+    fileobj.seek(offset)
+    data = fileobj.read(n)
+    if len(data) != n:
+        raise EOFError(f"{n} bytes wanted at offset {offset}, {len(data)} there")
+    return data
+
+
+def _locate(fileobj: BinaryIO) -> Tuple[int, int, int]:
+    """(central directory offset, its size, bytes prepended to the archive), from the end of
+    central directory record (and the zip64 one its locator names)."""
+    size = fileobj.seek(0, 2)
+    tail_start = max(0, size - _EOCD.size - _MAX_COMMENT)
+    tail = _read_at(fileobj, tail_start, size - tail_start)
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or len(tail) - at < _EOCD.size:
+        raise ValueError("no end of central directory record")
+    _, _, _, _, _, cd_size, cd_offset, _ = _EOCD.unpack_from(tail, at)
+    end_record = tail_start + at  # where the directory's end records begin
+    if at >= _LOCATOR.size and tail[at - _LOCATOR.size:at - _LOCATOR.size + 4] == b"PK\x06\x07":
+        rec = _EOCD64.unpack(_read_at(fileobj, end_record - _LOCATOR.size - _EOCD64.size, _EOCD64.size))
+        if rec[0] != b"PK\x06\x06":
+            raise ValueError("zip64 end of central directory record not where its locator says")
+        cd_size, cd_offset = rec[8], rec[9]
+        end_record -= _LOCATOR.size + _EOCD64.size
+    concat = end_record - cd_size - cd_offset  # bytes prepended to the archive (as zipfile allows)
+    if concat < 0:
+        raise ValueError("the central directory lies outside the file")
+    return cd_offset + concat, cd_size, concat
 
 
 def _maybe_unsafe(name: str) -> bool:
