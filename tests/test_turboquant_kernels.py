@@ -287,45 +287,65 @@ def test_decode_matches_reference_and_plain_attention(fmt: ModuleType, tq: Modul
     out = tq.tq_decode(query, case["kernel"], TABLE, lens, d ** -0.5, case["spec"])
     assert out.dtype == torch.bfloat16 and out.shape == query.shape
     assert rel(out, plain) < 1e-2
-    # several splits per request, merged by log-sum-exp; 21 tokens make splits of 16, 5 and none
-    cfg = tq.DecodeConfig(block_n=16, num_warps=4, num_stages=1, min_chunk=8)
+    # several splits per request, merged by log-sum-exp; 48 tokens make splits of 32, 16 and none
+    cfg = tq.DecodeConfig(block_n=32, num_warps=4, num_stages=1, min_chunk=8)
     split = tq.tq_decode(query, case["kernel"], TABLE, lens, d ** -0.5, case["spec"], num_splits=3, config=cfg)
     assert rel(split, plain) < 1e-2
     # the one-token request attends to exactly its value
     assert torch.allclose(out[0].float(), plain[0].float(), atol=2e-2, rtol=2e-2)
 
 
-VARIANTS = ("bytes/select", "bytes/poly", "fields/gather", "fields/select", "fields/poly")  # bytes/gather: the test above
-
-
 @pytest.mark.parametrize("group", [16, 1])
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("value_fields", [4, 8])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("name", DTYPES)
-def test_decode_variants_match_the_reference(fmt: ModuleType, tq: ModuleType, name: str, d: int, variant: str, group: int) -> None:
-    """Every decode variant the benchmark sweeps gives the reference's attention, for GQA groups of
-    16 (Qwen3.5) and 1, ragged lengths, and three splits of which the 21-token request leaves
-    one empty."""
+def test_decode_variants_match_the_reference(fmt: ModuleType, tq: ModuleType, name: str, d: int, value_fields: int, group: int) -> None:
+    """Every decode configuration the benchmark sweeps gives the reference's attention: GQA groups
+    of 16 (Qwen3.5) and 1, 3-bit values in 4 or 8 fields, head 64 (its fields are narrower than
+    tl.dot's 16 columns and padded), ragged lengths, and three splits of which the 21- and 48-token
+    requests leave some empty."""
     case = stored(fmt, tq, name, d)
     query = torch.randn(len(LENS), HKV * group, d, generator=torch.Generator().manual_seed(group)).to(torch.bfloat16)
     lens = torch.tensor(LENS, dtype=torch.int32)
     ref = fmt.ref_decode(query, case["kernel"], TABLE, lens, d ** -0.5, case["spec"])
-    kernel, lookup = variant.split("/")
-    cfg = tq.DecodeConfig(block_n=16, num_warps=4, num_stages=1, min_chunk=8, kernel=kernel, key_lookup=lookup, max_regs=128)
+    cfg = tq.DecodeConfig(block_n=32, num_warps=4, num_stages=1, min_chunk=8, max_regs=128, value_fields=value_fields)
     out = tq.tq_decode(query, case["kernel"], TABLE, lens, d ** -0.5, case["spec"], num_splits=3, config=cfg)
     assert out.shape == query.shape and rel(out, ref) < 1e-2
     assert torch.allclose(out[0].float(), ref[0].float(), atol=2e-2, rtol=2e-2)
 
 
+def test_value_fields_decode_every_code_exactly(fmt: ModuleType, tq: ModuleType) -> None:
+    """Values whose codes are all one number c (for each c) come back as scale * c + zero for
+    every element: each field's masked subnormal times its weight is the code, in both value
+    layouts and both bit widths (an attention over one token returns its value)."""
+    for name in ("turboquant_k3v4_nc", "turboquant_3bit_nc"):
+        spec = fmt.tq_spec(name)
+        d = 128
+        for code in range(2 ** spec.value_bits):
+            value = torch.zeros(BLOCK, HKV, d)
+            value[:, :, 0] = -1.0  # the minimum: zero point -1 (exact in float16)
+            value[:, :, 1:] = -1.0 + code * 0.25  # scale 0.25 after the maximum sets it
+            value[:, :, 2] = -1.0 + (2 ** spec.value_bits - 1) * 0.25
+            key = torch.randn(BLOCK, HKV, d, generator=torch.Generator().manual_seed(code))
+            cache = torch.zeros(fmt.cache_shape(1, BLOCK, HKV, d, spec), dtype=torch.uint8)
+            tq.tq_store(key, value, cache, torch.arange(BLOCK), spec)
+            query = torch.randn(1, HKV, d, generator=torch.Generator().manual_seed(1))
+            for fields in (4, 8):
+                cfg = tq.DecodeConfig(32, 4, 1, 8, value_fields=fields)
+                out = tq.tq_decode(query, cache, torch.zeros(1, 1, dtype=torch.int32), torch.tensor([1], dtype=torch.int32), 1.0, spec, config=cfg)
+                expected = value[0, :, :].clone()
+                assert torch.allclose(out[0].float(), expected, atol=1e-3), (name, code, fields)
+
+
 def test_decode_config_refuses_unknown_variants_and_defaults_come_from_the_table(tq: ModuleType) -> None:
     """A shape gets its band's entry, else its batch or context band's, else the head size's '*'
     entry; head sizes without entries use 256's (>= 256) or 128's."""
-    with pytest.raises(ValueError, match="unknown decode variant"):
-        tq.DecodeConfig(32, 4, 2, 128, kernel="words")
-    with pytest.raises(ValueError, match="unknown decode variant"):
-        tq.DecodeConfig(32, 4, 2, 128, key_lookup="table")
-    table = {(256, "1", "short"): tq.DecodeConfig(16, 4, 3, 64), (256, "many", "*"): tq.DecodeConfig(64, 8, 2, 256, "fields"),
-             (256, "*", "*"): tq.DecodeConfig(32, 4, 2, 128, "fields", "poly", 4, 128), (128, "*", "*"): tq.DecodeConfig(64, 4, 2, 128)}
+    with pytest.raises(ValueError, match="value_fields must be 4 or 8"):
+        tq.DecodeConfig(32, 4, 2, 128, value_fields=2)
+    with pytest.raises(ValueError, match="block_n must be"):
+        tq.DecodeConfig(16, 4, 2, 128)
+    table = {(256, "1", "short"): tq.DecodeConfig(32, 4, 3, 64), (256, "many", "*"): tq.DecodeConfig(64, 8, 2, 256, 4),
+             (256, "*", "*"): tq.DecodeConfig(32, 4, 2, 128, 4, 128, 8), (128, "*", "*"): tq.DecodeConfig(64, 4, 2, 128)}
     saved = dict(tq.DEFAULT_DECODE)
     try:
         tq.DEFAULT_DECODE.clear()
@@ -445,7 +465,7 @@ def test_bench_sweep_picks_a_timed_config_per_band_and_apply_defaults_writes_it(
     """The band winner is the config with the smallest mean log slowdown over the band's shapes
     (not the one fastest at a single shape), a config missing a shape of its band never wins,
     and --apply-defaults replaces only this head size's entries of the table."""
-    fast, steady, partial = "fields/select/n32/w4/s2/c128/p4/r128", "fields/gather/n64/w4/s2/c128/p2/r0", "bytes/poly/n16/w4/s3/c64/p4/r0"
+    fast, steady, partial = "n32/w4/s2/c128/p4/r128/f4", "n64/w4/s2/c128/p2/r0/f8", "n32/w4/s3/c64/p4/r0/f4"
     times = {(1, 32768): {fast: 10.0, steady: 12.0, partial: 1.0}, (1, 131072): {fast: 40.0, steady: 20.0},
              (8, 4096): {fast: 5.0, steady: 6.0}}
     rows = [{"dtype": "turboquant_k3v4_nc", "batch": b, "context": c, "config": cfg, "us": us}
@@ -454,8 +474,9 @@ def test_bench_sweep_picks_a_timed_config_per_band_and_apply_defaults_writes_it(
     table = BENCH.default_table(tq, 256, rows)
     assert table == {(256, "1", "long"): steady, (256, "many", "short"): fast}
     lines = BENCH.table_lines(tq, table)
-    assert lines[-1] == '    (256, "*", "*"): DecodeConfig(64, 4, 2, 128, "fields", "gather", 2, 0),'  # no "many long": the first band
-    best = BENCH.sweep_summary(rows, [{"kind": "bf16 sdpa", "batch": 1, "context": 32768, "us": 2.0}])
+    assert lines[-1] == '    (256, "*", "*"): DecodeConfig(64, 4, 2, 128, 2, 0, 8),'  # no "many long": the first band
+    assert all(BENCH.config_from_label(tq, label).label() == label for label in (fast, steady, partial))
+    best = BENCH.sweep_summary(tq, 256, rows, [{"kind": "bf16 sdpa", "batch": 1, "context": 32768, "us": 2.0}])
     assert best[0]["best"] == partial and best[0]["vs_bf16"] == 0.5
     module = tmp_path / "tq_triton.py"
     source = (REPO / "mods" / "turboquant" / "files" / "tq_triton.py").read_text()

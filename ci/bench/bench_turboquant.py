@@ -17,9 +17,9 @@ Four sections, written to DIR/turboquant_bench.json and DIR/turboquant_bench.md:
                vLLM's paged Triton attention for bf16 and fp8 when --upstream-site has vLLM,
                ours per dtype, and upstream 0.21's TurboQuant decode per dtype.
 --upstream-site is a site-packages folder (or source tree) holding vLLM 0.21.x; it is put first on
-sys.path. --sweep also times every decode variant (kernel "bytes"/"fields" x key lookup
-"gather"/"select") in a few tile/split configurations per dtype and shape, checks each against
-ours, prints the best per shape against bf16 SDPA and the DEFAULT_DECODE lines for tq_triton.py;
+sys.path. --sweep also times the decode in a few tile/warp/split/register configurations per
+dtype and shape (sweep_configs), checks each against the reference, prints the best per shape
+against the fastest bf16 yardstick and the DEFAULT_DECODE lines for tq_triton.py;
 `--apply-defaults DIR/turboquant_bench.json` (CPU, no --out) writes those lines into
 mods/turboquant/files/tq_triton.py (then run `sparkmods sync`). Each request's block table is cut
 to its context (a server with max_model_len = context), so split counts follow the context.
@@ -29,6 +29,7 @@ Exit 0 when every correctness check passes, 1 when one fails, 2 on bad arguments
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -579,7 +580,7 @@ class Bench:
         default)."""
         q, bt, lens = self._inputs(batch, context)
         rows = self.results.setdefault("sweep", [])
-        for cfg in sweep_configs(self.tq, self.args.head_size, spec.key_fp8):
+        for cfg in sweep_configs(self.tq, self.args.head_size):
             row: Dict[str, Any] = {"dtype": name, "batch": batch, "context": context, "config": cfg.label()}
             try:
                 err = rel_err(self.tq.tq_decode(q, cache, bt, lens, self.work.scale, spec, config=cfg), ref)
@@ -592,34 +593,27 @@ class Bench:
             rows.append({**row, "vs_reference": err, "us": us, "method": how})
 
 
-def sweep_configs(tq: ModuleType, head_size: int, key_fp8: bool) -> List[Any]:
-    """The decode configs the sweep times: the old kernel, the current defaults for this head size,
-    and the new variants in a few tile, split and register shapes (key lookups only for codebook
-    keys, compared at one tile). About a dozen per shape keeps a full head-256 sweep within a few
-    minutes on an H100. Below head 256 a field of a word is 16 wide, and a [16 x 16] value
-    accumulator leaves 4 warps nothing to split (each would redo the same products: static
-    SASS of head 128 shows it), so the fields kernel runs 2 warps there, without a register cap
-    (it spills heavily under 168)."""
+def sweep_configs(tq: ModuleType, head_size: int) -> List[Any]:
+    """The decode configs the sweep times: the shipped defaults for this head size and a few tile,
+    warp, split and register shapes around them, each with 3-bit values in 4 and in 8 fields
+    (the same kernel for 4-bit values, timed again, so that one table entry serves every dtype).
+    About twenty per shape keep a sweep of one head size within two minutes on an H100 once they
+    are compiled."""
     cfg = tq.DecodeConfig
-    found = [cfg(32 if head_size >= 256 else 64, 4, 2, 128)]  # the kernel before the variants
-    found += [c for (head, _, _), c in tq.DEFAULT_DECODE.items() if head == head_size]
-    lookups = ("gather",) if key_fp8 else tq.KEY_LOOKUPS
+    found = [c for (head, _, _), c in tq.DEFAULT_DECODE.items() if head == head_size]
     if head_size >= 256:
-        found += [cfg(64, 4, 2, 128), cfg(32, 4, 2, 128, "bytes", "gather", 4), cfg(32, 4, 2, 128, "fields", "gather", 2),
-                  cfg(64, 4, 2, 128, "fields", "gather", 2), cfg(16, 4, 3, 64, "fields", "gather", 4),
-                  cfg(32, 4, 2, 128, "fields", "gather", 8, 96), cfg(32, 4, 3, 128, "fields", "gather", 4, 128),
-                  cfg(64, 8, 2, 256, "fields", "gather", 4)]
-        found += [cfg(32, 4, 2, 128, "fields", lookup, 4, 128) for lookup in lookups]
+        found += [cfg(32, 4, 2, 128, 4), cfg(64, 4, 2, 128, 4), cfg(64, 8, 2, 128, 4), cfg(32, 4, 3, 128, 4), cfg(32, 4, 2, 128, 2),
+                  cfg(64, 4, 2, 128, 2), cfg(64, 8, 2, 256, 4), cfg(32, 4, 2, 128, 4, 128)]
     else:
-        found += [cfg(32, 4, 2, 128, "bytes", "gather", 4), cfg(64, 8, 2, 128, "bytes", "gather", 4),
-                  cfg(64, 2, 2, 128, "fields", "gather", 4), cfg(16, 2, 3, 64, "fields", "gather", 8),
-                  cfg(32, 2, 3, 128, "fields", "gather", 4), cfg(32, 2, 2, 128, "fields", "gather", 8)]
-        found += [cfg(32, 2, 2, 128, "fields", lookup, 4) for lookup in lookups]
+        found += [cfg(64, 2, 2, 128, 4), cfg(128, 4, 2, 128, 2), cfg(64, 4, 2, 128, 4), cfg(32, 2, 2, 128, 4), cfg(64, 2, 3, 128, 4),
+                  cfg(128, 2, 2, 128, 2), cfg(128, 4, 2, 256, 4), cfg(64, 2, 2, 128, 8), cfg(32, 4, 2, 128, 4)]
+    found += [dataclasses.replace(c, value_fields=12 - c.value_fields) for c in found]
     return list(dict.fromkeys(found))
 
 
-def sweep_summary(rows: Sequence[Dict[str, Any]], timings: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Per (dtype, batch, context): the fastest config, the old kernel's and bf16 SDPA's time."""
+def sweep_summary(tq: ModuleType, head_size: int, rows: Sequence[Dict[str, Any]], timings: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Per (dtype, batch, context): the fastest config, the shipped default's time (what the
+    decode-attention table measured) and the fastest bf16 yardstick's."""
     bf16 = {(t["batch"], t["context"]): fastest_bf16(timings, t["batch"], t["context"])[1] for t in timings}
     shapes: Dict[Tuple[str, int, int], List[Dict[str, Any]]] = {}
     for r in rows:
@@ -631,8 +625,10 @@ def sweep_summary(rows: Sequence[Dict[str, Any]], timings: Sequence[Dict[str, An
             continue
         best = min(timed, key=lambda r: r["us"])
         ref = bf16.get((batch, context))
+        default = tq.default_decode_config(head_size, batch, context).label()
+        shipped = next((r["us"] for r in group if r["config"] == default), None)
         out.append({"dtype": name, "batch": batch, "context": context, "best": best["config"], "best_us": best["us"],
-                    "old_us": group[0]["us"], "bf16_us": ref, "vs_bf16": None if ref is None else round(best["us"] / ref, 3)})
+                    "default_us": shipped, "bf16_us": ref, "vs_bf16": None if ref is None else round(best["us"] / ref, 3)})
     return out
 
 
@@ -661,10 +657,9 @@ def default_table(tq: ModuleType, head_size: int, rows: Sequence[Dict[str, Any]]
 
 
 def config_from_label(tq: ModuleType, label: str) -> Any:
-    """DecodeConfig from its label (kernel/lookup/nN/wW/sS/cC/pP/rR)."""
-    kernel, lookup, *nums = label.split("/")
-    n, w, s, c, p, r = (int(x[1:]) for x in nums)
-    return tq.DecodeConfig(n, w, s, c, kernel, lookup, p, r)
+    """DecodeConfig from its label (nN/wW/sS/cC/pP/rR/fF)."""
+    n, w, st, c, pp, r, f = (int(x[1:]) for x in label.split("/"))
+    return tq.DecodeConfig(n, w, st, c, pp, r, f)
 
 
 def table_lines(tq: ModuleType, table: Dict[Tuple[int, str, str], str]) -> List[str]:
@@ -678,7 +673,7 @@ def table_lines(tq: ModuleType, table: Dict[Tuple[int, str, str], str]) -> List[
         for (h, batch_band, context_band), label in sorted(entries.items()) + [((head, "*", "*"), fallback)]:
             c = config_from_label(tq, label)
             lines.append(f'    ({h}, "{batch_band}", "{context_band}"): DecodeConfig({c.block_n}, {c.num_warps}, {c.num_stages}, {c.min_chunk}, '
-                         f'"{c.kernel}", "{c.key_lookup}", {c.programs_per_sm}, {c.max_regs}),')
+                         f'{c.programs_per_sm}, {c.max_regs}, {c.value_fields}),')
     return lines
 
 
@@ -793,8 +788,8 @@ def render(results: Dict[str, Any]) -> str:
         out += [f"- FLAG: {line}" for line in results.get("bandwidth_flags", [])] + ([""] if results.get("bandwidth_flags") else [])
     out += ["## Goal check", ""] + [f"- {line}" for line in verdicts(results["timings"])] + [""]
     if results.get("sweep_best"):
-        out += ["## Sweep: fastest decode config per shape (old = the kernel before the sweep's variants)", "",
-                markdown_table(results["sweep_best"], ["dtype", "batch", "context", "best", "best_us", "old_us", "bf16_us", "vs_bf16"]), ""]
+        out += ["## Sweep: fastest decode config per shape (default = the shipped DEFAULT_DECODE entry, timed in the sweep)", "",
+                markdown_table(results["sweep_best"], ["dtype", "batch", "context", "best", "best_us", "default_us", "bf16_us", "vs_bf16"]), ""]
         out += ["## DEFAULT_DECODE lines for tq_triton.py (or: bench_turboquant.py --apply-defaults DIR/turboquant_bench.json)", "", "```python"]
         out += results["default_table"] + ["```", ""]
     if results.get("notes"):
@@ -840,7 +835,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     results["notes"] = up.notes if up else []
     results["failures"] = bench.failures
     if results.get("sweep"):
-        results["sweep_best"] = sweep_summary(results["sweep"], results["timings"])
+        results["sweep_best"] = sweep_summary(tq, args.head_size, results["sweep"], results["timings"])
         results["default_table"] = table_lines(tq, default_table(tq, args.head_size, results["sweep"]))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "turboquant_bench.json").write_text(json.dumps(results, indent=1) + "\n")

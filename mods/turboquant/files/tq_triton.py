@@ -2,15 +2,26 @@
 dequantisation for prefill. The byte layout, codebooks and rotation are tq_format's; the
 functions here give the same results as tq_format's reference functions within float rounding.
 
-Why the decode kernel is shaped as it is: decode attention is a stream over the cache, so the
-cost is the bytes read plus the work to turn them into numbers. One program serves one
-(request, KV head, split) and all the query heads that share that KV head (GQA), so each packed
-tile is read and unpacked once, not once per query head. Keys are never rotated back: the query
-is rotated once (q @ R.T) and scores are taken against the codebook values directly, with the
-per-token length applied to the score. Values are affine (code * scale + zero), so the kernel
-multiplies the probabilities by the scale and feeds the raw integer codes to the matrix unit,
-and adds the zero points as one weighted sum per row. Only portable Triton is used (tl.dot,
-plain loads, no TMA or warp-specialised instructions): the same source runs on SM90 and SM121.
+Why the decode kernel is shaped as it is: decode attention is a stream over the cache, and a
+packed cache is 3-5x smaller than bf16, so the cost is the work per element that turns codes into
+numbers the matrix unit reads (ncu on the H100, the first kernel: 9-12 instructions per element
+and the cache read at a fifth of the memory bandwidth). So:
+- One program serves one (request, KV head, split) and all the query heads of that KV head
+  (GQA), so each element is decoded once for the group, which rides along as the rows of tl.dot.
+- Nothing is reordered: element d is field d % F of word d // F, and field f of every word is one
+  matrix product against query elements (keys) or into output columns (values) F w + f. The
+  query is loaded field by field once per program; the output is written in place at the end.
+- Values are affine (code * scale + zero): a field's code bits are masked in place and read as a
+  float16 subnormal, code * 2^(shift - 24) exactly, so a value costs one AND; the probabilities
+  are multiplied by the scale, the weight 2^(24 - shift) is applied to each field's sum once,
+  and the zero points add as one weighted sum per row. The masks run on the words after they
+  reach tl.dot's operand layout (Triton moves that conversion above elementwise work), so
+  shared memory carries the 2-4 bit codes, not 16-bit values.
+- Keys are never rotated back: the query is rotated once (q @ R.T) and scores are taken against
+  the centroids (a gather from a float16 table of one L1 sector), the per-token length applied
+  to the score. FP8 keys are converted by the hardware's float8 unpack.
+Only portable Triton is used (tl.dot, plain loads, no TMA or warp-specialised instructions): the
+same source runs on SM90 and SM121.
 
 CUDA graphs: tq_decode reads sequence lengths only on the device; its grid and buffers depend on
 the batch size, the head counts and the block table's width (shapes), never on the values.
@@ -30,59 +41,51 @@ try:  # installed inside vLLM next to its sibling module
 except ImportError:  # loaded from the mod folder (tests, benchmark)
     import tq_format as fmt  # type: ignore[no-redef]
 
-_LOG2E = 1.4426950408889634
-
-
-KEY_LOOKUPS = ("gather", "select", "poly")
-
-
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Kernel variant, tile and launch choices of the decode (the benchmark sweeps them).
+    """Tile and launch choices of the decode (the benchmark sweeps them).
 
-    kernel "bytes" unpacks each token's codes byte by byte into natural element order (one
-    reshape per bit plane, which costs shared-memory round trips); "fields" loads every 8
-    elements' codes as one word (int32 for 4 bits; uint16 + uint8 planes for 3 bits) and takes
-    the scores and the value sum as 8 matrix products, one per field of the word, so the chain
-    from load to tl.dot is elementwise only. key_lookup "gather" reads the centroid of each key
-    code from a table in memory; "select" picks it in registers by a binary tree over the code
-    bits; "poly" evaluates the polynomial through the (odd-symmetric) codebook, exact to float32
-    rounding, with full-rate arithmetic only (see _codebook_poly). programs_per_sm sets the split count (more programs hide more memory latency).
+    programs_per_sm sets the split count (more programs hide more memory latency); value_fields
+    (3-bit values only) is 4 (the 2-bit fields of a byte, D/4 columns per product, the high-bit
+    plane spread to that shape) or 8 (int16 words of 2-bit fields, D/8 columns, no spreading).
     """
 
     block_n: int  # tokens per tile
     num_warps: int
     num_stages: int
     min_chunk: int  # fewest tokens a split is given before another split is opened
-    kernel: str = "bytes"  # "bytes" or "fields"
-    key_lookup: str = "gather"  # "gather", "select" or "poly" (codebook keys only)
     programs_per_sm: int = 2
     max_regs: int = 0  # register cap per thread (Triton's maxnreg); 0 = the compiler's choice
+    value_fields: int = 4
 
     def __post_init__(self) -> None:
-        if self.kernel not in ("bytes", "fields") or self.key_lookup not in KEY_LOOKUPS:
-            raise ValueError(f"unknown decode variant kernel={self.kernel!r} key_lookup={self.key_lookup!r}")
+        if self.value_fields not in (4, 8):
+            raise ValueError(f"value_fields must be 4 or 8, not {self.value_fields!r}")
+        if self.block_n < 32 or self.block_n % 16:
+            # 16-token tiles gave wrong 3-bit values (4 fields) at head 256 on the H100 with
+            # Triton 3.6, though right under the interpreter: not offered
+            raise ValueError(f"block_n must be a multiple of 16 and at least 32, not {self.block_n!r}")
 
     def label(self) -> str:
-        """Short name for tables: kernel/lookup/nBLOCK_N/wWARPS/sSTAGES/cMIN_CHUNK/pPROGRAMS/rMAX_REGS."""
-        return (f"{self.kernel}/{self.key_lookup}/n{self.block_n}/w{self.num_warps}/s{self.num_stages}"
-                f"/c{self.min_chunk}/p{self.programs_per_sm}/r{self.max_regs}")
+        """Short name for tables: nBLOCK_N/wWARPS/sSTAGES/cMIN_CHUNK/pPROGRAMS/rMAX_REGS/fVALUE_FIELDS."""
+        return (f"n{self.block_n}/w{self.num_warps}/s{self.num_stages}/c{self.min_chunk}/p{self.programs_per_sm}"
+                f"/r{self.max_regs}/f{self.value_fields}")
 
 
 # Default decode config per (head size, batch band, context band), set from the benchmark's
 # --sweep output (it prints these lines). Bands: batch "1" (one request) or "many"; context
 # "short" (< 16k) or "long". A shape with no entry uses the head size's "*" entry.
 DEFAULT_DECODE: Dict[Tuple[int, str, str], DecodeConfig] = {
-    (256, "1", "long"): DecodeConfig(64, 4, 2, 128, "fields", "gather", 2, 0),
-    (256, "1", "short"): DecodeConfig(64, 4, 2, 128, "bytes", "gather", 2, 0),
-    (256, "many", "long"): DecodeConfig(32, 4, 2, 128, "fields", "gather", 4, 128),
-    (256, "many", "short"): DecodeConfig(64, 4, 2, 128, "bytes", "gather", 2, 0),
-    (256, "*", "*"): DecodeConfig(32, 4, 2, 128, "fields", "gather", 4, 128),
-    (128, "1", "long"): DecodeConfig(64, 4, 2, 128, "bytes", "gather", 2, 0),
-    (128, "1", "short"): DecodeConfig(64, 4, 2, 128, "bytes", "gather", 2, 0),
-    (128, "many", "long"): DecodeConfig(64, 2, 2, 128, "fields", "gather", 4, 0),
-    (128, "many", "short"): DecodeConfig(32, 4, 2, 128, "bytes", "gather", 4, 0),
-    (128, "*", "*"): DecodeConfig(64, 2, 2, 128, "fields", "gather", 4, 0),
+    (256, "1", "long"): DecodeConfig(64, 4, 2, 128, 2, 0, 8),
+    (256, "1", "short"): DecodeConfig(64, 8, 2, 128, 4, 0, 4),
+    (256, "many", "long"): DecodeConfig(32, 4, 2, 128, 4, 128, 8),
+    (256, "many", "short"): DecodeConfig(64, 8, 2, 256, 4, 0, 4),
+    (256, "*", "*"): DecodeConfig(32, 4, 2, 128, 4, 128, 8),
+    (128, "1", "long"): DecodeConfig(128, 4, 2, 128, 2, 0, 4),
+    (128, "1", "short"): DecodeConfig(128, 4, 2, 128, 2, 0, 4),
+    (128, "many", "long"): DecodeConfig(128, 4, 2, 256, 4, 0, 4),
+    (128, "many", "short"): DecodeConfig(128, 4, 2, 256, 4, 0, 4),
+    (128, "*", "*"): DecodeConfig(128, 4, 2, 256, 4, 0, 4),
 }
 
 
@@ -108,7 +111,6 @@ class _Tables:
     centroids: torch.Tensor  # [2^bits] float32
     centroids_half: torch.Tensor  # [2^bits] float16 (decode feeds the matrix unit in fp16)
     midpoints: torch.Tensor  # [2^bits - 1] float32
-    poly: torch.Tensor  # [8] float32, _codebook_poly's coefficients
 
 
 _TABLES: Dict[Tuple[str, int, str], _Tables] = {}
@@ -126,32 +128,9 @@ def tables(spec: fmt.TQSpec, head_size: int, device: Any) -> _Tables:
         rot = fmt.rotation(head_size, device)
         bits = spec.value_bits if spec.key_fp8 else spec.key_bits  # FP8 keys use no codebook
         centroids, midpoints = fmt.codebook(head_size, bits)
-        found = _Tables(rot.T.contiguous(), rot.contiguous(), centroids.to(device), centroids.to(device=device, dtype=torch.float16), midpoints.to(device),
-                        _codebook_poly(centroids).to(device))
+        found = _Tables(rot.T.contiguous(), rot.contiguous(), centroids.to(device), centroids.to(device=device, dtype=torch.float16), midpoints.to(device))
         _TABLES[key] = found
     return found
-
-
-def _codebook_poly(centroids: torch.Tensor) -> torch.Tensor:
-    """Coefficients of a polynomial through the codebook, for the "poly" key lookup.
-
-    With x = code - (2^b - 1) / 2 the Lloyd-Max codebook is odd in x (c(-x) = -c(x)). 3 bits:
-    c = x * P(x^2), P of degree 3 through the 4 positive points; 4 bits: c = sign(x) * P(|x|),
-    P of degree 7 through the 8 positive points. Solved in float64; evaluated by Horner in
-    float32 the result is the codebook to float32 rounding (a few 1e-8 at head 128 and 256),
-    far below the float16 the keys are fed to the matrix unit in. 2 bits or fewer: zeros
-    (not used). Padded to 8 coefficients.
-    """
-    n = centroids.numel()
-    out = torch.zeros(8, dtype=torch.float64)
-    if n in (8, 16):
-        c = centroids.double().cpu()
-        x = torch.arange(n // 2, n, dtype=torch.float64) - (n - 1) / 2
-        base, target = (x * x, c[n // 2:] / x) if n == 8 else (x, c[n // 2:])
-        terms = n // 2
-        coeffs = torch.linalg.solve(torch.stack([base ** k for k in range(terms)], 1), target)
-        out[:terms] = coeffs
-    return out.float()
 
 
 def _layout_constants(spec: fmt.TQSpec, layout: fmt.SlotLayout, block_size: int) -> Dict[str, int]:
@@ -427,221 +406,166 @@ def _store_lse(part_lse_ptr, part, row_ok, m_i, l_i):
 
 
 @triton.jit
-def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, poly_ptr, part_o_ptr, part_lse_ptr,
+def _row_words(rows, valid, OFFSET: tl.constexpr, REAL: tl.constexpr, COUNT: tl.constexpr, DTYPE: tl.constexpr):
+    """[N, COUNT] words of DTYPE from byte OFFSET of each token's row; words past the REAL ones
+    (padding up to tl.dot's 16-wide minimum on small heads) and tokens not valid read as 0."""
+    w = tl.arange(0, COUNT)
+    ptrs = (rows + OFFSET)[:, None].to(tl.pointer_type(DTYPE)) + w[None, :]
+    return tl.load(ptrs, mask=valid[:, None] & (w < REAL)[None, :], other=0)
+
+
+@triton.jit
+def _col_words(rows, valid, OFFSET: tl.constexpr, REAL: tl.constexpr, COUNT: tl.constexpr, DTYPE: tl.constexpr):
+    """[COUNT, N] words as _row_words, tokens last: the orientation of tl.dot's key operand, so
+    nothing is transposed through shared memory."""
+    w = tl.arange(0, COUNT)
+    ptrs = (rows + OFFSET)[None, :].to(tl.pointer_type(DTYPE)) + w[:, None]
+    return tl.load(ptrs, mask=valid[None, :] & (w < REAL)[:, None], other=0)
+
+
+@triton.jit
+def _codebook_scores(qs, key_rows, valid, centroid_ptr, BITS: tl.constexpr, D: tl.constexpr, GP: tl.constexpr, BLOCK_N: tl.constexpr,
+                     KW: tl.constexpr):
+    """Scores of the query fields qs (qs[f] = query elements 8w + f, [GP, KW]) against codebook
+    keys: field f of every key word meets qs[f], so the codes are never reordered. 4 bits: int32
+    words of 8 nibbles; 3 bits: int16 words of 8 two-bit fields and a byte of their high bits.
+    The centroid of each code is gathered from the float16 table (an 8/16-entry table sits in
+    one L1 sector, so a warp's gather is one wavefront)."""
+    W: tl.constexpr = D // 8
+    qk = tl.zeros([GP, BLOCK_N], tl.float32)
+    if BITS == 4:
+        words = _col_words(key_rows, valid, 0, W, KW, tl.int32)
+        for f in tl.static_range(8):
+            qk = tl.dot(qs[f], tl.load(centroid_ptr + ((words >> (4 * f)) & 15)), qk)
+    else:
+        low = _col_words(key_rows, valid, 0, W, KW, tl.int16)
+        high = _col_words(key_rows, valid, 2 * W, W, KW, tl.uint8).to(tl.int16) << 2  # bit f -> bit f + 2
+        for f in tl.static_range(8):
+            qk = tl.dot(qs[f], tl.load(centroid_ptr + (((low >> (2 * f)) & 3) | ((high >> f) & 4))), qk)
+    return qk
+
+
+@triton.jit
+def _value_planes(value_rows, valid, D: tl.constexpr, BITS: tl.constexpr, FIELDS: tl.constexpr, VW: tl.constexpr):
+    """The value words a tile's fields are masked from: (low, high), each [N, VW] (D / FIELDS
+    real columns).
+    4 bits: uint16 words of 4 nibbles (high unused). 3 bits, FIELDS=4: bytes of 4 two-bit
+    fields, and the high-bit plane spread to the same shape (byte w of the plane holds elements
+    8w..8w+7; its two nibbles belong to low bytes 2w and 2w+1). FIELDS=8: int16 words of 8
+    two-bit fields and the high-bit bytes as they are stored."""
+    if BITS == 4:
+        low = _row_words(value_rows, valid, 0, D // 4, VW, tl.uint16)
+        high = low
+    elif FIELDS == 4:
+        low = _row_words(value_rows, valid, 0, D // 4, VW, tl.uint8).to(tl.uint16)
+        h = _row_words(value_rows, valid, D // 4, D // 8, VW // 2, tl.uint8).to(tl.uint16)
+        high = tl.reshape(tl.join(h, h >> 4), [h.shape[0], VW])
+    else:
+        low = _row_words(value_rows, valid, 0, D // 8, VW, tl.uint16)
+        high = _row_words(value_rows, valid, D // 4, D // 8, VW, tl.uint8).to(tl.uint16)
+    return low, high
+
+
+@triton.jit
+def _value_field(low, high, F: tl.constexpr, BITS: tl.constexpr, HIGH: tl.constexpr):
+    """float16 of field F's code bits masked in place: a subnormal, code * 2^(shift - 24) exactly,
+    so decoding a value costs one AND (the weight is applied to the accumulated sum, once).
+    Fields in a word's upper byte are shifted down by 8 first (bits 10 and up are exponent bits)."""
+    if HIGH:
+        bits = high & (1 << F)
+    elif BITS == 4:
+        bits = (low if F < 2 else low >> 8) & (0xF << (4 * (F % 2)))
+    else:
+        bits = (low if F < 4 else low >> 8) & (3 << (2 * (F % 4)))
+    return bits.to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _value_weight(F: tl.constexpr, BITS: tl.constexpr, HIGH: tl.constexpr):
+    """2^(24 - shift): turns a sum of _value_field subnormals back into code units (a high bit
+    counts 4)."""
+    if HIGH:
+        E: tl.constexpr = 26 - F
+    elif BITS == 4:
+        E: tl.constexpr = 24 - 4 * (F % 2)
+    else:
+        E: tl.constexpr = 24 - 2 * (F % 4)
+    return tl.full([], 2.0 ** E, tl.float32)
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_o_ptr, part_lse_ptr,
                          stride_qb, stride_qh, stride_bt, page_stride, num_splits, sm_scale,
                          G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
                          BLOCK_SIZE: tl.constexpr, SLOT: tl.constexpr,
                          KEY_FP8: tl.constexpr, KEY_BITS: tl.constexpr, VALUE_BITS: tl.constexpr,
                          KEY_CODE_BYTES: tl.constexpr, VALUE_CODE_BYTES: tl.constexpr,
                          OFF_VC: tl.constexpr, OFF_KN: tl.constexpr, OFF_VS: tl.constexpr, OFF_VZ: tl.constexpr,
-                         BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr, LOOKUP: tl.constexpr, FIELDS: tl.constexpr):
+                         BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr, VALUE_FIELDS: tl.constexpr):
     """Partial attention of the G query heads of one KV head over one split of one request.
 
-    FIELDS=0 ("bytes"): codes are unpacked byte by byte into element order and each tile takes
-    two matrix products. FIELDS=1 ("fields"): element d = 8w + f is field f of word w; field f
-    of every key word meets query elements 8w + f (loaded once per program), so scores need no
-    reordering of the keys, and the values' field f accumulates into output columns 8w + f,
-    written in that order at the end: 8 matrix products per tile for scores and 8 for values.
-    """
-    W: tl.constexpr = D // 8
+    Values: element d is field f = d % F of word d // F (F = VALUE_FIELDS: 4, or 8 for 3-bit
+    values in D/8-wide words). Every field is decoded by one mask in the layout tl.dot reads it
+    in (the words reach that layout through shared memory, 2-4 bits per element instead of 16;
+    only the spread high-bit plane of 3-bit values in 4 fields is converted after its masks) and
+    accumulates into its own [GP, D / F] sum; output column d = F w + f is written at the end.
+    3-bit values keep the high bit's sums apart (its subnormal has a different scale).
+    Codebook keys: see _codebook_scores. num_splits is not specialised (it changes with the batch
+    size; one compiled kernel serves every batch)."""
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
     req = tl.program_id(2)
     seq_len = tl.load(lens_ptr + req)
     used, start, end = _split_range(seq_len, split, num_splits, BLOCK_N, MIN_CHUNK)
     if split < used:
+        VF: tl.constexpr = VALUE_FIELDS
+        VW: tl.constexpr = max(D // VF, 16)  # tl.dot needs 16 columns; small heads pad (masked)
+        KW: tl.constexpr = max(D // 8, 16)
         row_ok, q_heads = _group_rows(kv_head, G, GP)
         q_rows = q_ptr + req * stride_qb + q_heads[:, None] * stride_qh
-        d = tl.arange(0, D)
         m_i = tl.full([GP], float("-inf"), tl.float32)
         l_i = tl.zeros([GP], tl.float32)
         acc_zero = tl.zeros([GP], tl.float32)
         qk_scale = sm_scale * 1.4426950408889634
         part = _part_index(req, kv_head, split, num_splits, q_heads, G)
-        if KEY_FP8 or not FIELDS:
-            q = tl.load(q_rows + d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float16)
-        if FIELDS:
-            if not KEY_FP8:
-                q0 = _q_field(q_rows, row_ok, 0, W)
-                q1 = _q_field(q_rows, row_ok, 1, W)
-                q2 = _q_field(q_rows, row_ok, 2, W)
-                q3 = _q_field(q_rows, row_ok, 3, W)
-                q4 = _q_field(q_rows, row_ok, 4, W)
-                q5 = _q_field(q_rows, row_ok, 5, W)
-                q6 = _q_field(q_rows, row_ok, 6, W)
-                q7 = _q_field(q_rows, row_ok, 7, W)
-            acc0 = tl.zeros([GP, W], tl.float32)
-            acc1 = tl.zeros([GP, W], tl.float32)
-            acc2 = tl.zeros([GP, W], tl.float32)
-            acc3 = tl.zeros([GP, W], tl.float32)
-            acc4 = tl.zeros([GP, W], tl.float32)
-            acc5 = tl.zeros([GP, W], tl.float32)
-            acc6 = tl.zeros([GP, W], tl.float32)
-            acc7 = tl.zeros([GP, W], tl.float32)
+        if KEY_FP8:
+            q = tl.load(q_rows + tl.arange(0, D)[None, :], mask=row_ok[:, None], other=0.0).to(tl.float16)
         else:
-            acc = tl.zeros([GP, D], tl.float32)
+            qs = ()
+            w = tl.arange(0, KW)
+            for f in tl.static_range(8):
+                qs = qs + (tl.load(q_rows + (w * 8 + f)[None, :], mask=row_ok[:, None] & (w < D // 8)[None, :], other=0.0).to(tl.float16),)
+        accs = ()
+        for f in tl.static_range(VF * (2 if VALUE_BITS == 3 else 1)):
+            accs = accs + (tl.zeros([GP, VW], tl.float32),)
         for n0 in range(start, end, BLOCK_N):
             valid, region, pos, key_rows = _tile(cache_ptr, bt_ptr, req, stride_bt, kv_head, n0, end, page_stride,
                                                  BLOCK_SIZE, SLOT, KEY_CODE_BYTES, BLOCK_N)
             if KEY_FP8:
                 qk = _fp8_scores(q, key_rows, valid, qk_scale, D)
-            elif FIELDS:
-                klo, khi = _load_words(key_rows, valid, KEY_BITS, W, True)
-                qk = tl.zeros([GP, BLOCK_N], tl.float32)
-                qk = _key_field_dot(qk, q0, klo, khi, centroid_ptr, poly_ptr, 0, KEY_BITS, LOOKUP)
-                qk = _key_field_dot(qk, q1, klo, khi, centroid_ptr, poly_ptr, 1, KEY_BITS, LOOKUP)
-                qk = _key_field_dot(qk, q2, klo, khi, centroid_ptr, poly_ptr, 2, KEY_BITS, LOOKUP)
-                qk = _key_field_dot(qk, q3, klo, khi, centroid_ptr, poly_ptr, 3, KEY_BITS, LOOKUP)
-                qk = _key_field_dot(qk, q4, klo, khi, centroid_ptr, poly_ptr, 4, KEY_BITS, LOOKUP)
-                qk = _key_field_dot(qk, q5, klo, khi, centroid_ptr, poly_ptr, 5, KEY_BITS, LOOKUP)
-                qk = _key_field_dot(qk, q6, klo, khi, centroid_ptr, poly_ptr, 6, KEY_BITS, LOOKUP)
-                qk = _key_field_dot(qk, q7, klo, khi, centroid_ptr, poly_ptr, 7, KEY_BITS, LOOKUP)
-                qk = qk * (_load_half(region + OFF_KN, pos, valid) * qk_scale)[None, :]
             else:
-                k = _centroids(_load_codes(key_rows, valid, KEY_BITS, D, BLOCK_N), centroid_ptr, poly_ptr, KEY_BITS, LOOKUP)
-                qk = tl.dot(q, tl.trans(k)) * (_load_half(region + OFF_KN, pos, valid) * qk_scale)[None, :]
+                qk = _codebook_scores(qs, key_rows, valid, centroid_ptr, KEY_BITS, D, GP, BLOCK_N, KW)
+                qk = qk * (_load_half(region + OFF_KN, pos, valid) * qk_scale)[None, :]
             m_i, alpha, p = _online_softmax(qk, valid, m_i)
             pv = (p * _load_half(region + OFF_VS, pos, valid)[None, :]).to(tl.float16)
-            value_rows = region + OFF_VC + pos * VALUE_CODE_BYTES
-            if FIELDS:
-                vlo, vhi = _load_words(value_rows, valid, VALUE_BITS, W, False)
-                acc0 = _value_field_acc(acc0, alpha, pv, vlo, vhi, 0, VALUE_BITS)
-                acc1 = _value_field_acc(acc1, alpha, pv, vlo, vhi, 1, VALUE_BITS)
-                acc2 = _value_field_acc(acc2, alpha, pv, vlo, vhi, 2, VALUE_BITS)
-                acc3 = _value_field_acc(acc3, alpha, pv, vlo, vhi, 3, VALUE_BITS)
-                acc4 = _value_field_acc(acc4, alpha, pv, vlo, vhi, 4, VALUE_BITS)
-                acc5 = _value_field_acc(acc5, alpha, pv, vlo, vhi, 5, VALUE_BITS)
-                acc6 = _value_field_acc(acc6, alpha, pv, vlo, vhi, 6, VALUE_BITS)
-                acc7 = _value_field_acc(acc7, alpha, pv, vlo, vhi, 7, VALUE_BITS)
-            else:
-                acc = acc * alpha[:, None] + tl.dot(pv, _load_codes(value_rows, valid, VALUE_BITS, D, BLOCK_N).to(tl.float16))
+            low, high = _value_planes(region + OFF_VC + pos * VALUE_CODE_BYTES, valid, D, VALUE_BITS, VF, VW)
+            new = ()
+            for f in tl.static_range(VF):
+                new = new + (tl.dot(pv, _value_field(low, high, f, VALUE_BITS, 0), accs[f] * alpha[:, None]),)
+            if VALUE_BITS == 3:
+                for f in tl.static_range(VF):
+                    new = new + (tl.dot(pv, _value_field(low, high, f, VALUE_BITS, 1), accs[VF + f] * alpha[:, None]),)
+            accs = new
             acc_zero, l_i = _zero_and_mass(acc_zero, l_i, alpha, p, region + OFF_VZ, pos, valid)
         inv_l = 1.0 / tl.where(l_i > 0.0, l_i, 1.0)
-        if FIELDS:
-            part_rows = part_o_ptr + part[:, None].to(tl.int64) * D
-            _store_field(part_rows, row_ok, acc0, acc_zero, inv_l, 0, W)
-            _store_field(part_rows, row_ok, acc1, acc_zero, inv_l, 1, W)
-            _store_field(part_rows, row_ok, acc2, acc_zero, inv_l, 2, W)
-            _store_field(part_rows, row_ok, acc3, acc_zero, inv_l, 3, W)
-            _store_field(part_rows, row_ok, acc4, acc_zero, inv_l, 4, W)
-            _store_field(part_rows, row_ok, acc5, acc_zero, inv_l, 5, W)
-            _store_field(part_rows, row_ok, acc6, acc_zero, inv_l, 6, W)
-            _store_field(part_rows, row_ok, acc7, acc_zero, inv_l, 7, W)
-        else:
-            tl.store(part_o_ptr + part[:, None].to(tl.int64) * D + d[None, :], (acc + acc_zero[:, None]) * inv_l[:, None], mask=row_ok[:, None])
+        part_rows = part_o_ptr + part[:, None].to(tl.int64) * D
+        w = tl.arange(0, VW)
+        for f in tl.static_range(VF):
+            o = accs[f] * _value_weight(f, VALUE_BITS, 0)
+            if VALUE_BITS == 3:
+                o += accs[VF + f] * _value_weight(f, VALUE_BITS, 1)
+            tl.store(part_rows + (w * VF + f)[None, :], (o + acc_zero[:, None]) * inv_l[:, None], mask=row_ok[:, None] & (w < D // VF)[None, :])
         _store_lse(part_lse_ptr, part, row_ok, m_i, l_i)
-
-
-@triton.jit
-def _load_words(rows, valid, BITS: tl.constexpr, W: tl.constexpr, TOKENS_LAST: tl.constexpr):
-    """Codes of elements 8w .. 8w+7 of BLOCK_N tokens whose code bytes start at rows, as (lo, hi)
-    int32 [BLOCK_N, W] ([W, BLOCK_N] with TOKENS_LAST, the orientation tl.dot wants for keys, so
-    no transpose goes through shared memory). 4 bits: lo is the little-endian int32 of nibbles
-    (hi repeats it); 3 bits: lo is the uint16 of 2-bit fields of the low plane, hi the byte of
-    the high-bit plane."""
-    if TOKENS_LAST:
-        w = tl.arange(0, W)[:, None]
-        tok = rows[None, :]
-        ok = valid[None, :]
-    else:
-        w = tl.arange(0, W)[None, :]
-        tok = rows[:, None]
-        ok = valid[:, None]
-    if BITS == 4:
-        lo = tl.load(tok.to(tl.pointer_type(tl.int32)) + w, mask=ok, other=0)
-        hi = lo
-    else:
-        lo = tl.load(tok.to(tl.pointer_type(tl.uint16)) + w, mask=ok, other=0).to(tl.int32)
-        hi = tl.load(tok + 2 * W + w, mask=ok, other=0).to(tl.int32)
-    return lo, hi
-
-
-@triton.jit
-def _field_codes(lo, hi, F: tl.constexpr, BITS: tl.constexpr):
-    """Codes of element 8w + F of every word (int32 [BLOCK_N, W])."""
-    if BITS == 4:
-        codes = (lo >> (4 * F)) & 15
-    else:
-        codes = ((lo >> (2 * F)) & 3) | (((hi >> F) & 1) << 2)
-    return codes
-
-
-@triton.jit
-def _code_to_half(codes):
-    """float16 of small non-negative integer codes without an int-to-float conversion: the code
-    ORed into the mantissa of 1024.0 is 1024 + code exactly."""
-    return (codes | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
-
-
-@triton.jit
-def _select8(codes, c_ptr):
-    """c_ptr[codes & 7] (float16) by a binary tree of selects over the three low code bits."""
-    b0 = (codes & 1) != 0
-    t0 = tl.where(b0, tl.load(c_ptr + 1), tl.load(c_ptr))
-    t1 = tl.where(b0, tl.load(c_ptr + 3), tl.load(c_ptr + 2))
-    t2 = tl.where(b0, tl.load(c_ptr + 5), tl.load(c_ptr + 4))
-    t3 = tl.where(b0, tl.load(c_ptr + 7), tl.load(c_ptr + 6))
-    b1 = (codes & 2) != 0
-    return tl.where((codes & 4) != 0, tl.where(b1, t3, t2), tl.where(b1, t1, t0))
-
-
-@triton.jit
-def _poly(codes, p_ptr, BITS: tl.constexpr):
-    """Codebook values (float16) of codes from _codebook_poly's coefficients at p_ptr. The code
-    becomes a float without an int-to-float conversion: 2 * code ORed into the mantissa of 2^22
-    (where a float step is 0.5) is 2^22 + code, and 2^22 + (2^b - 1) / 2 is exact too."""
-    x = ((codes << 1) | 0x4A800000).to(tl.float32, bitcast=True) - (4194304.0 + ((1 << BITS) - 1) * 0.5)
-    if BITS == 3:
-        t = x * x
-        val = x * (((tl.load(p_ptr + 3) * t + tl.load(p_ptr + 2)) * t + tl.load(p_ptr + 1)) * t + tl.load(p_ptr))
-    else:
-        a = tl.abs(x)
-        val = tl.load(p_ptr + 7)
-        for k in tl.static_range(7):
-            val = val * a + tl.load(p_ptr + 6 - k)
-        val = tl.where(x < 0, -val, val)
-    return val.to(tl.float16)
-
-
-@triton.jit
-def _centroids(codes, c_ptr, p_ptr, BITS: tl.constexpr, LOOKUP: tl.constexpr):
-    """Codebook values (float16) of key codes: 0 a gather from memory, 1 selects in registers,
-    2 a polynomial."""
-    if LOOKUP == 1:
-        if BITS == 4:
-            val = tl.where((codes & 8) != 0, _select8(codes, c_ptr + 8), _select8(codes, c_ptr))
-        else:
-            val = _select8(codes, c_ptr)
-    elif LOOKUP == 2:
-        val = _poly(codes, p_ptr, BITS)
-    else:
-        val = tl.load(c_ptr + codes)
-    return val
-
-
-@triton.jit
-def _key_field_dot(qk, q_f, klo, khi, c_ptr, p_ptr, F: tl.constexpr, BITS: tl.constexpr, LOOKUP: tl.constexpr):
-    """qk + scores of field F: q_f [GP, W] (query elements 8w + F) against field F of the key
-    words klo/khi [W, BLOCK_N]."""
-    return tl.dot(q_f, _centroids(_field_codes(klo, khi, F, BITS), c_ptr, p_ptr, BITS, LOOKUP), qk)
-
-
-@triton.jit
-def _value_field_acc(acc, alpha, pv, vlo, vhi, F: tl.constexpr, BITS: tl.constexpr):
-    """Running sum of field F of the value codes weighted by pv (probability x scale)."""
-    return acc * alpha[:, None] + tl.dot(pv, _code_to_half(_field_codes(vlo, vhi, F, BITS)))
-
-
-@triton.jit
-def _q_field(q_rows, row_ok, F: tl.constexpr, W: tl.constexpr):
-    """Query elements 8w + F of the group's query heads as float16 [GP, W]."""
-    return tl.load(q_rows + (tl.arange(0, W) * 8 + F)[None, :], mask=row_ok[:, None], other=0.0).to(tl.float16)
-
-
-@triton.jit
-def _store_field(part_rows, row_ok, acc, acc_zero, inv_l, F: tl.constexpr, W: tl.constexpr):
-    """Write the normalised partial output of field F to columns 8w + F."""
-    tl.store(part_rows + (tl.arange(0, W) * 8 + F)[None, :], (acc + acc_zero[:, None]) * inv_l[:, None], mask=row_ok[:, None])
 
 
 @triton.jit
@@ -713,12 +637,12 @@ def tq_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Te
     part_o = torch.empty(batch * num_q_heads * splits, head_size, dtype=torch.float32, device=query.device)
     part_lse = torch.empty(batch * num_q_heads * splits, dtype=torch.float32, device=query.device)
     group = num_q_heads // num_kv_heads
-    fields = cfg.kernel == "fields" and head_size >= 128  # a field of a word is D/8 wide; tl.dot needs 16
     _decode_split_kernel[(splits, num_kv_heads, batch)](
-        q, kv_cache, block_table, seq_lens, tab.centroids_half, tab.poly, part_o, part_lse,
+        q, kv_cache, block_table, seq_lens, tab.centroids_half, part_o, part_lse,
         q.stride(0), q.stride(1), block_table.stride(0), kv_cache.stride(0), splits, float(scale),
         G=group, GP=max(16, triton.next_power_of_2(group)), D=head_size, BLOCK_SIZE=block_size,
-        BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, **_layout_constants(spec, layout, block_size), LOOKUP=KEY_LOOKUPS.index(cfg.key_lookup), FIELDS=int(fields),
+        BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, **_layout_constants(spec, layout, block_size),
+        VALUE_FIELDS=cfg.value_fields if spec.value_bits == 3 else 4,  # one compiled kernel for 4-bit values
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.max_regs} if cfg.max_regs else {}))
     _decode_merge_kernel[(batch, num_q_heads)](
         part_o, part_lse, seq_lens, out, out.stride(0), out.stride(1), splits,
