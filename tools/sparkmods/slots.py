@@ -1,9 +1,10 @@
 """Check slots: at most CHECK_SLOTS threads of the process run checks at once, and a thread
 that waits for the network meanwhile lends its slot out.
 
-The checks are CPU-bound under one GIL, so a third or fourth checking thread adds only
-switching; the other sources in flight (check.SOURCE_JOBS) fetch what their checks will read
-instead, and each finishes sooner, so the next sources start fetching sooner. A check that
+The checks are CPU-bound under one GIL, so more checking threads add only switching; the
+other sources in flight (check.SOURCE_JOBS, where the measurements are) fetch what their
+checks will read instead, and each check finishes sooner, so the next sources start fetching
+sooner. A check that
 reads a member no hint brought (sources/siblings.py) waits a round trip for it, once per
 module of an import chain; holding its slot meanwhile would idle the CPU while sources that
 are fetched and ready wait for one.
@@ -15,7 +16,7 @@ import contextlib
 import threading
 from typing import Iterator
 
-CHECK_SLOTS = 2
+CHECK_SLOTS = 3
 _slots = threading.BoundedSemaphore(CHECK_SLOTS)
 _held = threading.local()
 
