@@ -319,6 +319,11 @@ def runsh_rows(reps: int, before: Optional[Path], work: Path) -> List[Row]:
         code_cache = work / f"code-{mod_dir.parent.parent.name}"
         for i in range(n + 1):  # the first round warms the code cache, unmeasured
             site = realtree.copy_tree(pristine, work / "site")
+            # The copy is set-up, not the subject: in a container the vLLM files were written long
+            # before run.sh starts. Without this its writeback overlaps the timed run, whose file
+            # creations and renames then wait on the filesystem journal (0.033 s runs became
+            # 0.043 s, in runs, on the dev machine's ext4).
+            os.sync()
             first = timed(["bash", str(mod_dir / "run.sh")], env(code_cache, site))[0]
             second = timed(["bash", str(mod_dir / "run.sh")], env(code_cache, site))[0]
             if i:
