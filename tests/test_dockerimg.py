@@ -31,7 +31,7 @@ REAL_FILES = [
     "vllm/model_executor/layers/logits_processor.py",
     "vllm/model_executor/layers/quantization/inc.py",
 ]
-LOCATE_PY = Path(__file__).resolve().parents[1] / "tools" / "sparkmods" / "runtime" / "locate.py"
+RUNTIME = Path(__file__).resolve().parents[1] / "tools" / "sparkmods" / "runtime"
 
 
 def _real_source():
@@ -100,9 +100,10 @@ def test_vllm_image_looks_like_the_community_image(docker_engine, vllm_image, re
         meta = yaml.safe_load(_read(box, "/workspace/build-metadata.yaml"))
         assert meta["vllm_commit"] == "2a69949bd" and meta["build_args"]["vllm_ref"] == "2a69949bd"
         assert _exec(box, "ls", "-A", "/workspace/mods") == ""
-        # Our runtime's locator (stdlib only) finds vLLM from the interpreter alone.
-        box.put_archive("/tmp", _tar({"locate.py": LOCATE_PY.read_bytes()}))
-        found = _exec(box, "python3", "-c", "import sys; sys.path.insert(0, '/tmp'); import locate;"
+        # Our runtime's locator (stdlib only, the runtime package as a mod ships it) finds vLLM
+        # from the interpreter alone.
+        box.put_archive("/tmp", _tar({f"runtime/{f.name}": f.read_bytes() for f in RUNTIME.glob("*.py")}))
+        found = _exec(box, "python3", "-c", "import sys; sys.path.insert(0, '/tmp'); from runtime import locate;"
                       "i = locate.find_vllm(); print(i.site, i.version)").split()
         assert found == [SITE_DIR, IMAGE_VERSION]
 

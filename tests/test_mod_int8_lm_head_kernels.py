@@ -183,7 +183,10 @@ def test_dispatch_runs_the_table_entry_for_every_band(mod: ModuleType, m: int) -
     q = mod.quantize_rows(w)
     x = torch.randn(m, 64, generator=gen).to(torch.float16)
     out = mod.int8_matmul(x, q)  # no config: DISPATCH decides
-    _bound_check(mod, x, q, out, split=mod.table_config(m).kernel == mod.SPLIT)
+    if mod.table_config(m).kernel == mod.W8A8:
+        _assert_w8a8_bound(mod, x, w, q, out)
+    else:
+        _bound_check(mod, x, q, out, split=mod.table_config(m).kernel == mod.SPLIT)
     assert torch.equal(out, mod.int8_matmul(x, q, mod.table_config(m)))
 
 
