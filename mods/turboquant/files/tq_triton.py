@@ -4,8 +4,8 @@ functions here give the same results as tq_format's reference functions within f
 
 Why the decode kernel is shaped as it is: decode attention is a stream over the cache, and a
 packed cache is 3-5x smaller than bf16, so the cost is the work per element that turns codes into
-numbers the matrix unit reads (ncu on the H100, the first kernel: 9-12 instructions per element
-and the cache read at a fifth of the memory bandwidth). So:
+numbers the matrix unit reads (on the H100 the 3- and 4-bit caches are read at 0.1-0.4 of the
+device copy rate from 32k on, bf16 at 1.1-1.2 at batch 8: ci/bench/results/turboquant_h100_head*/). So:
 - One program serves one (request, KV head, split) and all the query heads of that KV head
   (GQA), so each element is decoded once for the group, which rides along as the rows of tl.dot.
 - Nothing is reordered: element d is field d % F of word d // F, and field f of every word is one
