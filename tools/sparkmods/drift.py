@@ -20,10 +20,10 @@ import ast
 import bisect
 import functools
 from dataclasses import dataclass
-from difflib import SequenceMatcher
-from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple, Union
+from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
 
 from sparkmods.driftmemo import Changes, DriftMemo, changes_key
+from sparkmods.linediff import changed_lines
 from sparkmods.rebase.resolve import Module, Signature, Symbol, VllmTree, module_name, parse, signature_keeping
 from sparkmods.runtime.engine import APPLIED, OK, OK_OFFSET, plan_file
 from sparkmods.runtime.modcheck import DRIFT
@@ -52,17 +52,14 @@ class Finding:
 
 @functools.lru_cache(maxsize=64)
 def _added_lines(before: Optional[bytes], after: bytes) -> FrozenSet[int]:
-    """1-based line numbers of `after` that the patch added or changed (kept for the next
-    release, where the same file is usually patched the same way)."""
+    """1-based line numbers of `after` that the patch added or changed, as difflib's
+    SequenceMatcher marks them (linediff.py; kept for the next release, where the same file
+    is usually patched the same way)."""
     new = after.decode("utf-8", "surrogateescape").splitlines()
     if before is None:
         return frozenset(range(1, len(new) + 1))
     old = before.decode("utf-8", "surrogateescape").splitlines()
-    out: Set[int] = set()
-    for tag, _, _, j1, j2 in SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
-        if tag in ("replace", "insert"):
-            out.update(range(j1 + 1, j2 + 1))
-    return frozenset(out)
+    return frozenset(j + 1 for j in changed_lines(old, new))
 
 
 def _touches(node: ast.AST, lines: Sequence[int], first: Optional[int] = None, last: Optional[int] = None) -> bool:
