@@ -597,13 +597,13 @@ def sweep_configs(tq: ModuleType, head_size: int) -> List[Any]:
     """The decode configs the sweep times: the shipped defaults for this head size and a few tile,
     warp, split and register shapes around them, each with 3-bit values in 4 and in 8 fields
     (the same kernel for 4-bit values, timed again, so that one table entry serves every dtype).
-    About twenty per shape keep a sweep of one head size within two minutes on an H100 once they
-    are compiled."""
+    About twenty-five per shape keep a sweep of one head size within three minutes on an H100 once
+    they are compiled."""
     cfg = tq.DecodeConfig
     found = [c for (head, _, _), c in tq.DEFAULT_DECODE.items() if head == head_size]
     if head_size >= 256:
         found += [cfg(32, 4, 2, 128, 4), cfg(64, 4, 2, 128, 4), cfg(64, 8, 2, 128, 4), cfg(32, 4, 3, 128, 4), cfg(32, 4, 2, 128, 2),
-                  cfg(64, 4, 2, 128, 2), cfg(64, 8, 2, 256, 4), cfg(32, 4, 2, 128, 4, 128)]
+                  cfg(64, 4, 2, 128, 2), cfg(64, 8, 2, 256, 4), cfg(32, 4, 2, 128, 4, 128), cfg(128, 4, 2, 128, 2), cfg(64, 2, 3, 128, 4)]
     else:
         found += [cfg(64, 2, 2, 128, 4), cfg(128, 4, 2, 128, 2), cfg(64, 4, 2, 128, 4), cfg(32, 2, 2, 128, 4), cfg(64, 2, 3, 128, 4),
                   cfg(128, 2, 2, 128, 2), cfg(128, 4, 2, 256, 4), cfg(64, 2, 2, 128, 8), cfg(32, 4, 2, 128, 4)]

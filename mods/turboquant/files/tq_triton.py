@@ -16,12 +16,15 @@ device copy rate from 32k on, bf16 at 1.1-1.2 at batch 8: ci/bench/results/turbo
   are multiplied by the scale, the weight 2^(24 - shift) is applied to each field's sum once,
   and the zero points add as one weighted sum per row. The masks run on the words after they
   reach tl.dot's operand layout (Triton moves that conversion above elementwise work), so
-  shared memory carries the 2-4 bit codes, not 16-bit values.
+  shared memory carries the 2-4 bit codes, not 16-bit values. 3-bit codes, stored as a plane of
+  low bits and one of high bits, are merged into whole codes a word at a time first
+  (_nibble_codes), so a field is one product, not two.
 - Keys are never rotated back: the query is rotated once (q @ R.T) and scores are taken against
-  the centroids (a gather from a float16 table of one L1 sector), the per-token length applied
-  to the score. FP8 keys are converted by the hardware's float8 unpack.
-Only portable Triton is used (tl.dot, plain loads, no TMA or warp-specialised instructions): the
-same source runs on SM90 and SM121.
+  the centroids, the per-token length applied to the score. A 4-bit centroid is gathered from a
+  float16 table of one L1 sector; 3-bit centroids are looked up in registers on a GPU, 4 per
+  byte permutation (KEY3_LUT_ASM, plain PTX); FP8 keys are converted by the float8 unpack.
+Only portable Triton and PTX that every NVIDIA GPU has are used (tl.dot, plain loads, PRMT; no
+TMA or warp-specialised instructions): the same source runs on SM90 and SM121.
 
 CUDA graphs: tq_decode reads sequence lengths only on the device; its grid and buffers depend on
 the batch size, the head counts and the block table's width (shapes), never on the values.
@@ -111,6 +114,7 @@ class _Tables:
     centroids: torch.Tensor  # [2^bits] float32
     centroids_half: torch.Tensor  # [2^bits] float16 (decode feeds the matrix unit in fp16)
     midpoints: torch.Tensor  # [2^bits - 1] float32
+    byte_tables: Tuple[int, int, int, int]  # the 3-bit codebook in fp16 as PRMT byte tables (lut_words)
 
 
 _TABLES: Dict[Tuple[str, int, str], _Tables] = {}
@@ -128,7 +132,9 @@ def tables(spec: fmt.TQSpec, head_size: int, device: Any) -> _Tables:
         rot = fmt.rotation(head_size, device)
         bits = spec.value_bits if spec.key_fp8 else spec.key_bits  # FP8 keys use no codebook
         centroids, midpoints = fmt.codebook(head_size, bits)
-        found = _Tables(rot.T.contiguous(), rot.contiguous(), centroids.to(device), centroids.to(device=device, dtype=torch.float16), midpoints.to(device))
+        half = centroids.to(torch.float16)
+        found = _Tables(rot.T.contiguous(), rot.contiguous(), centroids.to(device), half.to(device), midpoints.to(device),
+                        lut_words(half) if half.numel() == 8 else (0, 0, 0, 0))
         _TABLES[key] = found
     return found
 
@@ -423,20 +429,83 @@ def _col_words(rows, valid, OFFSET: tl.constexpr, REAL: tl.constexpr, COUNT: tl.
     return tl.load(ptrs, mask=valid[None, :] & (w < REAL)[:, None], other=0)
 
 
+# ---------------------------------------------------------------------------------------------
+# 3-bit codebook lookup by byte permutation (GPU only)
+# ---------------------------------------------------------------------------------------------
+
+# One key word of 8 three-bit codes (bits 0-15: the 2-bit low fields, field f at bit 2f; bits 16-23:
+# the high bits, field f's at bit 16 + f) in, the 8 codebook entries (fp16 bits) out, in 19 plain
+# 32-bit instructions: the high byte is spread to every other bit, then merged with the low fields
+# into two selectors whose nibbles are the codes of the even and of the odd fields; PRMT picks 4
+# bytes of an 8-byte table by such a selector, so two PRMTs (the entries' low and high bytes) look
+# up 4 codes and two more pair the bytes into fp16s. The gather it replaces costs a shift, a mask,
+# an address and a load per code. $8: the word; $9/$10 and $11/$12: the low and high bytes of
+# entries 0-3 / 4-7 (lut_words). Plain PTX that every NVIDIA architecture since sm_20 has.
+KEY3_LUT_ASM = """{
+.reg .b32 m, t, e, o, l, h, p;
+shr.u32 m, $8, 16;
+shl.b32 t, m, 4; or.b32 m, m, t; and.b32 m, m, 0x0F0F;
+shl.b32 t, m, 2; or.b32 m, m, t; and.b32 m, m, 0x3333;
+shl.b32 t, m, 1; or.b32 m, m, t; and.b32 m, m, 0x5555;
+and.b32 e, $8, 0x3333; shl.b32 t, m, 2; and.b32 t, t, 0x4444; or.b32 e, e, t;
+shr.u32 o, $8, 2; and.b32 o, o, 0x3333; and.b32 t, m, 0x4444; or.b32 o, o, t;
+prmt.b32 l, $9, $10, e; prmt.b32 h, $11, $12, e;
+prmt.b32 p, l, h, 0x5140; mov.b32 {$0, $2}, p;
+prmt.b32 p, l, h, 0x7362; mov.b32 {$4, $6}, p;
+prmt.b32 l, $9, $10, o; prmt.b32 h, $11, $12, o;
+prmt.b32 p, l, h, 0x5140; mov.b32 {$1, $3}, p;
+prmt.b32 p, l, h, 0x7362; mov.b32 {$5, $7}, p;
+}"""
+_KEY3_LUT_ASM = tl.constexpr(KEY3_LUT_ASM)  # what a @triton.jit function may read
+
+
+def lut_words(entries: torch.Tensor) -> Tuple[int, int, int, int]:
+    """The 8 float16 entries as KEY3_LUT_ASM's tables: (low bytes of 0-3, of 4-7, high bytes of
+    0-3, of 4-7), byte k of a word = entry k (mod 4), each word as a signed 32-bit integer."""
+    if entries.dtype != torch.float16 or entries.numel() != 8:
+        raise ValueError(f"lut_words needs 8 float16 entries, not {entries.numel()} {entries.dtype}")
+    bits = [int(b) & 0xFFFF for b in entries.cpu().view(torch.int16).tolist()]
+
+    def word(values: Any) -> int:
+        packed = sum(v << (8 * k) for k, v in enumerate(values))
+        return packed - (1 << 32) if packed >= 1 << 31 else packed
+
+    return (word(b & 0xFF for b in bits[:4]), word(b & 0xFF for b in bits[4:]),
+            word(b >> 8 for b in bits[:4]), word(b >> 8 for b in bits[4:]))
+
+
 @triton.jit
-def _codebook_scores(qs, key_rows, valid, centroid_ptr, BITS: tl.constexpr, D: tl.constexpr, GP: tl.constexpr, BLOCK_N: tl.constexpr,
-                     KW: tl.constexpr):
+def _code3_entries(word, t0, t1, t2, t3):
+    """The 8 table entries (float16) of each word of 8 three-bit codes (KEY3_LUT_ASM's input layout)."""
+    out = tl.inline_asm_elementwise(_KEY3_LUT_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r", [word, t0, t1, t2, t3],
+                                    dtype=(tl.int16,) * 8, is_pure=True, pack=1)
+    return (out[0].to(tl.float16, bitcast=True), out[1].to(tl.float16, bitcast=True),
+            out[2].to(tl.float16, bitcast=True), out[3].to(tl.float16, bitcast=True),
+            out[4].to(tl.float16, bitcast=True), out[5].to(tl.float16, bitcast=True),
+            out[6].to(tl.float16, bitcast=True), out[7].to(tl.float16, bitcast=True))
+
+
+@triton.jit
+def _codebook_scores(qs, key_rows, valid, centroid_ptr, luts, BITS: tl.constexpr, D: tl.constexpr, GP: tl.constexpr,
+                     BLOCK_N: tl.constexpr, KW: tl.constexpr, KEY_LUT: tl.constexpr):
     """Scores of the query fields qs (qs[f] = query elements 8w + f, [GP, KW]) against codebook
     keys: field f of every key word meets qs[f], so the codes are never reordered. 4 bits: int32
     words of 8 nibbles; 3 bits: int16 words of 8 two-bit fields and a byte of their high bits.
     The centroid of each code is gathered from the float16 table (an 8/16-entry table sits in
-    one L1 sector, so a warp's gather is one wavefront)."""
+    one L1 sector, so a warp's gather is one wavefront), or, for 3 bits with KEY_LUT, looked up
+    in registers by _code3_entries (luts: its four table words)."""
     W: tl.constexpr = D // 8
     qk = tl.zeros([GP, BLOCK_N], tl.float32)
     if BITS == 4:
         words = _col_words(key_rows, valid, 0, W, KW, tl.int32)
         for f in tl.static_range(8):
             qk = tl.dot(qs[f], tl.load(centroid_ptr + ((words >> (4 * f)) & 15)), qk)
+    elif KEY_LUT:
+        low = _col_words(key_rows, valid, 0, W, KW, tl.uint16).to(tl.int32)
+        high = _col_words(key_rows, valid, 2 * W, W, KW, tl.uint8).to(tl.int32)
+        keys = _code3_entries(low | (high << 16), luts[0], luts[1], luts[2], luts[3])
+        for f in tl.static_range(8):
+            qk = tl.dot(qs[f], keys[f], qk)
     else:
         low = _col_words(key_rows, valid, 0, W, KW, tl.int16)
         high = _col_words(key_rows, valid, 2 * W, W, KW, tl.uint8).to(tl.int16) << 2  # bit f -> bit f + 2
@@ -447,71 +516,79 @@ def _codebook_scores(qs, key_rows, valid, centroid_ptr, BITS: tl.constexpr, D: t
 
 @triton.jit
 def _value_planes(value_rows, valid, D: tl.constexpr, BITS: tl.constexpr, FIELDS: tl.constexpr, VW: tl.constexpr):
-    """The value words a tile's fields are masked from: (low, high), each [N, VW] (D / FIELDS
-    real columns).
-    4 bits: uint16 words of 4 nibbles (high unused). 3 bits, FIELDS=4: bytes of 4 two-bit
-    fields, and the high-bit plane spread to the same shape (byte w of the plane holds elements
-    8w..8w+7; its two nibbles belong to low bytes 2w and 2w+1). FIELDS=8: int16 words of 8
-    two-bit fields and the high-bit bytes as they are stored."""
+    """The value words a tile's fields are masked from, each [N, VW] (D / FIELDS real columns).
+    4 bits: (uint16 words of 4 nibbles, unused). 3 bits: _nibble_codes' (even, odd) words, from
+    bytes of 4 two-bit fields and the high-bit plane spread to the same shape (FIELDS=4: byte w of
+    the plane holds elements 8w..8w+7; its two nibbles belong to low bytes 2w and 2w+1), or from
+    int16 words of 8 two-bit fields and the high-bit bytes as they are stored (FIELDS=8)."""
     if BITS == 4:
         low = _row_words(value_rows, valid, 0, D // 4, VW, tl.uint16)
-        high = low
+        return low, low
     elif FIELDS == 4:
         low = _row_words(value_rows, valid, 0, D // 4, VW, tl.uint8).to(tl.uint16)
         h = _row_words(value_rows, valid, D // 4, D // 8, VW // 2, tl.uint8).to(tl.uint16)
-        high = tl.reshape(tl.join(h, h >> 4), [h.shape[0], VW])
+        return _nibble_codes(low, tl.reshape(tl.join(h & 0xF, h >> 4), [h.shape[0], VW]))
     else:
         low = _row_words(value_rows, valid, 0, D // 8, VW, tl.uint16)
-        high = _row_words(value_rows, valid, D // 4, D // 8, VW, tl.uint8).to(tl.uint16)
-    return low, high
+        return _nibble_codes(low, _row_words(value_rows, valid, D // 4, D // 8, VW, tl.uint8).to(tl.uint16))
 
 
 @triton.jit
-def _value_field(low, high, F: tl.constexpr, BITS: tl.constexpr, HIGH: tl.constexpr):
+def _nibble_codes(low, high):
+    """Words of two-bit fields (field f at bit 2f) and their high bits (field f's at bit f) as
+    two words of whole 3-bit codes in nibbles: (even fields, odd fields), field 2k + j in nibble
+    k of word j. The high bits are spread to every other bit (bit f to 2f) and merged under
+    masks, a dozen operations per word; then every code is one AND away from a subnormal, and a
+    field needs one product instead of two (low bits and high bit apart)."""
+    m = (high | (high << 4)) & 0x0F0F
+    m = (m | (m << 2)) & 0x3333
+    m = (m | (m << 1)) & 0x5555
+    return (low & 0x3333) | ((m << 2) & 0x4444), ((low >> 2) & 0x3333) | (m & 0x4444)
+
+
+@triton.jit
+def _value_field(low, high, F: tl.constexpr, BITS: tl.constexpr):
     """float16 of field F's code bits masked in place: a subnormal, code * 2^(shift - 24) exactly,
     so decoding a value costs one AND (the weight is applied to the accumulated sum, once).
-    Fields in a word's upper byte are shifted down by 8 first (bits 10 and up are exponent bits)."""
-    if HIGH:
-        bits = high & (1 << F)
-    elif BITS == 4:
+    Fields in a word's upper byte are shifted down by 8 first (bits 10 and up are exponent bits).
+    3 bits: field F is nibble F // 2 of _nibble_codes' word F % 2."""
+    if BITS == 4:
         bits = (low if F < 2 else low >> 8) & (0xF << (4 * (F % 2)))
     else:
-        bits = (low if F < 4 else low >> 8) & (3 << (2 * (F % 4)))
+        word = low if F % 2 == 0 else high
+        bits = (word if F < 4 else word >> 8) & (7 << (4 * ((F // 2) % 2)))
     return bits.to(tl.int16).to(tl.float16, bitcast=True)
 
 
 @triton.jit
-def _value_weight(F: tl.constexpr, BITS: tl.constexpr, HIGH: tl.constexpr):
-    """2^(24 - shift): turns a sum of _value_field subnormals back into code units (a high bit
-    counts 4)."""
-    if HIGH:
-        E: tl.constexpr = 26 - F
-    elif BITS == 4:
+def _value_weight(F: tl.constexpr, BITS: tl.constexpr):
+    """2^(24 - shift): turns a sum of _value_field subnormals back into code units."""
+    if BITS == 4:
         E: tl.constexpr = 24 - 4 * (F % 2)
     else:
-        E: tl.constexpr = 24 - 2 * (F % 4)
+        E: tl.constexpr = 24 - 4 * ((F // 2) % 2)
     return tl.full([], 2.0 ** E, tl.float32)
 
 
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_o_ptr, part_lse_ptr,
-                         stride_qb, stride_qh, stride_bt, page_stride, num_splits, sm_scale,
+                         stride_qb, stride_qh, stride_bt, page_stride, num_splits, sm_scale, lut0, lut1, lut2, lut3,
                          G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
                          BLOCK_SIZE: tl.constexpr, SLOT: tl.constexpr,
                          KEY_FP8: tl.constexpr, KEY_BITS: tl.constexpr, VALUE_BITS: tl.constexpr,
                          KEY_CODE_BYTES: tl.constexpr, VALUE_CODE_BYTES: tl.constexpr,
                          OFF_VC: tl.constexpr, OFF_KN: tl.constexpr, OFF_VS: tl.constexpr, OFF_VZ: tl.constexpr,
-                         BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr, VALUE_FIELDS: tl.constexpr):
+                         BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr, VALUE_FIELDS: tl.constexpr, KEY_LUT: tl.constexpr):
     """Partial attention of the G query heads of one KV head over one split of one request.
 
     Values: element d is field f = d % F of word d // F (F = VALUE_FIELDS: 4, or 8 for 3-bit
     values in D/8-wide words). Every field is decoded by one mask in the layout tl.dot reads it
     in (the words reach that layout through shared memory, 2-4 bits per element instead of 16;
-    only the spread high-bit plane of 3-bit values in 4 fields is converted after its masks) and
-    accumulates into its own [GP, D / F] sum; output column d = F w + f is written at the end.
-    3-bit values keep the high bit's sums apart (its subnormal has a different scale).
-    Codebook keys: see _codebook_scores. num_splits is not specialised (it changes with the batch
-    size; one compiled kernel serves every batch)."""
+    3-bit codes are first made whole by _nibble_codes) and accumulates into its own [GP, D / F]
+    sum; output column d = F w + f is written at the end.
+    Codebook keys: see _codebook_scores (KEY_LUT: 3-bit codes looked up by KEY3_LUT_ASM, on a
+    GPU only). num_splits is not specialised (it changes with the batch size; one compiled
+    kernel serves every batch)."""
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
     req = tl.program_id(2)
@@ -536,7 +613,7 @@ def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_
             for f in tl.static_range(8):
                 qs = qs + (tl.load(q_rows + (w * 8 + f)[None, :], mask=row_ok[:, None] & (w < D // 8)[None, :], other=0.0).to(tl.float16),)
         accs = ()
-        for f in tl.static_range(VF * (2 if VALUE_BITS == 3 else 1)):
+        for f in tl.static_range(VF):
             accs = accs + (tl.zeros([GP, VW], tl.float32),)
         for n0 in range(start, end, BLOCK_N):
             valid, region, pos, key_rows = _tile(cache_ptr, bt_ptr, req, stride_bt, kv_head, n0, end, page_stride,
@@ -544,26 +621,21 @@ def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_
             if KEY_FP8:
                 qk = _fp8_scores(q, key_rows, valid, qk_scale, D)
             else:
-                qk = _codebook_scores(qs, key_rows, valid, centroid_ptr, KEY_BITS, D, GP, BLOCK_N, KW)
+                qk = _codebook_scores(qs, key_rows, valid, centroid_ptr, (lut0, lut1, lut2, lut3), KEY_BITS, D, GP, BLOCK_N, KW, KEY_LUT)
                 qk = qk * (_load_half(region + OFF_KN, pos, valid) * qk_scale)[None, :]
             m_i, alpha, p = _online_softmax(qk, valid, m_i)
             pv = (p * _load_half(region + OFF_VS, pos, valid)[None, :]).to(tl.float16)
             low, high = _value_planes(region + OFF_VC + pos * VALUE_CODE_BYTES, valid, D, VALUE_BITS, VF, VW)
             new = ()
             for f in tl.static_range(VF):
-                new = new + (tl.dot(pv, _value_field(low, high, f, VALUE_BITS, 0), accs[f] * alpha[:, None]),)
-            if VALUE_BITS == 3:
-                for f in tl.static_range(VF):
-                    new = new + (tl.dot(pv, _value_field(low, high, f, VALUE_BITS, 1), accs[VF + f] * alpha[:, None]),)
+                new = new + (tl.dot(pv, _value_field(low, high, f, VALUE_BITS), accs[f] * alpha[:, None]),)
             accs = new
             acc_zero, l_i = _zero_and_mass(acc_zero, l_i, alpha, p, region + OFF_VZ, pos, valid)
         inv_l = 1.0 / tl.where(l_i > 0.0, l_i, 1.0)
         part_rows = part_o_ptr + part[:, None].to(tl.int64) * D
         w = tl.arange(0, VW)
         for f in tl.static_range(VF):
-            o = accs[f] * _value_weight(f, VALUE_BITS, 0)
-            if VALUE_BITS == 3:
-                o += accs[VF + f] * _value_weight(f, VALUE_BITS, 1)
+            o = accs[f] * _value_weight(f, VALUE_BITS)
             tl.store(part_rows + (w * VF + f)[None, :], (o + acc_zero[:, None]) * inv_l[:, None], mask=row_ok[:, None] & (w < D // VF)[None, :])
         _store_lse(part_lse_ptr, part, row_ok, m_i, l_i)
 
@@ -595,6 +667,12 @@ def _decode_merge_kernel(part_o_ptr, part_lse_ptr, lens_ptr, out_ptr, stride_ob,
         acc += tl.sum(tl.where(live, tl.exp2(lse_r - top), 0.0)[:, None] * part, axis=0)
     out = acc / tl.where(total > 0.0, total, 1.0)
     tl.store(out_ptr + req * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
+
+
+def key_lookup(spec: fmt.TQSpec, device: torch.device) -> bool:
+    """Whether the decode looks 3-bit key codes up with KEY3_LUT_ASM: on a GPU (Triton's CPU
+    interpreter runs no PTX; it gathers from the table, the same numbers)."""
+    return spec.key_bits == 3 and not spec.key_fp8 and device.type == "cuda"
 
 
 _SM_COUNT: Dict[str, int] = {}
@@ -639,10 +717,11 @@ def tq_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Te
     group = num_q_heads // num_kv_heads
     _decode_split_kernel[(splits, num_kv_heads, batch)](
         q, kv_cache, block_table, seq_lens, tab.centroids_half, part_o, part_lse,
-        q.stride(0), q.stride(1), block_table.stride(0), kv_cache.stride(0), splits, float(scale),
+        q.stride(0), q.stride(1), block_table.stride(0), kv_cache.stride(0), splits, float(scale), *tab.byte_tables,
         G=group, GP=max(16, triton.next_power_of_2(group)), D=head_size, BLOCK_SIZE=block_size,
         BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, **_layout_constants(spec, layout, block_size),
         VALUE_FIELDS=cfg.value_fields if spec.value_bits == 3 else 4,  # one compiled kernel for 4-bit values
+        KEY_LUT=int(key_lookup(spec, query.device)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.max_regs} if cfg.max_regs else {}))
     _decode_merge_kernel[(batch, num_q_heads)](
         part_o, part_lse, seq_lens, out, out.stride(0), out.stride(1), splits,
