@@ -55,10 +55,11 @@ def run_check(args: argparse.Namespace) -> int:
     from sparkmods.modsdir import resolve_mods
     from sparkmods.targets import open_sources
 
-    from sparkmods.community.cli import run_check as run_community, wants_community
+    if args.community or args.mods:  # only then can it be about community mods (their import is 10 ms)
+        from sparkmods.community.cli import run_check as run_community, wants_community
 
-    if wants_community(args):
-        return run_community(args)
+        if wants_community(args):
+            return run_community(args)
     started = time.monotonic()
     resultcache.start(reuse=not args.no_cache)
     mod_dirs = resolve_mods(args.mods, args.mods_dir)
