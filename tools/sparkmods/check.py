@@ -30,7 +30,7 @@ from sparkmods.runtime.udiff import FilePatch
 
 # Host code that can change a row's status beyond the mod's own files (whose runtime copy is
 # part of the mod's content hash): a change here must re-check every matrix cell.
-_DRIFT_CODE = ("drift.py", "driftmemo.py", "linediff.py", "rebase/resolve.py")
+_DRIFT_CODE = ("drift.py", "driftmemo.py", "linediff.py", "defscan.py", "rebase/resolve.py")
 
 
 @functools.lru_cache(maxsize=1)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from sparkmods import pyparse
+from sparkmods.defscan import defines
 
 __all__ = ["Module", "Symbol", "Signature", "VllmTree", "module_name", "absolute", "signature_keeping", "parse"]
 
@@ -178,6 +179,13 @@ class Module:
 
     def absolute(self, level: int, module: Optional[str]) -> Optional[str]:
         return absolute(self.name, self.is_package, level, module)
+
+    def defines(self, name: str) -> bool:
+        """A module-level def or class `name` found in the source without parsing it
+        (defscan.py; a syntax error elsewhere is possible: has_name says why that is fine).
+        False when not found so, or once parsed (the tables answer then)."""
+        data = self._data
+        return data is not None and not self._done and defines(data, name)
 
 
 _COLLECTING = threading.RLock()
@@ -394,13 +402,17 @@ class VllmTree:
 
     # -- names -----------------------------------------------------------------------------
     def has_name(self, modname: str, name: str, depth: int = 0) -> Tuple[Optional[bool], str]:
-        """(True, "") bound; (False, why) missing; (None, why) cannot tell (dynamic module)."""
+        """(True, "") bound; (False, why) missing; (None, why) cannot tell (dynamic module).
+
+        A def or class the source visibly defines is (True, "") without parsing the module
+        (Module.defines), even where a syntax error elsewhere would make it (None, why): the
+        drift checks, its only user, find nothing in either case."""
         mod = self.module(modname)
         if mod is None:
             return False, f"module {modname} does not exist"
         if mod.is_package and self.exists(f"{modname}.{name}"):
             return True, ""
-        if name in mod.bindings:
+        if mod.defines(name) or name in mod.bindings:
             return True, ""
         for star in mod.stars:
             if depth < MAX_DEPTH:
