@@ -337,6 +337,42 @@ def test_value_fields_decode_every_code_exactly(fmt: ModuleType, tq: ModuleType)
                 assert torch.allclose(out[0].float(), expected, atol=1e-3), (name, code, fields)
 
 
+def test_key3_lookup_asm_gives_every_word_its_codebook_entries(fmt: ModuleType, tq: ModuleType) -> None:
+    """KEY3_LUT_ASM, run instruction by instruction by a PTX interpreter on every one of the 2^24
+    words it can be given (8 two-bit fields in bits 0-15, their high bits in 16-23), returns the
+    float16 bits of entry (low | high << 2) of each field, from tables lut_words packs: the text
+    the GPU runs, checked where Triton's CPU interpreter cannot run it."""
+    import ptx_subset
+
+    half = fmt.codebook(256, 3)[0].to(torch.float16)
+    entries = half.view(torch.int16).to(torch.int64) & 0xFFFF
+    assert len(set(entries.tolist())) == 8  # distinct entries: a wrong pick cannot go unseen
+    tables = {f"${9 + i}": torch.tensor(word, dtype=torch.int64) for i, word in enumerate(tq.lut_words(half))}
+    step = 1 << 21
+    for start in range(0, 1 << 24, step):
+        word = torch.arange(start, start + step, dtype=torch.int64)
+        regs = ptx_subset.run(tq.KEY3_LUT_ASM, {"$8": word, **tables})
+        for f in range(8):
+            code = ((word >> (2 * f)) & 3) | (((word >> (16 + f)) & 1) << 2)
+            assert torch.equal(regs[f"${f}"], entries[code]), (start, f)
+
+
+def test_lut_words_pack_low_and_high_bytes_and_refuse_other_tables(tq: ModuleType) -> None:
+    entries = torch.tensor([0x0102, 0x0304, 0x0506, 0x0708, 0x090A, 0x0B0C, 0x0D0E, -0x0F10], dtype=torch.int16).view(torch.float16)
+    assert tq.lut_words(entries) == (0x08060402, 0xF00E0C0A - (1 << 32), 0x07050301, 0xF00D0B09 - (1 << 32))
+    with pytest.raises(ValueError, match="8 float16 entries"):
+        tq.lut_words(torch.zeros(16, dtype=torch.float16))
+    with pytest.raises(ValueError, match="8 float16 entries"):
+        tq.lut_words(torch.zeros(8))
+
+
+def test_only_3_bit_codebook_keys_on_a_gpu_use_the_register_lookup(fmt: ModuleType, tq: ModuleType) -> None:
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert tq.key_lookup(fmt.tq_spec("turboquant_k3v4_nc"), cuda) and tq.key_lookup(fmt.tq_spec("turboquant_3bit_nc"), cuda)
+    assert not tq.key_lookup(fmt.tq_spec("turboquant_k3v4_nc"), cpu)
+    assert not tq.key_lookup(fmt.tq_spec("turboquant_4bit_nc"), cuda) and not tq.key_lookup(fmt.tq_spec("turboquant_k8v4"), cuda)
+
+
 def test_decode_config_refuses_unknown_variants_and_defaults_come_from_the_table(tq: ModuleType) -> None:
     """A shape gets its band's entry, else its batch or context band's, else the head size's '*'
     entry; head sizes without entries use 256's (>= 256) or 128's."""
@@ -344,20 +380,23 @@ def test_decode_config_refuses_unknown_variants_and_defaults_come_from_the_table
         tq.DecodeConfig(32, 4, 2, 128, value_fields=2)
     with pytest.raises(ValueError, match="block_n must be"):
         tq.DecodeConfig(16, 4, 2, 128)
-    table = {(256, "1", "short"): tq.DecodeConfig(32, 4, 3, 64), (256, "many", "*"): tq.DecodeConfig(64, 8, 2, 256, 4),
-             (256, "*", "*"): tq.DecodeConfig(32, 4, 2, 128, 4, 128, 8), (128, "*", "*"): tq.DecodeConfig(64, 4, 2, 128)}
+    table = {(256, "1", "short", "*"): tq.DecodeConfig(32, 4, 3, 64), (256, "many", "*", "*"): tq.DecodeConfig(64, 8, 2, 256, 4),
+             (256, "many", "long", "turboquant_3bit_nc"): tq.DecodeConfig(64, 2, 3, 128, 4, 0, 8),
+             (256, "*", "*", "*"): tq.DecodeConfig(32, 4, 2, 128, 4, 128, 8), (128, "*", "*", "*"): tq.DecodeConfig(64, 4, 2, 128)}
     saved = dict(tq.DEFAULT_DECODE)
     try:
         tq.DEFAULT_DECODE.clear()
         tq.DEFAULT_DECODE.update(table)
-        assert tq.default_decode_config(256, 1, 4096) == table[(256, "1", "short")]
-        assert tq.default_decode_config(256, 8, 4096) == tq.default_decode_config(256, 8, 131072) == table[(256, "many", "*")]
-        assert tq.default_decode_config(256, 1, 131072) == tq.default_decode_config(512, 1, 65536) == table[(256, "*", "*")]
-        assert tq.default_decode_config(64, 8, 4096) == tq.default_decode_config(128, 1, 131072) == table[(128, "*", "*")]
+        assert tq.default_decode_config(256, 1, 4096) == tq.default_decode_config(256, 1, 4096, "turboquant_3bit_nc") == table[(256, "1", "short", "*")]
+        assert tq.default_decode_config(256, 8, 4096) == tq.default_decode_config(256, 8, 131072) == table[(256, "many", "*", "*")]
+        assert tq.default_decode_config(256, 8, 131072, "turboquant_k3v4_nc") == table[(256, "many", "*", "*")]
+        assert tq.default_decode_config(256, 8, 131072, "turboquant_3bit_nc") == table[(256, "many", "long", "turboquant_3bit_nc")]
+        assert tq.default_decode_config(256, 1, 131072) == tq.default_decode_config(512, 1, 65536) == table[(256, "*", "*", "*")]
+        assert tq.default_decode_config(64, 8, 4096) == tq.default_decode_config(128, 1, 131072) == table[(128, "*", "*", "*")]
     finally:
         tq.DEFAULT_DECODE.clear()
         tq.DEFAULT_DECODE.update(saved)
-    for (head, _, _) in saved:  # the shipped table covers both head sizes
+    for (head, _, _, _) in saved:  # the shipped table covers both head sizes
         assert isinstance(tq.default_decode_config(head, 8, 131072), tq.DecodeConfig)
 
 
@@ -463,18 +502,22 @@ def test_bench_goal_check_reads_the_timings() -> None:
 
 def test_bench_sweep_picks_a_timed_config_per_band_and_apply_defaults_writes_it(tq: ModuleType, tmp_path: Path) -> None:
     """The band winner is the config with the smallest mean log slowdown over the band's shapes
-    (not the one fastest at a single shape), a config missing a shape of its band never wins,
+    (not the one fastest at a single shape), a config missing a shape of its band never wins, a
+    dtype gets its own entry only where its own winner beats the shared one by OWN_ENTRY_GAIN,
     and --apply-defaults replaces only this head size's entries of the table."""
     fast, steady, partial = "n32/w4/s2/c128/p4/r128/f4", "n64/w4/s2/c128/p2/r0/f8", "n32/w4/s3/c64/p4/r0/f4"
-    times = {(1, 32768): {fast: 10.0, steady: 12.0, partial: 1.0}, (1, 131072): {fast: 40.0, steady: 20.0},
-             (8, 4096): {fast: 5.0, steady: 6.0}}
-    rows = [{"dtype": "turboquant_k3v4_nc", "batch": b, "context": c, "config": cfg, "us": us}
-            for (b, c), by in times.items() for cfg, us in by.items()]
+    times = {("turboquant_k3v4_nc", 1, 32768): {fast: 10.0, steady: 12.0, partial: 1.0},
+             ("turboquant_k3v4_nc", 1, 131072): {fast: 40.0, steady: 20.0},
+             ("turboquant_k3v4_nc", 8, 4096): {fast: 5.0, steady: 6.0},
+             ("turboquant_3bit_nc", 8, 4096): {fast: 6.6, steady: 6.0},  # 10 % better alone: own entry
+             ("turboquant_4bit_nc", 8, 4096): {fast: 6.0, steady: 5.9}}  # 1.7 %: shares the band's
+    rows = [{"dtype": name, "batch": b, "context": c, "config": cfg, "us": us} for (name, b, c), by in times.items() for cfg, us in by.items()]
     rows.append({"dtype": "turboquant_k3v4_nc", "batch": 8, "context": 4096, "config": partial, "us": None})
     table = BENCH.default_table(tq, 256, rows)
-    assert table == {(256, "1", "long"): steady, (256, "many", "short"): fast}
+    assert table == {(256, "1", "long", "*"): steady, (256, "many", "short", "*"): fast, (256, "many", "short", "turboquant_3bit_nc"): steady}
     lines = BENCH.table_lines(tq, table)
-    assert lines[-1] == '    (256, "*", "*"): DecodeConfig(64, 4, 2, 128, 2, 0, 8),'  # no "many long": the first band
+    assert lines[2] == '    (256, "many", "short", "turboquant_3bit_nc"): DecodeConfig(64, 4, 2, 128, 2, 0, 8),'
+    assert lines[-1] == '    (256, "*", "*", "*"): DecodeConfig(64, 4, 2, 128, 2, 0, 8),'  # no "many long": the first band
     assert all(BENCH.config_from_label(tq, label).label() == label for label in (fast, steady, partial))
     best = BENCH.sweep_summary(tq, 256, rows, [{"kind": "bf16 sdpa", "batch": 1, "context": 32768, "us": 2.0}])
     assert best[0]["best"] == partial and best[0]["vs_bf16"] == 0.5
@@ -482,17 +525,17 @@ def test_bench_sweep_picks_a_timed_config_per_band_and_apply_defaults_writes_it(
     source = (REPO / "mods" / "turboquant" / "files" / "tq_triton.py").read_text()
     module.write_text(source)
     results = tmp_path / "turboquant_bench.json"
-    results.write_text(json.dumps({"meta": {"head_size": 256}, "sweep": rows, "default_table": lines}))
-    BENCH.apply_defaults(results, module)
+    results.write_text(json.dumps({"meta": {"head_size": 256}, "sweep": rows}))
+    BENCH.apply_defaults(results, module, tq)
     written = module.read_text()
-    assert written.count('(256, "') == 3 and '(128, "*", "*")' in written and lines[0] in written
+    assert written.count('(256, "') == 4 and '(128, "*", "*", "*")' in written and lines[0] in written and lines[2] in written
     assert written.replace("\n".join(lines), "") != source  # only the table changed, and it did
     results.write_text(json.dumps({"meta": {"head_size": 256}}))
     with pytest.raises(BENCH.InputError, match="no sweep"):
-        BENCH.apply_defaults(results, module)
-    results.write_text(json.dumps({"meta": {"head_size": 256}, "sweep": rows, "default_table": []}))
+        BENCH.apply_defaults(results, module, tq)
+    results.write_text(json.dumps({"meta": {"head_size": 256}, "sweep": [dict(r, us=None) for r in rows]}))
     with pytest.raises(BENCH.InputError, match="timed nothing"):
-        BENCH.apply_defaults(results, module)
+        BENCH.apply_defaults(results, module, tq)
     assert module.read_text() == written  # refused runs leave the file as it was
 
 

@@ -600,7 +600,7 @@ def sweep_configs(tq: ModuleType, head_size: int) -> List[Any]:
     About twenty-five per shape keep a sweep of one head size within three minutes on an H100 once
     they are compiled."""
     cfg = tq.DecodeConfig
-    found = [c for (head, _, _), c in tq.DEFAULT_DECODE.items() if head == head_size]
+    found = [c for (head, _, _, _), c in tq.DEFAULT_DECODE.items() if head == head_size]
     if head_size >= 256:
         found += [cfg(32, 4, 2, 128, 4), cfg(64, 4, 2, 128, 4), cfg(64, 8, 2, 128, 4), cfg(32, 4, 3, 128, 4), cfg(32, 4, 2, 128, 2),
                   cfg(64, 4, 2, 128, 2), cfg(64, 8, 2, 256, 4), cfg(32, 4, 2, 128, 4, 128), cfg(128, 4, 2, 128, 2), cfg(64, 2, 3, 128, 4)]
@@ -625,34 +625,48 @@ def sweep_summary(tq: ModuleType, head_size: int, rows: Sequence[Dict[str, Any]]
             continue
         best = min(timed, key=lambda r: r["us"])
         ref = bf16.get((batch, context))
-        default = tq.default_decode_config(head_size, batch, context).label()
+        default = tq.default_decode_config(head_size, batch, context, name).label()
         shipped = next((r["us"] for r in group if r["config"] == default), None)
         out.append({"dtype": name, "batch": batch, "context": context, "best": best["config"], "best_us": best["us"],
                     "default_us": shipped, "bf16_us": ref, "vs_bf16": None if ref is None else round(best["us"] / ref, 3)})
     return out
 
 
-def default_table(tq: ModuleType, head_size: int, rows: Sequence[Dict[str, Any]]) -> Dict[Tuple[int, str, str], str]:
+# a dtype gets its own DEFAULT_DECODE entry in a band when its own best config there is at least
+# this much faster (geometric mean over its shapes) than the band's shared choice
+OWN_ENTRY_GAIN = 1.03
+
+
+def default_table(tq: ModuleType, head_size: int, rows: Sequence[Dict[str, Any]]) -> Dict[Tuple[int, str, str, str], str]:
     """Per (batch band, context band): the config with the smallest geometric-mean slowdown against
-    the best config of each shape in the band, over every dtype (only configs timed at every
-    shape of the band qualify). Values are the labels of DecodeConfig."""
+    the best config of each shape in the band, over every dtype (dtype "*"; only configs timed at
+    every shape of the band qualify); and the same over one dtype's shapes where that choice beats
+    the shared one by OWN_ENTRY_GAIN or more. Values are the labels of DecodeConfig."""
     best: Dict[Tuple[str, int, int], float] = {}
     for r in rows:
         if r["us"] is not None:
             key = (r["dtype"], r["batch"], r["context"])
             best[key] = min(best.get(key, math.inf), r["us"])
-    bands: Dict[Tuple[str, str], Dict[str, List[float]]] = {}
-    shapes_in: Dict[Tuple[str, str], set] = {}
+    # (band, dtype or "*") -> config -> log slowdowns; and the shapes each group must cover
+    slowdowns: Dict[Tuple[Tuple[str, str], str], Dict[str, List[float]]] = {}
+    shapes_in: Dict[Tuple[Tuple[str, str], str], set] = {}
     for r in rows:
         band = tq.shape_band(r["batch"], r["context"])
-        shapes_in.setdefault(band, set()).add((r["dtype"], r["batch"], r["context"]))
-        if r["us"] is not None:
-            bands.setdefault(band, {}).setdefault(r["config"], []).append(math.log(r["us"] / best[(r["dtype"], r["batch"], r["context"])]))
+        for group in ((band, "*"), (band, r["dtype"])):
+            shapes_in.setdefault(group, set()).add((r["dtype"], r["batch"], r["context"]))
+            if r["us"] is not None:
+                slowdowns.setdefault(group, {}).setdefault(r["config"], []).append(math.log(r["us"] / best[(r["dtype"], r["batch"], r["context"])]))
+    means = {group: {c: sum(v) / len(v) for c, v in by_config.items() if len(v) == len(shapes_in[group])} for group, by_config in slowdowns.items()}
     table = {}
-    for band, by_config in bands.items():
-        full = {c: sum(v) / len(v) for c, v in by_config.items() if len(v) == len(shapes_in[band])}
-        if full:
-            table[(head_size, *band)] = min(full, key=full.__getitem__)
+    for (band, dtype), full in sorted(means.items()):
+        if full and dtype == "*":
+            table[(head_size, *band, "*")] = min(full, key=full.__getitem__)
+    for (band, dtype), full in sorted(means.items()):
+        shared = table.get((head_size, *band, "*"))
+        if full and dtype != "*" and shared in full:
+            own = min(full, key=full.__getitem__)
+            if full[shared] - full[own] >= math.log(OWN_ENTRY_GAIN):
+                table[(head_size, *band, dtype)] = own
     return table
 
 
@@ -662,34 +676,37 @@ def config_from_label(tq: ModuleType, label: str) -> Any:
     return tq.DecodeConfig(n, w, st, c, pp, r, f)
 
 
-def table_lines(tq: ModuleType, table: Dict[Tuple[int, str, str], str]) -> List[str]:
+def table_lines(tq: ModuleType, table: Dict[Tuple[int, str, str, str], str]) -> List[str]:
     """The DEFAULT_DECODE entries as Python source lines, and a '*' entry per head size for shapes
-    the sweep did not cover: the many-requests long-context choice (where the time goes), else
-    the first band's."""
+    the sweep did not cover: the many-requests long-context shared choice (where the time goes),
+    else the first band's."""
     lines = []
     for head in sorted({k[0] for k in table}):
         entries = {k: v for k, v in table.items() if k[0] == head}
-        fallback = entries.get((head, "many", "long")) or entries[min(entries)]
-        for (h, batch_band, context_band), label in sorted(entries.items()) + [((head, "*", "*"), fallback)]:
+        shared = {k: v for k, v in entries.items() if k[3] == "*"}
+        fallback = shared.get((head, "many", "long", "*")) or shared[min(shared)]
+        for (h, batch_band, context_band, dtype), label in sorted(entries.items()) + [((head, "*", "*", "*"), fallback)]:
             c = config_from_label(tq, label)
-            lines.append(f'    ({h}, "{batch_band}", "{context_band}"): DecodeConfig({c.block_n}, {c.num_warps}, {c.num_stages}, {c.min_chunk}, '
-                         f'{c.programs_per_sm}, {c.max_regs}, {c.value_fields}),')
+            lines.append(f'    ({h}, "{batch_band}", "{context_band}", "{dtype}"): DecodeConfig({c.block_n}, {c.num_warps}, {c.num_stages}, '
+                         f'{c.min_chunk}, {c.programs_per_sm}, {c.max_regs}, {c.value_fields}),')
     return lines
 
 
-TABLE_START = "DEFAULT_DECODE: Dict[Tuple[int, str, str], DecodeConfig] = {\n"
+TABLE_START = "DEFAULT_DECODE: Dict[Tuple[int, str, str, str], DecodeConfig] = {\n"
 
 
-def apply_defaults(results_path: Path, module_path: Path) -> str:
-    """Replace this head size's DEFAULT_DECODE entries in module_path by the sweep's choice; returns
-    a one-line summary. InputError when the results hold no sweep or the table is not found."""
+def apply_defaults(results_path: Path, module_path: Path, tq: ModuleType) -> str:
+    """Replace this head size's DEFAULT_DECODE entries in module_path by the choice default_table
+    makes from the results' sweep rows; returns a one-line summary. InputError when the results
+    hold no sweep, it timed nothing or the table is not found."""
     try:
         results = json.loads(results_path.read_text())
     except (OSError, ValueError) as exc:
         raise InputError(f"--apply-defaults {results_path}: cannot read it ({exc}); pass DIR/turboquant_bench.json of a --sweep run") from None
-    if not results.get("sweep") or "default_table" not in results:
+    if not results.get("sweep"):
         raise InputError(f"--apply-defaults {results_path}: no sweep in it; run the benchmark with --sweep first")
-    if not results["default_table"]:
+    table = default_table(tq, results["meta"]["head_size"], results["sweep"])
+    if not table:
         raise InputError(f"--apply-defaults {results_path}: its sweep timed nothing (a --smoke run?); use a GPU run's results")
     head = results["meta"]["head_size"]
     source = module_path.read_text()
@@ -699,7 +716,7 @@ def apply_defaults(results_path: Path, module_path: Path) -> str:
         raise InputError(f"--apply-defaults: {module_path} has no DEFAULT_DECODE table; restore it from git")
     body = source[start + len(TABLE_START):end + 1].splitlines()
     kept = [line for line in body if not line.strip().startswith(f"({head},")]
-    new = [line for line in results["default_table"]]
+    new = table_lines(tq, table)
     module_path.write_text(source[:start + len(TABLE_START)] + "\n".join(kept + new) + source[end:])
     return f"wrote {len(new)} DEFAULT_DECODE entries for head {head} into {module_path}"
 
@@ -803,7 +820,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
         if args.apply_defaults is not None:
-            print(apply_defaults(args.apply_defaults, MOD_FILES / "tq_triton.py"))
+            print(apply_defaults(args.apply_defaults, MOD_FILES / "tq_triton.py", load_modules(interpret=False)[1]))
             return 0
         fmt, tq = load_modules(interpret=args.smoke)
         try:

@@ -25,23 +25,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_turboquant as bench  # noqa: E402
 
 # name -> function(tq module) returning {attribute: replacement}
-def _config(label: str, merge4: bool) -> Callable[[ModuleType], Dict[str, Any]]:
+def _config(label: str) -> Callable[[ModuleType], Dict[str, Any]]:
+    """The decode with one DecodeConfig (label as in DecodeConfig.label) at every shape."""
     def make(tq: ModuleType) -> Dict[str, Any]:
-        cfg = bench.config_from_label(tq, label) if label else None
-        found = {"_MERGE4": merge4}
-        if cfg is not None:
-            found["default_decode_config"] = lambda head_size, batch=1, max_context=0: cfg
-        return found
+        cfg = bench.config_from_label(tq, label)
+        return {"default_decode_config": lambda head_size, batch=1, max_context=0, dtype="*": cfg}
     return make
 
 
-LABELS = ("", "n128/w4/s2/c128/p2/r0/f4", "n64/w2/s3/c128/p4/r0/f4", "n128/w4/s2/c256/p4/r0/f4", "n64/w4/s2/c128/p4/r0/f4",
-          "n64/w8/s2/c128/p4/r0/f4")
 VARIANTS: Dict[str, Callable[[ModuleType], Dict[str, Any]]] = {
-    **{f"{label or 'defaults'} {'merged' if merge else 'split'}": _config(label, merge) for label in LABELS for merge in (False, True)},
-    **{f"{label} merged": _config(label, False) for label in (
-        "n64/w2/s3/c128/p4/r0/f8", "n128/w4/s2/c128/p2/r0/f8", "n64/w2/s3/c128/p2/r0/f8", "n128/w2/s3/c128/p4/r0/f8",
-        "n64/w4/s3/c128/p4/r0/f8")},
+    "shipped": lambda tq: {},
+    "gather-keys": lambda tq: {"key_lookup": lambda spec, device: False},  # 3-bit centroids from the table in memory
+    **{label: _config(label) for label in ("n64/w2/s3/c128/p4/r0/f8", "n128/w4/s2/c128/p2/r0/f8", "n64/w2/s3/c128/p4/r0/f4")},
 }
 
 

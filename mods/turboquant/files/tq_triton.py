@@ -4,7 +4,7 @@ functions here give the same results as tq_format's reference functions within f
 
 Why the decode kernel is shaped as it is: decode attention is a stream over the cache, and a
 packed cache is 3-5x smaller than bf16, so the cost is the work per element that turns codes into
-numbers the matrix unit reads (on the H100 the 3- and 4-bit caches are read at 0.1-0.4 of the
+numbers the matrix unit reads (on the H100 the 3- and 4-bit caches are read at 0.09-0.47 of the
 device copy rate from 32k on, bf16 at 1.1-1.2 at batch 8: ci/bench/results/turboquant_h100_head*/). So:
 - One program serves one (request, KV head, split) and all the query heads of that KV head
   (GQA), so each element is decoded once for the group, which rides along as the rows of tl.dot.
@@ -75,20 +75,23 @@ class DecodeConfig:
                 f"/r{self.max_regs}/f{self.value_fields}")
 
 
-# Default decode config per (head size, batch band, context band), set from the benchmark's
-# --sweep output (it prints these lines). Bands: batch "1" (one request) or "many"; context
-# "short" (< 16k) or "long". A shape with no entry uses the head size's "*" entry.
-DEFAULT_DECODE: Dict[Tuple[int, str, str], DecodeConfig] = {
-    (256, "1", "long"): DecodeConfig(64, 4, 2, 128, 2, 0, 8),
-    (256, "1", "short"): DecodeConfig(64, 8, 2, 128, 4, 0, 4),
-    (256, "many", "long"): DecodeConfig(32, 4, 2, 128, 4, 128, 8),
-    (256, "many", "short"): DecodeConfig(64, 8, 2, 256, 4, 0, 4),
-    (256, "*", "*"): DecodeConfig(32, 4, 2, 128, 4, 128, 8),
-    (128, "1", "long"): DecodeConfig(128, 4, 2, 128, 2, 0, 4),
-    (128, "1", "short"): DecodeConfig(128, 4, 2, 128, 2, 0, 4),
-    (128, "many", "long"): DecodeConfig(128, 4, 2, 256, 4, 0, 4),
-    (128, "many", "short"): DecodeConfig(128, 4, 2, 256, 4, 0, 4),
-    (128, "*", "*"): DecodeConfig(128, 4, 2, 256, 4, 0, 4),
+# Default decode config per (head size, batch band, context band, dtype), set from the
+# benchmark's --sweep output (it prints these lines). Bands: batch "1" (one request) or "many";
+# context "short" (< 16k) or "long". Dtype "*" serves every TurboQuant dtype; a dtype gets its
+# own entry where its own best config in a band is clearly faster than the shared one. A shape
+# with no entry uses the head size's "*" entry.
+DEFAULT_DECODE: Dict[Tuple[int, str, str, str], DecodeConfig] = {
+    (256, "1", "long", "*"): DecodeConfig(128, 4, 2, 128, 2, 0, 8),
+    (256, "1", "short", "*"): DecodeConfig(128, 4, 2, 128, 2, 0, 8),
+    (256, "many", "long", "*"): DecodeConfig(64, 2, 3, 128, 4, 0, 8),
+    (256, "many", "short", "*"): DecodeConfig(64, 8, 2, 256, 4, 0, 4),
+    (256, "*", "*", "*"): DecodeConfig(64, 2, 3, 128, 4, 0, 8),
+    (128, "1", "long", "*"): DecodeConfig(128, 4, 2, 128, 2, 0, 4),
+    (128, "1", "short", "*"): DecodeConfig(128, 4, 2, 128, 2, 0, 4),
+    (128, "many", "long", "*"): DecodeConfig(128, 4, 2, 256, 4, 0, 4),
+    (128, "many", "long", "turboquant_3bit_nc"): DecodeConfig(64, 2, 2, 128, 4, 0, 8),
+    (128, "many", "short", "*"): DecodeConfig(128, 4, 2, 256, 4, 0, 4),
+    (128, "*", "*", "*"): DecodeConfig(128, 4, 2, 256, 4, 0, 4),
 }
 
 
@@ -97,11 +100,14 @@ def shape_band(batch: int, max_context: int) -> Tuple[str, str]:
     return ("1" if batch <= 1 else "many", "short" if max_context < 16384 else "long")
 
 
-def default_decode_config(head_size: int, batch: int = 1, max_context: int = 0) -> DecodeConfig:
-    """The table's choice for this shape; head sizes without an entry use the 256 or 128 one."""
+def default_decode_config(head_size: int, batch: int = 1, max_context: int = 0, dtype: str = "*") -> DecodeConfig:
+    """The table's choice for this shape and TurboQuant dtype: the dtype's own entry for the
+    band, else the shared one, else the batch or context band's, else the head size's "*";
+    head sizes without an entry use the 256 or 128 one."""
     table_head = head_size if any(k[0] == head_size for k in DEFAULT_DECODE) else (256 if head_size >= 256 else 128)
-    bands = shape_band(batch, max_context)
-    for key in ((table_head, *bands), (table_head, bands[0], "*"), (table_head, "*", bands[1]), (table_head, "*", "*")):
+    batch_band, context_band = shape_band(batch, max_context)
+    for key in ((table_head, batch_band, context_band, dtype), (table_head, batch_band, context_band, "*"),
+                (table_head, batch_band, "*", "*"), (table_head, "*", context_band, "*"), (table_head, "*", "*", "*")):
         if key in DEFAULT_DECODE:
             return DEFAULT_DECODE[key]
     raise KeyError(f"DEFAULT_DECODE has no entry for head size {table_head}")
@@ -702,7 +708,7 @@ def tq_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Te
     block_size, num_kv_heads, layout = fmt.cache_geometry(kv_cache, spec, head_size)
     if num_q_heads % num_kv_heads:
         raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
-    cfg = config or default_decode_config(head_size, batch, block_table.shape[1] * block_size)
+    cfg = config or default_decode_config(head_size, batch, block_table.shape[1] * block_size, spec.name)
     if out is None:
         out = torch.empty_like(query)
     if batch == 0:
