@@ -440,11 +440,11 @@ def _col_words(rows, valid, OFFSET: tl.constexpr, REAL: tl.constexpr, COUNT: tl.
 # ---------------------------------------------------------------------------------------------
 
 # One key word of 8 three-bit codes (bits 0-15: the 2-bit low fields, field f at bit 2f; bits 16-23:
-# the high bits, field f's at bit 16 + f) in, the 8 codebook entries (fp16 bits) out, in 19 plain
-# 32-bit instructions: the high byte is spread to every other bit, then merged with the low fields
-# into two selectors whose nibbles are the codes of the even and of the odd fields; PRMT picks 4
-# bytes of an 8-byte table by such a selector, so two PRMTs (the entries' low and high bytes) look
-# up 4 codes and two more pair the bytes into fp16s. The gather it replaces costs a shift, a mask,
+# the high bits, field f's at bit 16 + f) in, the 8 codebook entries (fp16 bits) out: 18 plain
+# 32-bit shifts and masks (fewer once ptxas fuses them into LOP3s) spread the high byte to every
+# other bit and merge it with the low fields into two selectors whose nibbles are the codes of
+# the even and of the odd fields; PRMT picks 4 bytes of an 8-byte table by such a selector, so two
+# PRMTs (the entries' low and high bytes) look up 4 codes and two more pair the bytes into fp16s. The gather it replaces costs a shift, a mask,
 # an address and a load per code. $8: the word; $9/$10 and $11/$12: the low and high bytes of
 # entries 0-3 / 4-7 (lut_words). Plain PTX that every NVIDIA architecture since sm_20 has.
 KEY3_LUT_ASM = """{
