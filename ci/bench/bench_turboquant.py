@@ -20,8 +20,9 @@ Four sections, written to DIR/turboquant_bench.json and DIR/turboquant_bench.md:
 sys.path. --sweep also times the decode in a few tile/warp/split/register configurations per
 dtype and shape (sweep_configs), checks each against the reference, prints the best per shape
 against the fastest bf16 yardstick and the DEFAULT_DECODE lines for tq_triton.py;
-`--apply-defaults DIR/turboquant_bench.json` (CPU, no --out) writes those lines into
-mods/turboquant/files/tq_triton.py (then run `sparkmods sync`). Each request's block table is cut
+`--apply-defaults DIR/turboquant_bench.json` (CPU, no --out) writes the table default_table makes
+from that run's sweep rows into mods/turboquant/files/tq_triton.py (then run
+`python3 mods/turboquant/make_patches.py` and `sparkmods sync`). Each request's block table is cut
 to its context (a server with max_model_len = context), so split counts follow the context.
 Exit 0 when every correctness check passes, 1 when one fails, 2 on bad arguments.
 """
@@ -449,19 +450,15 @@ class Bench:
     failures: List[str] = field(default_factory=list)
 
     def run(self) -> None:
-        import torch
-
         self.results["kv_bytes"] = kv_bytes(self.fmt, self.up, self.names, self.args.head_size, self.args.kv_heads)
         self.results["distortion"] = distortion(self.fmt, self.up, (128, 256) if not self.args.smoke else (self.args.head_size,), 2000 if self.args.smoke else 20000)
         correctness: List[Dict[str, Any]] = []
         timings: List[Dict[str, Any]] = []
         self.results["correctness"], self.results["timings"] = correctness, timings
-        self._yardsticks(timings)
+        self.yardsticks(timings)
         for name in self.names:
             spec = self.fmt.tq_spec(name)
-            ours = torch.zeros(self.fmt.cache_shape(self.work.num_blocks, self.args.block_size, self.args.kv_heads, self.args.head_size, spec),
-                               dtype=torch.uint8, device=self.work.key.device)
-            store_all(self.work, lambda k, v, c, s: self.tq.tq_store(k, v, c, s, spec), ours)
+            ours = self.stored_cache(spec)
             peer = theirs = None
             if self.up is not None:
                 peer = UpstreamTQ(self.up, name, self.args.head_size, self.work.key.device)
@@ -478,12 +475,10 @@ class Bench:
               correctness: List[Dict[str, Any]], timings: List[Dict[str, Any]]) -> Any:
         """Check and time ours (default config) and upstream's at one shape; returns the reference
         output (the PyTorch one, tq_format.ref_decode)."""
-        import torch
-
         work = self.work
-        q, bt, lens = self._inputs(batch, context)
+        q, bt, lens = self.inputs(batch, context)
         out = self.tq.tq_decode(q, ours, bt, lens, work.scale, spec)
-        ref = torch.cat([self.fmt.ref_decode(q[b:b + 1], ours, bt[b:b + 1], lens[b:b + 1], work.scale, spec) for b in range(batch)])
+        ref = self.reference(q, ours, bt, lens, spec)
         exact = exact_attention(work, batch, context)
         row = {"dtype": name, "batch": batch, "context": context, "ours_vs_reference": rel_err(out, ref), "ours_vs_exact": rel_err(out, exact),
                "reference_vs_exact": rel_err(ref, exact)}
@@ -499,7 +494,22 @@ class Bench:
         correctness.append(row)
         return ref
 
-    def _inputs(self, batch: int, context: int) -> Tuple[Any, Any, Any]:
+    def stored_cache(self, spec: Any) -> Any:
+        """A packed cache of this dtype holding every token of the workload (our tq_store)."""
+        import torch
+
+        cache = torch.zeros(self.fmt.cache_shape(self.work.num_blocks, self.args.block_size, self.args.kv_heads, self.args.head_size, spec),
+                            dtype=torch.uint8, device=self.work.key.device)
+        store_all(self.work, lambda k, v, c, s: self.tq.tq_store(k, v, c, s, spec), cache)
+        return cache
+
+    def reference(self, q: Any, cache: Any, bt: Any, lens: Any, spec: Any) -> Any:
+        """tq_format.ref_decode (the PyTorch reference) of every request, one at a time."""
+        import torch
+
+        return torch.cat([self.fmt.ref_decode(q[b:b + 1], cache, bt[b:b + 1], lens[b:b + 1], self.work.scale, spec) for b in range(q.shape[0])])
+
+    def inputs(self, batch: int, context: int) -> Tuple[Any, Any, Any]:
         """Queries, block table cut to the context's pages, and lengths of `batch` requests."""
         import torch
 
@@ -507,7 +517,7 @@ class Bench:
         bt = self.work.block_table[:batch, :-(-context // self.work.block_size)].contiguous()
         return q, bt, torch.full((batch,), context, dtype=torch.int32, device=q.device)
 
-    def _yardsticks(self, timings: List[Dict[str, Any]]) -> None:
+    def yardsticks(self, timings: List[Dict[str, Any]]) -> None:
         """bf16 and fp8 caches over a contiguous cache: torch SDPA forced onto its flash kernel (one
         read of K and V per KV head: the query heads of a group ride along as query rows; the
         automatic choice ran a slow non-flash path on one H100), a split-KV Triton kernel of our
@@ -578,7 +588,7 @@ class Bench:
         """Time every candidate decode config at one shape; a config whose output differs from the
         reference by more than REL_TOLERANCE is a failure and gets no time (so it never becomes a
         default)."""
-        q, bt, lens = self._inputs(batch, context)
+        q, bt, lens = self.inputs(batch, context)
         rows = self.results.setdefault("sweep", [])
         for cfg in sweep_configs(self.tq, self.args.head_size):
             row: Dict[str, Any] = {"dtype": name, "batch": batch, "context": context, "config": cfg.label()}
@@ -705,10 +715,10 @@ def apply_defaults(results_path: Path, module_path: Path, tq: ModuleType) -> str
         raise InputError(f"--apply-defaults {results_path}: cannot read it ({exc}); pass DIR/turboquant_bench.json of a --sweep run") from None
     if not results.get("sweep"):
         raise InputError(f"--apply-defaults {results_path}: no sweep in it; run the benchmark with --sweep first")
-    table = default_table(tq, results["meta"]["head_size"], results["sweep"])
+    head = results["meta"]["head_size"]
+    table = default_table(tq, head, results["sweep"])
     if not table:
         raise InputError(f"--apply-defaults {results_path}: its sweep timed nothing (a --smoke run?); use a GPU run's results")
-    head = results["meta"]["head_size"]
     source = module_path.read_text()
     start = source.find(TABLE_START)
     end = source.find("\n}\n", start)

@@ -1,6 +1,6 @@
 """TurboQuant decode variants side by side on a GPU: the shipped kernel with and without one of
-its code paths, each checked against the PyTorch reference and timed beside the bf16 yardstick
-(torch SDPA forced onto flash) in the same run.
+its code paths, each checked against the PyTorch reference and timed beside the benchmark's bf16
+and fp8 yardsticks in the same run.
 
     python3 ci/bench/tq_variants.py --out DIR [--heads 256,128] [--dtypes ...] [--contexts ...]
 
@@ -24,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_turboquant as bench  # noqa: E402
 
-# name -> function(tq module) returning {attribute: replacement}
 def _config(label: str) -> Callable[[ModuleType], Dict[str, Any]]:
     """The decode with one DecodeConfig (label as in DecodeConfig.label) at every shape."""
     def make(tq: ModuleType) -> Dict[str, Any]:
@@ -33,6 +32,7 @@ def _config(label: str) -> Callable[[ModuleType], Dict[str, Any]]:
     return make
 
 
+# name -> function(tq module) returning {attribute: replacement}
 VARIANTS: Dict[str, Callable[[ModuleType], Dict[str, Any]]] = {
     "shipped": lambda tq: {},
     "gather-keys": lambda tq: {"key_lookup": lambda spec, device: False},  # 3-bit centroids from the table in memory
@@ -41,44 +41,32 @@ VARIANTS: Dict[str, Callable[[ModuleType], Dict[str, Any]]] = {
 
 
 def run_head(head: int, args: argparse.Namespace, fmt: ModuleType, tq: ModuleType) -> List[Dict[str, Any]]:
+    """Every variant of every dtype at every shape of one head size, after the benchmark's bf16
+    and fp8 yardsticks at the same shapes (bench_turboquant.Bench does the workload, caches,
+    inputs, reference and yardsticks)."""
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     ns = bench.parse_args(["--out", str(args.out), "--head-size", str(head), "--contexts", args.contexts, "--batches", args.batches])
-    work = bench.make_workload(ns, torch.device("cuda"))
+    names = [n.strip() for n in args.dtypes.split(",")]
+    runner = bench.Bench(ns, fmt, tq, None, bench.make_workload(ns, torch.device("cuda")), names)
     rows: List[Dict[str, Any]] = []
-    for batch in ns.batches:
-        for context in ns.contexts:
-            q = work.query[:batch].contiguous()
-            k = work.key[:batch, :context].transpose(1, 2).contiguous()
-            v = work.value[:batch, :context].transpose(1, 2).contiguous()
-            qq = q.view(batch, ns.kv_heads, -1, head)
-
-            def flash() -> Any:
-                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                    return F.scaled_dot_product_attention(qq, k, v, scale=work.scale)
-
-            us, _ = bench.median_us(flash, False)
-            rows.append({"head": head, "kind": "bf16 sdpa-flash", "batch": batch, "context": context, "us": us})
-            del k, v
-    for name in [n.strip() for n in args.dtypes.split(",")]:
+    runner.yardsticks(rows)
+    for row in rows:
+        row["head"] = head
+    for name in names:
         spec = fmt.tq_spec(name)
-        cache = torch.zeros(fmt.cache_shape(work.num_blocks, ns.block_size, ns.kv_heads, head, spec), dtype=torch.uint8, device="cuda")
-        bench.store_all(work, lambda k, v, c, s: tq.tq_store(k, v, c, s, spec), cache)
+        cache = runner.stored_cache(spec)
         for batch in ns.batches:
             for context in ns.contexts:
-                q = work.query[:batch].contiguous()
-                bt = work.block_table[:batch, :-(-context // ns.block_size)].contiguous()
-                lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
-                ref = torch.cat([fmt.ref_decode(q[b:b + 1], cache, bt[b:b + 1], lens[b:b + 1], work.scale, spec) for b in range(batch)])
+                q, bt, lens = runner.inputs(batch, context)
+                ref = runner.reference(q, cache, bt, lens, spec)
                 for variant, make in VARIANTS.items():
                     saved = {attr: getattr(tq, attr) for attr in make(tq)}
                     for attr, value in make(tq).items():
                         setattr(tq, attr, value)
                     try:
-                        err = bench.rel_err(tq.tq_decode(q, cache, bt, lens, work.scale, spec), ref)
-                        us, _ = bench.median_us(lambda: tq.tq_decode(q, cache, bt, lens, work.scale, spec), False)
+                        err = bench.rel_err(tq.tq_decode(q, cache, bt, lens, runner.work.scale, spec), ref)
+                        us, _ = bench.median_us(lambda: tq.tq_decode(q, cache, bt, lens, runner.work.scale, spec), False)
                     finally:
                         for attr, value in saved.items():
                             setattr(tq, attr, value)
@@ -100,12 +88,14 @@ def main() -> int:
     fmt, tq = bench.load_modules(interpret=False)
     import torch
 
+    import triton
+
+    args.out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     rows: List[Dict[str, Any]] = []
     for head in (int(h) for h in args.heads.split(",")):
         rows += run_head(head, args, fmt, tq)
     if args.ir:  # every compiled decode kernel's Triton GPU IR, one file
-        args.out.mkdir(parents=True, exist_ok=True)
         texts = []
         for cache in tq._decode_split_kernel.device_caches.values():
             for key, kernel in cache[0].items():
@@ -113,11 +103,10 @@ def main() -> int:
                 texts.append(f"=== {key}\nconvert_layout: {ir.count('convert_layout')}, local_alloc: {ir.count('local_alloc')}, "
                              f"inline_asm: {ir.count('inline_asm')}\n{ir}")
         (args.out / "decode_ttgir.txt").write_text("\n".join(texts))
-    args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "seconds": round(time.time() - started, 1), "variants": list(VARIANTS)}
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "seconds": round(time.time() - started, 1), "variants": list(VARIANTS)}
     (args.out / "tq_variants.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    for r in rows:
-        print(f"{r['head']:>4} {r['kind']:<34} b{r['batch']} {r['context']:>6}: {r['us']:8.1f} us" + (f"  err {r['vs_reference']:.2e}" if "vs_reference" in r else ""))
+    print(f"wrote {args.out / 'tq_variants.json'}: {len(rows)} timings")
     return 0
 
 

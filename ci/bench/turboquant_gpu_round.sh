@@ -8,7 +8,8 @@
 set -euo pipefail
 out=${1:?usage: turboquant_gpu_round.sh OUT}
 mkdir -p "$out"
-pack() { cp mods/turboquant/files/tq_triton.py "$out/"; tar -C "$out" -czf "$out/turboquant_round.tar.gz" --exclude turboquant_round.tar.gz .; }
+# the archive is written beside OUT and moved in: tar reading the folder it writes into fails
+pack() { cp mods/turboquant/files/tq_triton.py "$out/"; tar -C "$out" -czf "$out.tar.gz" . && mv "$out.tar.gz" "$out/turboquant_round.tar.gz"; }
 trap pack EXIT
 q_heads() { if [ "$1" = 256 ]; then echo 32; else echo 16; fi; }
 for head in 256 128; do
