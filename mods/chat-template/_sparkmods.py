@@ -185,8 +185,8 @@ def sigint_held():
 
 SOURCES = {
     '__main__': r'''"""run.sh's program: `python3 -c 'import _sparkmods.__main__' [apply|check|revert]` with the mod
-folder on PYTHONPATH (an import rather than `-m`: runpy's own imports were a quarter of an
-already-applied run).
+folder on PYTHONPATH (an import rather than `-m`, which would import runpy and what it
+imports).
 
 A SIGINT outside applier.run (which turns it into an orderly interruption) raises Python's
 KeyboardInterrupt: while the runtime is still being imported, or in the instant after run
@@ -195,8 +195,8 @@ exit 130 as after any SIGINT. (A SIGINT during the interpreter's own start-up, b
 file runs, stays Python's.)
 
 The exit skips tearing the interpreter down, as sparkmods' own `cli.entry` does: freeing every
-module and object one by one took about 2.5 ms, a tenth of an already-applied run. What an
-exit must still do is done: the exit handlers run and the standard streams are flushed (the
+module and object one by one is work nothing needs once the run is over. What an exit must
+still do is done: the exit handlers run and the standard streams are flushed (the
 runtime starts no thread and leaves no other file open).
 """
 
@@ -653,7 +653,7 @@ options:
 def parse_args(argv: Sequence[str]) -> "tuple[str, bool, Optional[str], Optional[str]]":
     """(action, dry run, --site, --workspace) from run.sh's arguments, read as argparse would
     (`--site X` or `--site=X`; -h prints the help); a bad one is the usage and exit 2. Not
-    argparse itself: importing it takes 8 ms of a fresh interpreter on the dev machine."""
+    argparse itself, a heavy import for four arguments (basics.py)."""
     action, dry_run, values = None, False, {"--site": None, "--workspace": None}
     rest = list(argv)
     while rest:
@@ -695,17 +695,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     'basics': r'''"""Two standard pieces the runtime uses in a lighter form, for run.sh's start-up.
 
 run.sh starts a fresh Python on every container start, and what it imports is much of what
-it costs: an apply once spent more time importing modules than changing files. (Times are
-imports into a fresh interpreter on the dev machine, whose `python -c pass` takes 13 ms.)
+it costs (ci/bench/results/check.md gives run.sh's times beside `python -c pass`). The
+standard modules the runtime does without are the ones tests/test_runsh_lean.py keeps out of
+run.sh's apply.
 
-  Record   plain data classes without `dataclasses`: that module, with `inspect` which it
-           imports, takes about 15 ms, and each class built its methods with exec at import.
+  Record   plain data classes without `dataclasses`: that module imports `inspect`, and each
+           class built its methods with exec at import.
            A Record subclass lists its fields in `__slots__` (a subclass of it, the fields
            it adds) and writes its own typed `__init__`; Record adds what a dataclass would:
            equality field by field (same class only) and a repr that names every field.
            Records are not hashable, like mutable dataclasses.
-  sha256   the interpreter's own SHA-256 module: hashlib loads OpenSSL's, which takes about
-           3 ms, more than the few hundred KB an apply hashes take with the interpreter's own.
+  sha256   the interpreter's own SHA-256 module: hashlib loads OpenSSL's (`_hashlib`), a
+           heavier import for the few hundred KB an apply hashes.
 """
 
 try:
@@ -1164,9 +1165,8 @@ That order (the journal and the copies of the old bytes first, then the new byte
 names, then the renames, the journal removed last) is all that safety against a kill at any
 instant needs (tests/test_crash_safety.py kills the runtime at every step, and
 ci/bench/bench_kill.py at random instants). fsync would add protection only against a power
-cut (or a kernel crash) in the seconds before the kernel writes its cache back, and it was
-most of an apply: 19 of them for int8-lm-head, 10 to 65 ms on the dev machine's disk
-depending on its other I/O.
+cut (or a kernel crash) in the seconds before the kernel writes its cache back, at the cost
+of waiting for the disk on every file and folder an apply writes.
 
 What such a cut can do, then: files this run wrote may come back missing or empty, and some
 of its renames may last without the others or without the journal. What it cannot do is make
@@ -1179,7 +1179,7 @@ recreated from its image).
 
 from __future__ import annotations
 
-import _signal  # not the signal module, whose enums import enum: about 5 ms (basics.py: how measured)
+import _signal  # not the signal module, which imports enum for its enums (basics.py)
 import os
 import stat
 
@@ -1397,7 +1397,7 @@ turns both signals into the same exception (SIGTERM would otherwise end the run 
 
 from __future__ import annotations
 
-import _signal  # not the signal module, whose enums import enum: about 5 ms (basics.py: how measured)
+import _signal  # not the signal module, which imports enum for its enums (basics.py)
 import sys
 
 from . import fsops
@@ -1448,8 +1448,8 @@ def _raise(signum: int, frame: object) -> None:
     raise Interrupted(signum, during_change=False)
 
 
-# The three context managers are classes, not @contextmanager generators: importing contextlib,
-# with the collections and functools it imports, takes about 3 ms (basics.py: how measured).
+# The three context managers are classes, not @contextmanager generators: contextlib imports
+# collections and functools, which run.sh's apply otherwise does without (basics.py).
 class handled:
     """SIGINT and SIGTERM raise Interrupted (in the main thread; elsewhere nothing changes)."""
 
@@ -1600,8 +1600,8 @@ _ESCAPES = {**{code: f"\\u{code:04x}" for code in (*range(0x20), 0x7f)}, ord('"'
 def dump_json(value: Any) -> bytes:
     """What `json.dumps(value, indent=1, sort_keys=True).encode()` writes, for what the journal
     and state.json hold (dicts with str keys, lists, str, int, bool, None). Written without
-    the json module, which with re takes about 10 ms to import (basics.py: how measured);
-    read back with it (an interrupted run's journal, a revert's state)."""
+    the json module, which imports re (basics.py); read back with it (an interrupted run's
+    journal, a revert's state)."""
     return _json(value, "\n").encode()
 
 
@@ -2109,7 +2109,7 @@ SCHEMA = 1
 class _Form:
     """The form a name must have: a first character from `first`, then up to `longest - 1`
     from `rest`. `pattern` is the same rule as a regular expression, which error messages
-    show; it is checked without re, whose import takes about 7 ms (basics.py: how measured)."""
+    show; it is checked without re, which run.sh's apply does not import (basics.py)."""
 
     def __init__(self, pattern: str, first: str, rest: str, longest: int) -> None:
         self.pattern, self.first, self.rest, self.longest = pattern, frozenset(first), frozenset(rest), longest
@@ -2381,7 +2381,7 @@ def load_manifest(mod_dir: StrPath) -> Manifest:
 def _decode_json(path: str, raw: bytes) -> Any:
     """manifest.json's data; bad JSON is a one-line ManifestError. Inside a mod it is decoded
     once and then taken from the runtime's cache while the file is byte-identical (`cached`):
-    json, with re, takes about 10 ms to import (basics.py: how measured), so only here."""
+    json imports re (basics.py), so only here."""
     import json
 
     text = _utf8(path, raw)
@@ -2673,7 +2673,7 @@ class InvalidRange(ValueError):
 
 # The grammar (packaging's), compiled on first use: a plain release (`0.19.1`: every release,
 # every range bound, most vLLMs run.sh meets) is read without it, which spares run.sh the
-# import of re and this compile, about 8 ms (basics.py: how measured).
+# import of re and this compile (basics.py).
 _VERSION_PATTERN = r"""
     ^\s*v?
     (?:(?P<epoch>[0-9]+)!)?
@@ -3243,8 +3243,7 @@ def _stray_body_line(line: str) -> bool:
 def _hunk_header(line: str) -> "Optional[tuple[int, int, int, int, str]]":
     """(old start, old length, new start, new length, section) of `@@ -A[,B] +C[,D] @@ section`
     (an absent length is 1); None for any other line (one line: no line break in it). What
-    `^@@ -(\\d+)(?:,(\\d+))? \\+(\\d+)(?:,(\\d+))? @@(.*)$` matches, read without re, whose import takes
-    about 7 ms (basics.py: how measured)."""
+    `^@@ -(\\d+)(?:,(\\d+))? \\+(\\d+)(?:,(\\d+))? @@(.*)$` matches, read without re (basics.py)."""
     if not line.startswith("@@ -"):
         return None
     old, plus, rest = line[4:].partition(" +")

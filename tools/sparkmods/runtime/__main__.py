@@ -1,6 +1,6 @@
 """run.sh's program: `python3 -c 'import _sparkmods.__main__' [apply|check|revert]` with the mod
-folder on PYTHONPATH (an import rather than `-m`: runpy's own imports were a quarter of an
-already-applied run).
+folder on PYTHONPATH (an import rather than `-m`, which would import runpy and what it
+imports).
 
 A SIGINT outside applier.run (which turns it into an orderly interruption) raises Python's
 KeyboardInterrupt: while the runtime is still being imported, or in the instant after run
@@ -9,8 +9,8 @@ exit 130 as after any SIGINT. (A SIGINT during the interpreter's own start-up, b
 file runs, stays Python's.)
 
 The exit skips tearing the interpreter down, as sparkmods' own `cli.entry` does: freeing every
-module and object one by one took about 2.5 ms, a tenth of an already-applied run. What an
-exit must still do is done: the exit handlers run and the standard streams are flushed (the
+module and object one by one is work nothing needs once the run is over. What an exit must
+still do is done: the exit handlers run and the standard streams are flushed (the
 runtime starts no thread and leaves no other file open).
 """
 

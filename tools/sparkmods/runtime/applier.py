@@ -416,7 +416,7 @@ options:
 def parse_args(argv: Sequence[str]) -> "tuple[str, bool, Optional[str], Optional[str]]":
     """(action, dry run, --site, --workspace) from run.sh's arguments, read as argparse would
     (`--site X` or `--site=X`; -h prints the help); a bad one is the usage and exit 2. Not
-    argparse itself: importing it takes 8 ms of a fresh interpreter on the dev machine."""
+    argparse itself, a heavy import for four arguments (basics.py)."""
     action, dry_run, values = None, False, {"--site": None, "--workspace": None}
     rest = list(argv)
     while rest:

@@ -1,17 +1,18 @@
 """Two standard pieces the runtime uses in a lighter form, for run.sh's start-up.
 
 run.sh starts a fresh Python on every container start, and what it imports is much of what
-it costs: an apply once spent more time importing modules than changing files. (Times are
-imports into a fresh interpreter on the dev machine, whose `python -c pass` takes 13 ms.)
+it costs (ci/bench/results/check.md gives run.sh's times beside `python -c pass`). The
+standard modules the runtime does without are the ones tests/test_runsh_lean.py keeps out of
+run.sh's apply.
 
-  Record   plain data classes without `dataclasses`: that module, with `inspect` which it
-           imports, takes about 15 ms, and each class built its methods with exec at import.
+  Record   plain data classes without `dataclasses`: that module imports `inspect`, and each
+           class built its methods with exec at import.
            A Record subclass lists its fields in `__slots__` (a subclass of it, the fields
            it adds) and writes its own typed `__init__`; Record adds what a dataclass would:
            equality field by field (same class only) and a repr that names every field.
            Records are not hashable, like mutable dataclasses.
-  sha256   the interpreter's own SHA-256 module: hashlib loads OpenSSL's, which takes about
-           3 ms, more than the few hundred KB an apply hashes take with the interpreter's own.
+  sha256   the interpreter's own SHA-256 module: hashlib loads OpenSSL's (`_hashlib`), a
+           heavier import for the few hundred KB an apply hashes.
 """
 
 try:

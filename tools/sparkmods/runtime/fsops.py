@@ -20,9 +20,8 @@ That order (the journal and the copies of the old bytes first, then the new byte
 names, then the renames, the journal removed last) is all that safety against a kill at any
 instant needs (tests/test_crash_safety.py kills the runtime at every step, and
 ci/bench/bench_kill.py at random instants). fsync would add protection only against a power
-cut (or a kernel crash) in the seconds before the kernel writes its cache back, and it was
-most of an apply: 19 of them for int8-lm-head, 10 to 65 ms on the dev machine's disk
-depending on its other I/O.
+cut (or a kernel crash) in the seconds before the kernel writes its cache back, at the cost
+of waiting for the disk on every file and folder an apply writes.
 
 What such a cut can do, then: files this run wrote may come back missing or empty, and some
 of its renames may last without the others or without the journal. What it cannot do is make
@@ -35,7 +34,7 @@ recreated from its image).
 
 from __future__ import annotations
 
-import _signal  # not the signal module, whose enums import enum: about 5 ms (basics.py: how measured)
+import _signal  # not the signal module, which imports enum for its enums (basics.py)
 import os
 import stat
 

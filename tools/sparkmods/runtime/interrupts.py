@@ -12,7 +12,7 @@ turns both signals into the same exception (SIGTERM would otherwise end the run 
 
 from __future__ import annotations
 
-import _signal  # not the signal module, whose enums import enum: about 5 ms (basics.py: how measured)
+import _signal  # not the signal module, which imports enum for its enums (basics.py)
 import sys
 
 from . import fsops
@@ -63,8 +63,8 @@ def _raise(signum: int, frame: object) -> None:
     raise Interrupted(signum, during_change=False)
 
 
-# The three context managers are classes, not @contextmanager generators: importing contextlib,
-# with the collections and functools it imports, takes about 3 ms (basics.py: how measured).
+# The three context managers are classes, not @contextmanager generators: contextlib imports
+# collections and functools, which run.sh's apply otherwise does without (basics.py).
 class handled:
     """SIGINT and SIGTERM raise Interrupted (in the main thread; elsewhere nothing changes)."""
 

@@ -110,8 +110,8 @@ _ESCAPES = {**{code: f"\\u{code:04x}" for code in (*range(0x20), 0x7f)}, ord('"'
 def dump_json(value: Any) -> bytes:
     """What `json.dumps(value, indent=1, sort_keys=True).encode()` writes, for what the journal
     and state.json hold (dicts with str keys, lists, str, int, bool, None). Written without
-    the json module, which with re takes about 10 ms to import (basics.py: how measured);
-    read back with it (an interrupted run's journal, a revert's state)."""
+    the json module, which imports re (basics.py); read back with it (an interrupted run's
+    journal, a revert's state)."""
     return _json(value, "\n").encode()
 
 

@@ -31,7 +31,7 @@ SCHEMA = 1
 class _Form:
     """The form a name must have: a first character from `first`, then up to `longest - 1`
     from `rest`. `pattern` is the same rule as a regular expression, which error messages
-    show; it is checked without re, whose import takes about 7 ms (basics.py: how measured)."""
+    show; it is checked without re, which run.sh's apply does not import (basics.py)."""
 
     def __init__(self, pattern: str, first: str, rest: str, longest: int) -> None:
         self.pattern, self.first, self.rest, self.longest = pattern, frozenset(first), frozenset(rest), longest
@@ -303,7 +303,7 @@ def load_manifest(mod_dir: StrPath) -> Manifest:
 def _decode_json(path: str, raw: bytes) -> Any:
     """manifest.json's data; bad JSON is a one-line ManifestError. Inside a mod it is decoded
     once and then taken from the runtime's cache while the file is byte-identical (`cached`):
-    json, with re, takes about 10 ms to import (basics.py: how measured), so only here."""
+    json imports re (basics.py), so only here."""
     import json
 
     text = _utf8(path, raw)

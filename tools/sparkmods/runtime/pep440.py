@@ -31,7 +31,7 @@ class InvalidRange(ValueError):
 
 # The grammar (packaging's), compiled on first use: a plain release (`0.19.1`: every release,
 # every range bound, most vLLMs run.sh meets) is read without it, which spares run.sh the
-# import of re and this compile, about 8 ms (basics.py: how measured).
+# import of re and this compile (basics.py).
 _VERSION_PATTERN = r"""
     ^\s*v?
     (?:(?P<epoch>[0-9]+)!)?
