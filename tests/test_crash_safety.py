@@ -67,7 +67,7 @@ def kill_every_step(trees: Trees, action: str, kind: str) -> Iterator[Tuple[int,
 
 @pytest.fixture(scope="module", params=[m.name for m in MODS])
 def trees(request, tmp_path_factory) -> Iterator[Trees]:
-    """Trees on tmpfs when there is one: hundreds of runs, and fsync costs nothing there."""
+    """Trees on tmpfs when there is one: hundreds of runs, each copying a tree."""
     mod = next(m for m in MODS if m.name == request.param)
     shm = Path("/dev/shm")
     if shm.is_dir() and os.access(shm, os.W_OK):

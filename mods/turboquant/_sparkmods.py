@@ -1793,7 +1793,7 @@ def settle(site: StrPath, journal: Journal, prefer: str) -> str:
 def transact(site: StrPath, journal: Journal, payload: Dict[str, bytes]) -> None:
     """Carry out a journaled change: journal, copies (payload: site-relative file -> bytes), rename.
 
-    Copies of old bytes are written durably first, then new bytes are staged beside their
+    Copies of old bytes are written first, then new bytes are staged beside their
     targets, then `settle` renames them into place. Any failure, Ctrl-C and SIGTERM
     included, rolls the tree back before it propagates.
     """
