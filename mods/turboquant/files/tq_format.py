@@ -109,7 +109,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -591,7 +591,3 @@ def kv_bytes_per_token(kind: str, head_size: int, num_kv_heads: int) -> int:
         return 2 * head_size * num_kv_heads
     return slot_bytes(tq_spec(kind), head_size) * num_kv_heads
 
-
-def iter_specs() -> Iterable[TQSpec]:
-    """Every preset, in DTYPES order."""
-    return (_SPECS[name] for name in DTYPES)
