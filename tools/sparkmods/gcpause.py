@@ -7,15 +7,15 @@ traverse every one of them on their way to the oldest, and each full collection 
 tree the cache holds. None of that frees anything: a tree has no reference cycles, and
 refcounting frees it when the cache drops it. With this pause and cli.entry's exit, `sparkmods
 check --no-cache` over 23 releases went from 4.00 to 2.71 s and the 50-build nightly row kept
-its 87 MiB (ci/bench/results/check.md).
+its 87 MiB (ci/bench/results/check.md as committed in 598c088, against 1eea07a).
 
 Pauses nest across threads (the matrix and the community judge check from pools): the
 collector runs again when the last batch ends, and only if it was running when the first began.
 It resumes without a collection: every object the batch left (the parse cache's trees among
 them) is moved to the oldest generation first (gc.freeze, then gc.unfreeze), because otherwise
-the first allocation after the pause traverses all of them as young objects (0.4 s of a
-23-release check, right after its rows were done, freeing nothing). What became cyclic garbage
-meanwhile is collected by the next full collection.
+the first allocation after the pause traverses all of them as young objects (right after a
+check's rows are done, freeing nothing). What became cyclic garbage meanwhile is collected by
+the next full collection.
 """
 
 from __future__ import annotations

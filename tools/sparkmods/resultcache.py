@@ -13,9 +13,10 @@ A row (one mod or loose patch on one vLLM) depends on exactly:
 Sources whose bytes have no such name (dir:, wheel:PATH, image:) are always checked.
 
 Entries live in one folder, <cache>/results-v2/, one JSON file per key, written atomically
-(results-v1 spread them over 256 subfolders: creating a folder costs about 1 ms on the dev
-machine's ext4, a file 0.25 ms, and a cold check writes 115 entries); a file that is
-unreadable, names another key, or does not decode to a well-formed result is a miss. The folder is bounded: past MAX_ENTRIES the least recently used entries go.
+(results-v1 spread them over 256 subfolders, and a cold check, one entry per mod and release,
+created a folder for most of them: on ext4 a folder costs more to create than a file); a file
+that is unreadable, names another key, or does not decode to a well-formed result is a miss.
+The folder is bounded: past MAX_ENTRIES the least recently used entries go.
 `--no-cache` (ResultCache(reuse=False)) checks every row again and stores the fresh results.
 """
 

@@ -2,8 +2,8 @@
 a change (three-way merge + Python-aware anchoring + move detection + exact regeneration).
 
 The names below come from .core on first use: the drift checks import rebase.resolve, and
-importing this package eagerly made every check load the merge machinery as well (15 ms
-of the first check of a run)."""
+importing this package eagerly made every check load the merge machinery as well, which no
+check uses."""
 
 from __future__ import annotations
 

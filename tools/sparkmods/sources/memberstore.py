@@ -1,9 +1,8 @@
 """Wheel members kept on disk by what a central directory says they hold, shared by every wheel.
 
 A member is named by its ContentId (zipread.py: path, size, CRC-32), not by the wheel it came
-from: releases and nightly builds keep most of vLLM's files byte for byte (of the 389 members
-a check of 23 releases reads, 176 distinct contents; 50 nightly builds of one commit share
-all of theirs), so a file is fetched and written once and every wheel that lists the same id
+from: releases keep most of vLLM's files byte for byte (and nightly builds of one commit
+all of them), so a file is fetched and written once and every wheel that lists the same id
 reads it from here. Nothing stored is trusted: the reader checks the bytes against its own
 central directory (zipread.ZipMembers.matches, the check a download of them passes) and
 treats a file that fails it as absent, and the central directory itself is only used under
@@ -25,8 +24,7 @@ from sparkmods.sources.zipread import ContentId
 
 
 def _path(cid: ContentId) -> Path:
-    """One flat folder: creating a folder costs about 1 ms on the dev machine's ext4, a file
-    0.25 ms, and a cold check of 23 releases stores 176 members."""
+    """One flat folder, as the result cache's (resultcache.py says why)."""
     return cache_root() / "members-v1" / digest("%s\0%d\0%d" % cid)
 
 
