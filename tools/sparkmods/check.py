@@ -172,9 +172,9 @@ def _release(source) -> None:
 
 # Sources in flight at once (check, matrix, community judge), each holding its wheel's central
 # directory and fetched bytes until released; of those, at most slots.CHECK_SLOTS run their
-# checks at a time, the others fetch. Cold check of 23 releases / 50 nightly builds (median of
-# 8 / 3, alternating): 4 and 2 slots 3.07 s / 75 MiB, 6 and 3 2.77 s / 83 MiB, 8 and 4
-# 2.92 s / 90 MiB.
+# checks at a time (check_source), the others fetch (the community judge takes no slot).
+# Cold check of 23 releases / 50 nightly builds (median of 8 / 3, alternating): 4 and 2
+# slots 3.07 s / 75 MiB, 6 and 3 2.77 s / 83 MiB, 8 and 4 2.92 s / 90 MiB.
 SOURCE_JOBS = 6
 
 
