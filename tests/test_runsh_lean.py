@@ -6,6 +6,10 @@ code says."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
+import itertools
 import json
 import os
 import random
@@ -14,13 +18,14 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Set
+from typing import List, Set
 
 import pytest
 
 from modfactory import ORIGINAL, TARGET, make_mod, make_site, make_template_mod
 from sparkmods.community.judge import CommunityResult
 from sparkmods.runtime import pep440
+from sparkmods.runtime.applier import parse_args
 from sparkmods.runtime.engine import FileResult, UnsafePath, safe_target
 from sparkmods.runtime.journal import dump_json
 from sparkmods.runtime.manifest import _LABEL, _NAME
@@ -215,3 +220,42 @@ def test_records_compare_and_show_every_field_base_classes_first() -> None:
                                                         "variant=None, reason='', files=[], steps=[])")
     with pytest.raises(TypeError):
         hash(ModResult("m", "0.1", "ok"))
+
+
+# The parser run.sh had before parse_args.
+ARGPARSE = argparse.ArgumentParser(prog="run.sh", description="Apply this mod to the installed vLLM.")
+ARGPARSE.add_argument("action", nargs="?", default="apply", choices=["apply", "check", "revert"])
+ARGPARSE.add_argument("--dry-run", action="store_true")
+ARGPARSE.add_argument("--site")
+ARGPARSE.add_argument("--workspace")
+
+
+def _argparse_reading(argv: List[str]) -> tuple:
+    args = ARGPARSE.parse_args(argv)
+    return args.action, args.dry_run, args.site, args.workspace
+
+
+def _outcome(parse, argv: List[str]):
+    """What parse makes of argv: its reading, or the exit code (0 help, 2 refused)."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            return parse(argv)
+        except SystemExit as exc:
+            return exc.code
+
+
+def test_run_sh_arguments_read_as_argparse_read_them_or_are_refused() -> None:
+    """Every command line of up to 3 of these words reads as argparse read it (the help, a
+    refusal, or the same action and values), or is refused where parse_args says so: an
+    abbreviated option, `--`, a value beginning with `-`, a -h after a refused word (argparse
+    showed the help). Never read otherwise: `--workspace --dry-run` is no apply."""
+    words = ["apply", "check", "revert", "x", "--dry-run", "--site", "--site=s", "--site=", "--workspace",
+             "--workspace=w", "-h", "--help", "--", "--dry", "--si", "-x", "-", "-1", ""]
+    for n in range(4):
+        for argv in map(list, itertools.product(words, repeat=n)):
+            theirs, ours = _outcome(_argparse_reading, argv), _outcome(parse_args, argv)
+            if ours != theirs:
+                assert ours == 2, (argv, theirs, ours)
+                assert theirs == 0 or any(w in ("--", "--dry", "--si") for w in argv) or any(
+                    w in ("--site", "--workspace") and value.startswith("-") for w, value in zip(argv, argv[1:])
+                ), (argv, theirs)

@@ -651,9 +651,12 @@ options:
 
 
 def parse_args(argv: Sequence[str]) -> "tuple[str, bool, Optional[str], Optional[str]]":
-    """(action, dry run, --site, --workspace) from run.sh's arguments, read as argparse would
-    (`--site X` or `--site=X`; -h prints the help); a bad one is the usage and exit 2. Not
-    argparse itself, a heavy import for four arguments (basics.py)."""
+    """(action, dry run, --site, --workspace) from run.sh's arguments, read as argparse read
+    them (`--site X` or `--site=X`, where X may not look like an option; -h prints the help); a
+    bad one is the usage and exit 2. Not argparse itself, a heavy import for four arguments
+    (basics.py). Refused here, unlike argparse: abbreviated options (`--dry`), `--`, a value
+    beginning with `-` (argparse took `-` and negative numbers), and a -h after a refused word
+    (argparse showed the help); tests/test_runsh_lean.py holds it to that."""
     action, dry_run, values = None, False, {"--site": None, "--workspace": None}
     rest = list(argv)
     while rest:
@@ -666,7 +669,7 @@ def parse_args(argv: Sequence[str]) -> "tuple[str, bool, Optional[str], Optional
             dry_run = True
         elif name in values:
             if not eq:
-                if not rest:
+                if not rest or rest[0].startswith("-"):  # `--workspace --dry-run` is refused, not an apply
                     _usage_error(f"argument {name}: expected one argument")
                 value = rest.pop(0)
             values[name] = value
