@@ -1,8 +1,8 @@
 """run.sh imports little: its apply (and its answer on an applied tree) loads none of the
-standard modules whose import once was most of its time, and each lighter piece of code that
-stands in for one of them (runtime/basics.py, the PEP 440, patch-header and name checks read
-without re, the journal's JSON writer, the symlink check) says exactly what the standard
-code says."""
+heavier standard modules it once imported, and each lighter piece of code that stands in for
+one of them (runtime/basics.py, the PEP 440, patch-header and name checks read without re,
+the journal's JSON writer, the symlink check) says exactly what the standard code says; the
+argument parser reads a command line as argparse did, or refuses it."""
 
 from __future__ import annotations
 
