@@ -217,7 +217,7 @@ def test_records_compare_and_show_every_field_base_classes_first() -> None:
     assert CommunityResult("m", "0.1", "ok", steps=[{"a": 1}]) != CommunityResult("m", "0.1", "ok", steps=[])
     assert CommunityResult("m", "0.1", "ok") != ModResult("m", "0.1", "ok")
     assert repr(CommunityResult("m", "0.1", "ok")) == ("CommunityResult(mod='m', version='0.1', status='ok', "
-                                                        "variant=None, reason='', files=[], steps=[])")
+                                                        "variant=None, reason='', files=[], how='', steps=[])")
     with pytest.raises(TypeError):
         hash(ModResult("m", "0.1", "ok"))
 

@@ -144,7 +144,7 @@ def test_git_dir_checkout_uses_head_for_its_version(vllm_repo):
     assert source.read(CONFIG) == b"release = '0.19.1rc0'\n"
 
 
-def test_git_errors(vllm_repo, tmp_path):
+def test_git_errors_and_untagged_clones(vllm_repo, tmp_path):
     path = vllm_repo.working_tree_dir
     with pytest.raises(SparkmodsError, match=r"no commit 'v9.9.9' in"):
         open_targets(f"git:{path}@v9.9.9")
@@ -154,8 +154,11 @@ def test_git_errors(vllm_repo, tmp_path):
     with untagged.config_writer() as cfg:
         cfg.set_value("user", "name", "Test").set_value("user", "email", "test@example.com")
     _commit(untagged, {CONFIG: "x\n"}, "one")
-    with pytest.raises(SparkmodsError, match=r"no vX.Y.Z tag is reachable from .*git fetch --tags"):
-        open_targets(f"git:{untagged.working_tree_dir}@HEAD")
+    _commit(untagged, {CONFIG: "y\n"}, "two")
+    # A fork's clone without release tags: setuptools_scm's fallback, as vLLM's build names it.
+    [source] = open_targets(f"git:{untagged.working_tree_dir}@HEAD")
+    assert source.version == f"0.1.dev2+g{untagged.git.rev_parse('--short', 'HEAD')}"
+    assert source.read(CONFIG) == b"y\n"
 
 
 # --- target strings ------------------------------------------------------------------------------

@@ -41,13 +41,25 @@ except ImportError:
 
 MAGIC_NUMBER = _frozen_importlib_external.MAGIC_NUMBER
 
-# A SIGINT while this file runs is held until its end and then raised inside __main__, whose
-# handler says it in one line (a SIGINT during the compile of this file stays Python's). Only
-# as run.sh's `_sparkmods`: on the host this module is read by `sparkmods sync`, not run.
+# A SIGINT before the end of this file is held and then raised inside __main__, whose handler
+# says it in one line. run.sh's `-c` code holds it from its first line (`held` and the handler
+# it replaced, `previous`, in __main__), so also through the compile of this file and the
+# interpreter's start-up, which run.sh skips (`-S`) for this file to run under the hold: the
+# .pth files and sitecustomize of vLLM's site-packages. Imported some other way, this file
+# holds it from here on. Only as run.sh's `_sparkmods`: on the host this module is read by
+# `sparkmods sync`, not run.
 _held_sigint = []
 _previous_handler = None
 if __name__ == "_sparkmods":
-    _previous_handler = _signal.signal(_signal.SIGINT, lambda signum, frame: _held_sigint.append(signum))
+    _main = sys.modules["__main__"]
+    if hasattr(_main, "held"):
+        _held_sigint, _previous_handler = _main.held, _main.previous
+    else:
+        _previous_handler = _signal.signal(_signal.SIGINT, lambda signum, frame: _held_sigint.append(signum))
+    if sys.flags.no_site:
+        import site
+
+        site.main()
 
 
 def cache_dir():
@@ -191,8 +203,8 @@ imports).
 A SIGINT outside applier.run (which turns it into an orderly interruption) raises Python's
 KeyboardInterrupt: while the runtime is still being imported, or in the instant after run
 returned. Either way no change to vLLM is under way: one line instead of a traceback, and
-exit 130 as after any SIGINT. (A SIGINT during the interpreter's own start-up, before this
-file runs, stays Python's.)
+exit 130 as after any SIGINT. One from before, during the interpreter's start-up (which run.sh
+leaves to boot.py) or the import of _sparkmods.py, was held there and is raised here.
 
 The exit skips tearing the interpreter down, as sparkmods' own `cli.entry` does: freeing every
 module and object one by one is work nothing needs once the run is over. What an exit must
@@ -265,8 +277,7 @@ from .journal import (JOURNAL_NAME, STATE_DIR, STATE_FILE, Entry, Journal, Journ
 from .locate import LocateError, find_vllm, read_version
 from .lock import LockTimeout, ReadOnlyTree, tree_lock
 from .manifest import ManifestError, Variant, load_manifest
-from .modcheck import (GREEN, NO_VARIANT, UPSTREAM, ModInputs, check_mod, decide, install_results, mod_inputs,
-                       variant_patches)
+from .modcheck import BASE_ENV, GREEN, NO_VARIANT, UPSTREAM, ModInputs, decide, mod_inputs, settle
 from .udiff import reverse
 
 TYPE_CHECKING = False
@@ -420,20 +431,24 @@ def _apply_journal(manifest: Manifest, result: ModResult, site: StrPath, mod_dir
     return Journal("apply", manifest.name, entries, state), payload
 
 
-def apply_mod(mod_dir: StrPath, site: StrPath, workspace: StrPath, dry_run: bool = False, say: Optional[Printer] = None
-              ) -> int:
-    """Apply the variant that fits the vLLM in site; returns the exit code."""
+def apply_mod(mod_dir: StrPath, site: StrPath, workspace: StrPath, dry_run: bool = False, say: Optional[Printer] = None,
+              base: Optional[str] = None) -> int:
+    """Apply the variant that fits the vLLM in site (base: the release a build is based on,
+    $SPARKMODS_VLLM_BASE); returns the exit code."""
     manifest = load_manifest(mod_dir)
     say = say or Printer(manifest.name)
     version = read_version(site)
     # Bad input is an error before anything is written: the mod's (read once here, for every
     # decision below) and a vLLM path that a symlink leads out of the tree.
-    inputs = mod_inputs(manifest, mod_dir, version)
-    for rel in inputs.paths():
+    inputs = mod_inputs(manifest, mod_dir, version, base)
+    read_paths = inputs.paths()
+    for rel in read_paths:
         safe_target(site, rel)
     with _lock(site, say, dry_run), deferred():
         recover(site, say)
-        result = decide(inputs, _reader(site))
+        inputs, result = settle(inputs, _reader(site))
+        if result.how:
+            say(f"chose variant {result.variant} {result.how}" if result.green and result.variant else result.how)
         if result.status not in GREEN:
             _explain_failure(say, manifest, result)
             return EXIT_FAIL
@@ -462,13 +477,13 @@ def apply_mod(mod_dir: StrPath, site: StrPath, workspace: StrPath, dry_run: bool
             say(f"variant {variant.label} changes no vLLM file (vLLM {version})")
         _install_files(say, mod_dir, inputs, workspace, dry_run)
         if not dry_run and (result.status == APPLIED or result.changes()):
-            _stamp(inputs, mod_dir, site)
+            _stamp(inputs, mod_dir, site, read_paths, result.how)
     if variant.notes:
         say(variant.notes)
     return EXIT_OK
 
 
-def _stamp(inputs: ModInputs, mod_dir: StrPath, site: StrPath) -> None:
+def _stamp(inputs: ModInputs, mod_dir: StrPath, site: StrPath, read_paths: List[str], how: str) -> None:
     """Inside a mod (run.sh), after a run that leaves the mod on: the stamp that lets the next
     run.sh say `already applied` without this module (stamp.py), if deciding again says so."""
     if __package__ != "_sparkmods":
@@ -478,10 +493,12 @@ def _stamp(inputs: ModInputs, mod_dir: StrPath, site: StrPath) -> None:
         return
     variant = inputs.chosen
     installs = [(item.name, data) for item, data in zip(variant.install, inputs.sources) if not item.site]
+    # A choice by content (`how`) also read the other variants' patches and files.
+    weighed = inputs.manifest.variants if how else [variant]
+    mod_files = [rel for v in weighed for rel in list(v.patches) + [i.src for i in v.install]]
     try:
-        stamp.record(os.fspath(mod_dir), os.fspath(site), variant.label, inputs.version,
-                     list(variant.patches) + [i.src for i in variant.install], [f.path for f in result.files],
-                     installs, variant.notes)
+        stamp.record(os.fspath(mod_dir), os.fspath(site), variant.label, inputs.version, mod_files, read_paths,
+                     installs, variant.notes, how)
     except OSError:
         pass  # a cache: without it the next run takes the full path
 
@@ -490,21 +507,20 @@ def _site_installs(variant: Variant) -> List[str]:
     return [item.name for item in variant.install if item.site]
 
 
-def _revert_from_state(site: StrPath, manifest: Manifest, mod_dir: StrPath, state: dict
-                       ) -> "Optional[tuple[Journal, Dict[str, bytes]]]":
+def _revert_from_state(site: StrPath, inputs: ModInputs, state: dict) -> "Optional[tuple[Journal, Dict[str, bytes]]]":
     """The revert journal from the saved originals; None when the tree is already pristine.
 
     Files still holding what the apply wrote are restored; files already back at their
     pristine bytes (vLLM reinstalled over the mod) are left alone; any other content is
     someone else's change and stops the revert.
     """
-    name = manifest.name
+    name = inputs.manifest.name
     sums = state["files"]
     current = {rel: fsops.read_regular(safe_target(site, rel)) for rel in sorted(sums)}
     patched = [rel for rel, s in sums.items() if _sha256(current[rel]) == s["after"]]
     foreign = [rel for rel, s in sums.items() if _sha256(current[rel]) not in (s["before"], s["after"])]
     if foreign:
-        if _forward_status(manifest, mod_dir, site) in (OK, OK_OFFSET):
+        if decide(inputs, _reader(site)).status in (OK, OK_OFFSET):
             return None  # another vLLM is installed and the mod is not on it: the state is stale
         raise JournalError(f"{foreign[0]} changed since the mod was applied; not reverting anything "
                            f"(originals are kept in {os.path.join(state_dir(site, name), 'orig')})")
@@ -525,27 +541,23 @@ def _revert_from_state(site: StrPath, manifest: Manifest, mod_dir: StrPath, stat
     return Journal("revert", name, entries), payload
 
 
-def _forward_status(manifest: Manifest, mod_dir: StrPath, site: StrPath) -> str:
-    return check_mod(manifest, mod_dir, read_version(site), _reader(site)).status
-
-
-def _revert_by_reverse_patch(site: StrPath, manifest: Manifest, mod_dir: StrPath, say: Printer
+def _revert_by_reverse_patch(site: StrPath, inputs: ModInputs, say: Printer
                              ) -> "Optional[tuple[Journal, Dict[str, bytes]]]":
     """No saved originals: undo an applied mod with its reverse patch; None if not applied."""
     read = _reader(site)
-    version = read_version(site)
-    chosen = manifest.select(version)
+    manifest, version = inputs.manifest, inputs.version
+    inputs, forward = settle(inputs, read)
+    chosen = inputs.chosen
     if not isinstance(chosen, Variant):
         say(f"nothing to revert: no variant of this mod for vLLM {version}")
         return None
-    forward = check_mod(manifest, mod_dir, version, read)
     if forward.status != APPLIED:
         if forward.status not in (OK, OK_OFFSET):
             raise JournalError(f"the mod is neither applied nor cleanly applicable to vLLM {version} "
                                f"({forward.status}: {forward.reason}); nothing reverted")
         say(f"nothing to revert: the mod is not applied to vLLM {version} ({forward.status})")
         return None
-    files = plan([reverse(fp) for fp in variant_patches(mod_dir, chosen)], read)
+    files = plan([reverse(fp) for fp in inputs.patches], read)
     if any(f.status not in (OK, OK_OFFSET) for f in files):
         raise JournalError("no saved originals and the reverse patch does not apply cleanly; reinstall vLLM")
     changes: Dict[str, Optional[bytes]] = {f.path: f.after for f in files}
@@ -563,19 +575,17 @@ def _revert_by_reverse_patch(site: StrPath, manifest: Manifest, mod_dir: StrPath
     return Journal("revert", manifest.name, entries), payload
 
 
-def revert_mod(mod_dir: StrPath, site: StrPath, dry_run: bool = False, say: Optional[Printer] = None) -> int:
+def revert_mod(mod_dir: StrPath, site: StrPath, dry_run: bool = False, say: Optional[Printer] = None,
+               base: Optional[str] = None) -> int:
     """Restore the pristine files of a mod applied to site."""
     manifest = load_manifest(mod_dir)
     say = say or Printer(manifest.name)
-    chosen = manifest.select(read_version(site))
-    if isinstance(chosen, Variant):  # bad mod input: an error before any write
-        variant_patches(mod_dir, chosen)
-        install_results(mod_dir, chosen, _reader(site))
+    inputs = mod_inputs(manifest, mod_dir, read_version(site), base)  # bad mod input: an error before any write
     with _lock(site, say, dry_run), deferred():
         recover(site, say)
         state = _load_state(site, manifest.name)
         if state is not None:
-            todo = _revert_from_state(site, manifest, mod_dir, state)
+            todo = _revert_from_state(site, inputs, state)
             if todo is None:
                 if not dry_run:
                     fsops.remove_tree(state_dir(site, manifest.name))
@@ -585,7 +595,7 @@ def revert_mod(mod_dir: StrPath, site: StrPath, dry_run: bool = False, say: Opti
         else:
             if not dry_run and os.path.exists(state_dir(site, manifest.name)):
                 fsops.remove_tree(state_dir(site, manifest.name))  # leftovers without a state file
-            todo = _revert_by_reverse_patch(site, manifest, mod_dir, say)
+            todo = _revert_by_reverse_patch(site, inputs, say)
             if todo is None:
                 return EXIT_OK
         journal, payload = todo
@@ -606,9 +616,10 @@ def run(action: str, mod_dir: StrPath, site: Optional[StrPath], workspace: StrPa
     try:
         with handled():
             site = site or find_vllm().site
+            base = os.environ.get(BASE_ENV, "").strip() or None
             if action == "revert":
-                return revert_mod(mod_dir, site, dry_run, say)
-            return apply_mod(mod_dir, site, workspace, dry_run or action == "check", say)
+                return revert_mod(mod_dir, site, dry_run, say, base)
+            return apply_mod(mod_dir, site, workspace, dry_run or action == "check", say, base)
     except (LocateError, ManifestError, UnsafePath, ValueError) as exc:
         say(f"ERROR: {exc}")
         return EXIT_USAGE
@@ -2423,6 +2434,13 @@ def _check_name(manifest: Manifest, mod_dir: StrPath, source: str) -> None:
 
 `sparkmods check` calls `check_mod` with a remote or local vLLM tree; run.sh calls it with the
 installed site-packages. Same code, same answer: a green matrix cell means run.sh applies.
+
+A published release picks its variant by version (the variant ranges). Any other build (a dev
+or nightly build, a local version, a fork such as `0.1.dev19043+g1a2b3c4` whose clone has no
+release tags) is judged by its files instead: the upstream detect rule first, then the variant
+whose patches apply best (`_by_content` states the rule). $SPARKMODS_VLLM_BASE names the
+release a build is based on and picks by that version; if that variant does not apply, the
+decision is an error (BaseMismatch), never a silent apply of something else.
 """
 
 from __future__ import annotations
@@ -2446,8 +2464,9 @@ if TYPE_CHECKING:
 
     Reader = Callable[[str], Optional[bytes]]
 
-__all__ = ["UPSTREAM", "NO_VARIANT", "DRIFT", "GREEN", "STATUSES", "ModResult", "ModInputs", "aggregate", "check_mod",
-           "mod_inputs", "decide", "variant_patches", "mod_file", "install_sources", "install_results"]
+__all__ = ["UPSTREAM", "NO_VARIANT", "DRIFT", "GREEN", "STATUSES", "BASE_ENV", "BaseMismatch", "ModResult", "ModInputs",
+           "aggregate", "check_mod", "by_version", "mod_inputs", "settle", "decide", "variant_patches", "mod_file",
+           "install_sources", "install_results"]
 
 UPSTREAM, NO_VARIANT = "upstream", "no-variant"
 # Set only on the host (sparkmods check): the patch applies, but the patched code would not
@@ -2455,17 +2474,27 @@ UPSTREAM, NO_VARIANT = "upstream", "no-variant"
 DRIFT = "drift"
 STATUSES = (OK, OK_OFFSET, APPLIED, UPSTREAM, NO_VARIANT, CONFLICT, MISSING_FILE, DRIFT)
 GREEN = frozenset({OK, OK_OFFSET, APPLIED, UPSTREAM})
+# The release a build is based on, for builds whose version does not say (launch-cluster.sh
+# passes run.sh no arguments, but its `-e NAME=VALUE` reaches the container's environment).
+BASE_ENV = "SPARKMODS_VLLM_BASE"
+# How a variant was chosen (ModInputs.by).
+BY_VERSION, BY_CONTENT, BY_BASE = "version", "content", "base"
+
+
+class BaseMismatch(ValueError):
+    """$SPARKMODS_VLLM_BASE names a release whose variant does not apply to this vLLM."""
 
 
 class ModResult(Record):
     """The decision for one mod on one vLLM, with every file's result."""
 
-    __slots__ = ("mod", "version", "status", "variant", "reason", "files")
+    __slots__ = ("mod", "version", "status", "variant", "reason", "files", "how")
 
     def __init__(self, mod: str, version: str, status: str, variant: Optional[str] = None, reason: str = "",
-                 files: Optional[List[FileResult]] = None) -> None:
+                 files: Optional[List[FileResult]] = None, how: str = "") -> None:
         self.mod, self.version, self.status, self.variant, self.reason = mod, version, status, variant, reason
         self.files = [] if files is None else files
+        self.how = how  # why this variant, when the version alone did not pick it (one line)
 
     @property
     def green(self) -> bool:
@@ -2479,6 +2508,8 @@ class ModResult(Record):
         out: dict = {"mod": self.mod, "vllm": self.version, "status": self.status, "variant": self.variant}
         if self.reason:
             out["reason"] = self.reason
+        if self.how:
+            out["chosen_by"] = self.how
         out["files"] = [f.to_dict() for f in self.files]
         return out
 
@@ -2587,20 +2618,33 @@ class ModInputs(Record):
     variant the version selects (`chosen`) with its patches parsed and its install sources
     read, or the upstream section, or (chosen None) the reason no variant applies. run.sh
     decides before it takes the tree's lock, under it, and after its change: on one read of
-    the mod (parsing the patches was the larger part of each decision)."""
+    the mod (parsing the patches was the larger part of each decision).
 
-    __slots__ = ("manifest", "version", "chosen", "patches", "sources", "reason")
+    `by` says what picks the variant: the version, $SPARKMODS_VLLM_BASE (`base`), or the
+    content; for content, `options` holds these inputs for every variant and `settle` picks."""
+
+    __slots__ = ("manifest", "version", "chosen", "patches", "sources", "reason", "by", "base", "options")
 
     def __init__(self, manifest: Manifest, version: str, chosen: Union[Variant, Upstream, None],
                  patches: Optional[List[FilePatch]] = None, sources: Optional[List[bytes]] = None,
-                 reason: str = "") -> None:
+                 reason: str = "", by: str = BY_VERSION, base: str = "",
+                 options: Optional[List["ModInputs"]] = None) -> None:
         self.manifest, self.version, self.chosen = manifest, version, chosen
         self.patches = [] if patches is None else patches
         self.sources = [] if sources is None else sources
-        self.reason = reason
+        self.reason, self.by, self.base = reason, by, base
+        self.options = [] if options is None else options
 
     def paths(self) -> List[str]:
         """The vLLM files deciding reads (each patch target, site install and upstream check)."""
+        if self.by == BY_CONTENT:
+            seen: Dict[str, None] = {}
+            upstream = self.manifest.upstream
+            for rel in ([d.file for d in upstream.detect] if upstream is not None else []):
+                seen[rel] = None
+            for option in self.options:
+                seen.update((rel, None) for rel in option.paths())
+            return list(seen)
         if isinstance(self.chosen, Upstream):
             return [d.file for d in self.chosen.detect]
         if self.chosen is None:
@@ -2608,17 +2652,54 @@ class ModInputs(Record):
         return [fp.path for fp in self.patches] + [item.name for item in self.chosen.install if item.site]
 
 
-def mod_inputs(manifest: Manifest, mod_dir: StrPath, version: str) -> ModInputs:
-    """Read and check what the mod gives for this vLLM version; bad mod input is a ManifestError."""
+def by_version(version: str) -> bool:
+    """Whether the version alone picks the variant: a published release or pre-release. A dev
+    build, a local version (`+g...`: built from source) or no PEP 440 version at all says
+    nothing reliable about the files, so those are judged by content."""
     try:
-        chosen = manifest.select(version)
+        return not Version(version).is_devbuild
     except InvalidVersion:
-        return ModInputs(manifest, version, None, reason=f"vLLM version {version!r} is not PEP 440")
+        return False
+
+
+def mod_inputs(manifest: Manifest, mod_dir: StrPath, version: str, base: Optional[str] = None) -> ModInputs:
+    """Read and check what the mod gives for this vLLM (base: $SPARKMODS_VLLM_BASE, the release
+    the build is based on); bad mod input is a ManifestError, a base that is no release a
+    BaseMismatch."""
+    if base:
+        try:
+            parsed = Version(base)
+        except InvalidVersion:
+            parsed = None
+        if parsed is None or parsed.is_devbuild:
+            raise BaseMismatch(f"{BASE_ENV}={base}: not a vLLM release (write one such as 0.30.0); "
+                               f"vLLM reports {version}")
+        inputs = _selected(manifest, mod_dir, version, base)
+        inputs.by, inputs.base = BY_BASE, base
+        if inputs.chosen is None:
+            raise BaseMismatch(f"{BASE_ENV}={base}: {inputs.reason}; vLLM reports {version}")
+        return inputs
+    if by_version(version):
+        return _selected(manifest, mod_dir, version, version)
+    options = [_variant_inputs(manifest, mod_dir, version, variant) for variant in manifest.variants]
+    return ModInputs(manifest, version, None, by=BY_CONTENT, options=options)
+
+
+def _selected(manifest: Manifest, mod_dir: StrPath, version: str, key: str) -> ModInputs:
+    """The inputs of the variant (or upstream section) that the version `key` selects."""
+    try:
+        chosen = manifest.select(key)
+    except InvalidVersion:
+        return ModInputs(manifest, version, None, reason=f"vLLM version {key!r} is not PEP 440")
     if chosen is None:
-        return ModInputs(manifest, version, None, reason=f"no variant covers vLLM {Version(version).public}; "
+        return ModInputs(manifest, version, None, reason=f"no variant covers vLLM {Version(key).public}; "
                                                          f"variants: {manifest.describe_variants()}")
     if isinstance(chosen, Upstream):
         return ModInputs(manifest, version, chosen)
+    return _variant_inputs(manifest, mod_dir, version, chosen)
+
+
+def _variant_inputs(manifest: Manifest, mod_dir: StrPath, version: str, chosen: Variant) -> ModInputs:
     patches = variant_patches(mod_dir, chosen)
     sources = install_sources(mod_dir, chosen)
     twice = {fp.path for fp in patches} & {item.name for item in chosen.install if item.site}
@@ -2627,8 +2708,8 @@ def mod_inputs(manifest: Manifest, mod_dir: StrPath, version: str) -> ModInputs:
     return ModInputs(manifest, version, chosen, patches, sources)
 
 
-def decide(inputs: ModInputs, read: Reader) -> ModResult:
-    """The status of the mod on one vLLM tree (read: package path -> bytes or None)."""
+def _decide_one(inputs: ModInputs, read: Reader) -> ModResult:
+    """The status of the one variant (or upstream section) the inputs hold."""
     manifest, version, chosen = inputs.manifest, inputs.version, inputs.chosen
     if chosen is None:
         return ModResult(manifest.name, version, NO_VARIANT, None, inputs.reason)
@@ -2639,9 +2720,101 @@ def decide(inputs: ModInputs, read: Reader) -> ModResult:
     return ModResult(manifest.name, version, status, chosen.label, reason, files)
 
 
-def check_mod(manifest: Manifest, mod_dir: StrPath, version: str, read: Reader) -> ModResult:
+# Content ranks, best first: the mod already on, every hunk where the patch says, or moved.
+_RANKS = {APPLIED: (0, "are already applied", "are"), OK: (1, "apply exactly", "do"),
+          OK_OFFSET: (2, "apply at an offset", "do")}
+
+
+def settle(inputs: ModInputs, read: Reader) -> "tuple[ModInputs, ModResult]":
+    """The decision on one vLLM tree (read: package path -> bytes or None), and the inputs of
+    the variant it chose (what apply and revert work from)."""
+    if inputs.by == BY_CONTENT:
+        return _by_content(inputs, read)
+    result = _decide_one(inputs, read)
+    if inputs.by == BY_BASE:
+        what = f"variant {result.variant}" if result.variant else "the upstream check"
+        if not result.green:
+            detail = f" ({result.reason})" if result.reason else ""
+            raise BaseMismatch(f"{BASE_ENV}={inputs.base} selects {what}, which does not apply to this vLLM "
+                               f"(it reports {inputs.version}): {result.status}{detail}; unset {BASE_ENV} or name "
+                               "the release this build is based on")
+        result.how = f"by {BASE_ENV}={inputs.base}: {what} {_RANKS.get(result.status, (0, 'applies'))[1]}; " \
+                     f"vLLM reports {inputs.version}"
+    return inputs, result
+
+
+def _by_content(inputs: ModInputs, read: Reader) -> "tuple[ModInputs, ModResult]":
+    """The variant chosen by the files. The upstream section wins when every detect matches
+    (vLLM carries the change); else, of the variants that apply, the best rank (_RANKS); of
+    equals, the one whose range holds the reported version, else the newest. With none that
+    applies: what the version selects (its conflict says why), else no-variant."""
+    manifest, version = inputs.manifest, inputs.version
+    reports = f"vLLM reports {version}"
+    upstream = manifest.upstream
+    carried = _check_upstream(manifest, upstream, version, read) if upstream is not None else None
+    if carried is not None and carried.status == UPSTREAM:
+        carried.how = f"by content: every upstream detect matches (vLLM carries it since {upstream.since}); {reports}"
+        return ModInputs(manifest, version, upstream, by=BY_CONTENT), carried
+    decided = [(option, _decide_one(option, read)) for option in inputs.options]
+    fits = [(_RANKS[r.status][0], option, r) for option, r in decided if r.status in _RANKS]
+    if not fits:
+        return _none_fits(inputs, decided, carried)
+    best = min(rank for rank, _, _ in fits)
+    tied = [(option, r) for rank, option, r in fits if rank == best]
+    holds = [(option, r) for option, r in tied if _holds(option.chosen, version)]  # type: ignore[arg-type]
+    option, result = (holds or tied)[-1]
+    _, verb, also = _RANKS[result.status]
+    if option.paths():
+        words = f"by content: the {result.variant} patches {verb}"
+    else:
+        words = f"by content: variant {result.variant} changes no vLLM file"
+    others = [f"{r.variant}'s" for _, r in tied if r is not result]
+    if others:
+        why = f"its range holds {Version(version).public}" if holds else "the newest variant wins"
+        words += f" (as {also} {', '.join(others)}; {why})"
+    result.how = f"{words}; {reports}"
+    return option, result
+
+
+def _holds(variant: Variant, version: str) -> bool:
+    try:
+        return variant.vllm.contains(Version(version))
+    except InvalidVersion:
+        return False
+
+
+def _none_fits(inputs: ModInputs, decided: "List[tuple[ModInputs, ModResult]]", carried: Optional[ModResult]
+               ) -> "tuple[ModInputs, ModResult]":
+    """No variant applies by content: the decision for what the version selects (a conflict
+    there names the lines that differ), else no-variant."""
+    manifest, version = inputs.manifest, inputs.version
+    tried = ", ".join(f"{r.variant} {r.status}" for _, r in decided)
+    how = f"by content: no variant applies ({tried}); if you know the release this build is based on, set {BASE_ENV}"
+    try:
+        selected = manifest.select(version)
+    except InvalidVersion:
+        selected = None
+    for option, result in decided:
+        if option.chosen is selected:
+            result.how = f"{how}; shown: variant {result.variant}, which {version} selects by version"
+            return option, result
+    if isinstance(selected, Upstream) and carried is not None:
+        carried.how = f"{how}; shown: the upstream check, which {version} selects by version"
+        return ModInputs(manifest, version, selected), carried
+    result = ModResult(manifest.name, version, NO_VARIANT, None, f"no variant applies to these files ({tried}); "
+                       f"vLLM reports {version}", how=how)
+    return ModInputs(manifest, version, None, reason=result.reason), result
+
+
+def decide(inputs: ModInputs, read: Reader) -> ModResult:
+    """The status of the mod on one vLLM tree (read: package path -> bytes or None)."""
+    return settle(inputs, read)[1]
+
+
+def check_mod(manifest: Manifest, mod_dir: StrPath, version: str, read: Reader, base: Optional[str] = None
+              ) -> ModResult:
     """Decide the status of one mod on one vLLM tree (read: package path -> bytes or None)."""
-    return decide(mod_inputs(manifest, mod_dir, version), read)
+    return decide(mod_inputs(manifest, mod_dir, version, base), read)
 ''',
     'pep440': r'''"""PEP 440 versions and variant ranges, stdlib only.
 
@@ -2956,12 +3129,12 @@ import sys
 from .basics import sha256
 
 STAMP_NAME = "stamp"
-_VERSION = 1
+_VERSION = 2
 _TMP_SUFFIX = ".sparkmods-tmp"  # engine.TMP_SUFFIX (not imported: engine is what we avoid)
 _STATE_DIR, _JOURNAL, _LOCK = ".sparkmods", ".journal.json", ".lock"
 _ARGS = {(): "apply", ("apply",): "apply", ("check",): "check"}
 # Settings only the full path reads (and validates): their presence sends a run there.
-_FULL_PATH_ENV = ("SPARKMODS_LOCK_TIMEOUT", "SPARKMODS_FAULT_AFTER", "SPARKMODS_FAULT_SIGNAL")
+_FULL_PATH_ENV = ("SPARKMODS_LOCK_TIMEOUT", "SPARKMODS_FAULT_AFTER", "SPARKMODS_FAULT_SIGNAL", "SPARKMODS_VLLM_BASE")
 
 
 def _read(path: str) -> "bytes | None":
@@ -3024,15 +3197,16 @@ def _no_leftovers(site: str, folders: "set[str]") -> bool:
 
 
 def record(mod_dir: str, site: str, variant: str, version: str, mod_files: "list[str]",
-           vllm_files: "list[str]", installs: "list[tuple[str, bytes]]", notes: str) -> None:
-    """Write the stamp for a mod the caller has just found applied (under the tree's lock)."""
+           vllm_files: "list[str]", installs: "list[tuple[str, bytes]]", notes: str, how: str = "") -> None:
+    """Write the stamp for a mod the caller has just found applied (under the tree's lock); how:
+    why that variant, when the version alone did not pick it (modcheck)."""
     name = os.path.basename(mod_dir)
     rels = RUNTIME_FILES + sorted(set(mod_files))
     stamp = {"v": _VERSION, "mod": name, "variant": variant, "vllm": version, "inputs": rels,
              "digest": mod_inputs(mod_dir, rels), "dist": dist_infos(site),
              "files": [(rel, _sha(_read(_within(site, rel)))) for rel in sorted(vllm_files)],
              "installs": [(dest, sha256(data).hexdigest()) for dest, data in installs],
-             "notes": notes}
+             "notes": notes, "how": how}
     target = os.path.join(site, _STATE_DIR, name, STAMP_NAME)
     tmp = os.path.join(os.path.dirname(target), f".{STAMP_NAME}{_TMP_SUFFIX}")
     try:
@@ -3102,7 +3276,8 @@ def quick(argv: "list[str]", mod_dir: str) -> "int | None":
         return None
     finally:
         os.close(fd)
-    lines = [f"already applied (variant {stamp['variant']}) to vLLM {stamp['vllm']}"]
+    lines = [f"chose variant {stamp['variant']} {stamp['how']}"] if stamp["how"] else []
+    lines.append(f"already applied (variant {stamp['variant']}) to vLLM {stamp['vllm']}")
     lines += [f"{dest} already installed in {workspace}" for dest, _ in stamp["installs"]]
     if stamp["notes"]:
         lines.append(stamp["notes"])

@@ -23,7 +23,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence,
 from sparkmods import gcpause, resultcache, slots
 from sparkmods.modsdir import load
 from sparkmods.runtime.manifest import Manifest, Upstream, Variant
-from sparkmods.runtime.modcheck import ModResult, aggregate, check_mod, variant_patches
+from sparkmods.runtime.modcheck import ModResult, aggregate, by_version, check_mod, variant_patches
 from sparkmods.runtime.pep440 import InvalidVersion
 from sparkmods.runtime.udiff import FilePatch
 
@@ -59,7 +59,14 @@ class CheckRow:
 
 
 def paths_needed(manifest: Manifest, mod_dir: Path, version: str, content: Optional[str] = None) -> Set[str]:
-    """Every vLLM path the mod's decision for this version will read (content: see _patches)."""
+    """Every vLLM path the mod's decision for this version will read (content: see _patches):
+    for a build chosen by content (modcheck.by_version), every variant's and the upstream checks'."""
+    if not by_version(version):
+        wanted = {d.file for d in manifest.upstream.detect} if manifest.upstream is not None else set()
+        for variant in manifest.variants:
+            wanted |= {fp.path for fp in _patches(mod_dir, variant, content)}
+            wanted |= {item.name for item in variant.install if item.site}
+        return wanted
     try:
         chosen = manifest.select(version)
     except InvalidVersion:
@@ -106,11 +113,10 @@ def _checked(manifest: Manifest, mod_dir: Path, source, content: str, drift_stat
     """check_mod, then the drift checks (drift.drift_status) for a variant that applies."""
     result = check_mod(manifest, mod_dir, source.version, source.read)
     if result.green and result.variant is not None:
-        chosen = manifest.select(source.version)
-        if isinstance(chosen, Variant):
-            verdict = drift_status(source, result, _patches(mod_dir, chosen, content))
-            if verdict is not None:
-                result.status, result.reason = verdict
+        chosen = next(v for v in manifest.variants if v.label == result.variant)
+        verdict = drift_status(source, result, _patches(mod_dir, chosen, content))
+        if verdict is not None:
+            result.status, result.reason = verdict
     return result
 
 

@@ -24,6 +24,8 @@ def detail(row: CheckRow) -> str:
                 return f"{f.path} hunk {h.index}: {h.reason}{where}"
             if h.outcome == "offset" and res.status == "ok-offset":
                 return f"{f.path} hunk {h.index} at offset {h.offset:+d}"
+    if res.how and res.status in GREEN:
+        return res.how  # a build whose variant its files chose (modcheck)
     return res.reason if res.status not in ("ok", "applied") else ""
 
 

@@ -214,7 +214,8 @@ def _result(d: Dict[str, Any]) -> ModResult:
     """A ModResult from its to_dict() form (the bytes before/after a patch are not kept)."""
     _typed(d, dict)
     return ModResult(_typed(d["mod"], str), _typed(d["vllm"], str), _typed(d["status"], str),
-                     _opt(d["variant"], str), _typed(d.get("reason", ""), str), _listed(d["files"], _file))
+                     _opt(d["variant"], str), _typed(d.get("reason", ""), str), _listed(d["files"], _file),
+                     _typed(d.get("chosen_by", ""), str))
 
 
 _active = ResultCache()

@@ -28,8 +28,7 @@ from .journal import (JOURNAL_NAME, STATE_DIR, STATE_FILE, Entry, Journal, Journ
 from .locate import LocateError, find_vllm, read_version
 from .lock import LockTimeout, ReadOnlyTree, tree_lock
 from .manifest import ManifestError, Variant, load_manifest
-from .modcheck import (GREEN, NO_VARIANT, UPSTREAM, ModInputs, check_mod, decide, install_results, mod_inputs,
-                       variant_patches)
+from .modcheck import BASE_ENV, GREEN, NO_VARIANT, UPSTREAM, ModInputs, decide, mod_inputs, settle
 from .udiff import reverse
 
 TYPE_CHECKING = False
@@ -183,20 +182,24 @@ def _apply_journal(manifest: Manifest, result: ModResult, site: StrPath, mod_dir
     return Journal("apply", manifest.name, entries, state), payload
 
 
-def apply_mod(mod_dir: StrPath, site: StrPath, workspace: StrPath, dry_run: bool = False, say: Optional[Printer] = None
-              ) -> int:
-    """Apply the variant that fits the vLLM in site; returns the exit code."""
+def apply_mod(mod_dir: StrPath, site: StrPath, workspace: StrPath, dry_run: bool = False, say: Optional[Printer] = None,
+              base: Optional[str] = None) -> int:
+    """Apply the variant that fits the vLLM in site (base: the release a build is based on,
+    $SPARKMODS_VLLM_BASE); returns the exit code."""
     manifest = load_manifest(mod_dir)
     say = say or Printer(manifest.name)
     version = read_version(site)
     # Bad input is an error before anything is written: the mod's (read once here, for every
     # decision below) and a vLLM path that a symlink leads out of the tree.
-    inputs = mod_inputs(manifest, mod_dir, version)
-    for rel in inputs.paths():
+    inputs = mod_inputs(manifest, mod_dir, version, base)
+    read_paths = inputs.paths()
+    for rel in read_paths:
         safe_target(site, rel)
     with _lock(site, say, dry_run), deferred():
         recover(site, say)
-        result = decide(inputs, _reader(site))
+        inputs, result = settle(inputs, _reader(site))
+        if result.how:
+            say(f"chose variant {result.variant} {result.how}" if result.green and result.variant else result.how)
         if result.status not in GREEN:
             _explain_failure(say, manifest, result)
             return EXIT_FAIL
@@ -225,13 +228,13 @@ def apply_mod(mod_dir: StrPath, site: StrPath, workspace: StrPath, dry_run: bool
             say(f"variant {variant.label} changes no vLLM file (vLLM {version})")
         _install_files(say, mod_dir, inputs, workspace, dry_run)
         if not dry_run and (result.status == APPLIED or result.changes()):
-            _stamp(inputs, mod_dir, site)
+            _stamp(inputs, mod_dir, site, read_paths, result.how)
     if variant.notes:
         say(variant.notes)
     return EXIT_OK
 
 
-def _stamp(inputs: ModInputs, mod_dir: StrPath, site: StrPath) -> None:
+def _stamp(inputs: ModInputs, mod_dir: StrPath, site: StrPath, read_paths: List[str], how: str) -> None:
     """Inside a mod (run.sh), after a run that leaves the mod on: the stamp that lets the next
     run.sh say `already applied` without this module (stamp.py), if deciding again says so."""
     if __package__ != "_sparkmods":
@@ -241,10 +244,12 @@ def _stamp(inputs: ModInputs, mod_dir: StrPath, site: StrPath) -> None:
         return
     variant = inputs.chosen
     installs = [(item.name, data) for item, data in zip(variant.install, inputs.sources) if not item.site]
+    # A choice by content (`how`) also read the other variants' patches and files.
+    weighed = inputs.manifest.variants if how else [variant]
+    mod_files = [rel for v in weighed for rel in list(v.patches) + [i.src for i in v.install]]
     try:
-        stamp.record(os.fspath(mod_dir), os.fspath(site), variant.label, inputs.version,
-                     list(variant.patches) + [i.src for i in variant.install], [f.path for f in result.files],
-                     installs, variant.notes)
+        stamp.record(os.fspath(mod_dir), os.fspath(site), variant.label, inputs.version, mod_files, read_paths,
+                     installs, variant.notes, how)
     except OSError:
         pass  # a cache: without it the next run takes the full path
 
@@ -253,21 +258,20 @@ def _site_installs(variant: Variant) -> List[str]:
     return [item.name for item in variant.install if item.site]
 
 
-def _revert_from_state(site: StrPath, manifest: Manifest, mod_dir: StrPath, state: dict
-                       ) -> "Optional[tuple[Journal, Dict[str, bytes]]]":
+def _revert_from_state(site: StrPath, inputs: ModInputs, state: dict) -> "Optional[tuple[Journal, Dict[str, bytes]]]":
     """The revert journal from the saved originals; None when the tree is already pristine.
 
     Files still holding what the apply wrote are restored; files already back at their
     pristine bytes (vLLM reinstalled over the mod) are left alone; any other content is
     someone else's change and stops the revert.
     """
-    name = manifest.name
+    name = inputs.manifest.name
     sums = state["files"]
     current = {rel: fsops.read_regular(safe_target(site, rel)) for rel in sorted(sums)}
     patched = [rel for rel, s in sums.items() if _sha256(current[rel]) == s["after"]]
     foreign = [rel for rel, s in sums.items() if _sha256(current[rel]) not in (s["before"], s["after"])]
     if foreign:
-        if _forward_status(manifest, mod_dir, site) in (OK, OK_OFFSET):
+        if decide(inputs, _reader(site)).status in (OK, OK_OFFSET):
             return None  # another vLLM is installed and the mod is not on it: the state is stale
         raise JournalError(f"{foreign[0]} changed since the mod was applied; not reverting anything "
                            f"(originals are kept in {os.path.join(state_dir(site, name), 'orig')})")
@@ -288,27 +292,23 @@ def _revert_from_state(site: StrPath, manifest: Manifest, mod_dir: StrPath, stat
     return Journal("revert", name, entries), payload
 
 
-def _forward_status(manifest: Manifest, mod_dir: StrPath, site: StrPath) -> str:
-    return check_mod(manifest, mod_dir, read_version(site), _reader(site)).status
-
-
-def _revert_by_reverse_patch(site: StrPath, manifest: Manifest, mod_dir: StrPath, say: Printer
+def _revert_by_reverse_patch(site: StrPath, inputs: ModInputs, say: Printer
                              ) -> "Optional[tuple[Journal, Dict[str, bytes]]]":
     """No saved originals: undo an applied mod with its reverse patch; None if not applied."""
     read = _reader(site)
-    version = read_version(site)
-    chosen = manifest.select(version)
+    manifest, version = inputs.manifest, inputs.version
+    inputs, forward = settle(inputs, read)
+    chosen = inputs.chosen
     if not isinstance(chosen, Variant):
         say(f"nothing to revert: no variant of this mod for vLLM {version}")
         return None
-    forward = check_mod(manifest, mod_dir, version, read)
     if forward.status != APPLIED:
         if forward.status not in (OK, OK_OFFSET):
             raise JournalError(f"the mod is neither applied nor cleanly applicable to vLLM {version} "
                                f"({forward.status}: {forward.reason}); nothing reverted")
         say(f"nothing to revert: the mod is not applied to vLLM {version} ({forward.status})")
         return None
-    files = plan([reverse(fp) for fp in variant_patches(mod_dir, chosen)], read)
+    files = plan([reverse(fp) for fp in inputs.patches], read)
     if any(f.status not in (OK, OK_OFFSET) for f in files):
         raise JournalError("no saved originals and the reverse patch does not apply cleanly; reinstall vLLM")
     changes: Dict[str, Optional[bytes]] = {f.path: f.after for f in files}
@@ -326,19 +326,17 @@ def _revert_by_reverse_patch(site: StrPath, manifest: Manifest, mod_dir: StrPath
     return Journal("revert", manifest.name, entries), payload
 
 
-def revert_mod(mod_dir: StrPath, site: StrPath, dry_run: bool = False, say: Optional[Printer] = None) -> int:
+def revert_mod(mod_dir: StrPath, site: StrPath, dry_run: bool = False, say: Optional[Printer] = None,
+               base: Optional[str] = None) -> int:
     """Restore the pristine files of a mod applied to site."""
     manifest = load_manifest(mod_dir)
     say = say or Printer(manifest.name)
-    chosen = manifest.select(read_version(site))
-    if isinstance(chosen, Variant):  # bad mod input: an error before any write
-        variant_patches(mod_dir, chosen)
-        install_results(mod_dir, chosen, _reader(site))
+    inputs = mod_inputs(manifest, mod_dir, read_version(site), base)  # bad mod input: an error before any write
     with _lock(site, say, dry_run), deferred():
         recover(site, say)
         state = _load_state(site, manifest.name)
         if state is not None:
-            todo = _revert_from_state(site, manifest, mod_dir, state)
+            todo = _revert_from_state(site, inputs, state)
             if todo is None:
                 if not dry_run:
                     fsops.remove_tree(state_dir(site, manifest.name))
@@ -348,7 +346,7 @@ def revert_mod(mod_dir: StrPath, site: StrPath, dry_run: bool = False, say: Opti
         else:
             if not dry_run and os.path.exists(state_dir(site, manifest.name)):
                 fsops.remove_tree(state_dir(site, manifest.name))  # leftovers without a state file
-            todo = _revert_by_reverse_patch(site, manifest, mod_dir, say)
+            todo = _revert_by_reverse_patch(site, inputs, say)
             if todo is None:
                 return EXIT_OK
         journal, payload = todo
@@ -369,9 +367,10 @@ def run(action: str, mod_dir: StrPath, site: Optional[StrPath], workspace: StrPa
     try:
         with handled():
             site = site or find_vllm().site
+            base = os.environ.get(BASE_ENV, "").strip() or None
             if action == "revert":
-                return revert_mod(mod_dir, site, dry_run, say)
-            return apply_mod(mod_dir, site, workspace, dry_run or action == "check", say)
+                return revert_mod(mod_dir, site, dry_run, say, base)
+            return apply_mod(mod_dir, site, workspace, dry_run or action == "check", say, base)
     except (LocateError, ManifestError, UnsafePath, ValueError) as exc:
         say(f"ERROR: {exc}")
         return EXIT_USAGE

@@ -2,6 +2,13 @@
 
 `sparkmods check` calls `check_mod` with a remote or local vLLM tree; run.sh calls it with the
 installed site-packages. Same code, same answer: a green matrix cell means run.sh applies.
+
+A published release picks its variant by version (the variant ranges). Any other build (a dev
+or nightly build, a local version, a fork such as `0.1.dev19043+g1a2b3c4` whose clone has no
+release tags) is judged by its files instead: the upstream detect rule first, then the variant
+whose patches apply best (`_by_content` states the rule). $SPARKMODS_VLLM_BASE names the
+release a build is based on and picks by that version; if that variant does not apply, the
+decision is an error (BaseMismatch), never a silent apply of something else.
 """
 
 from __future__ import annotations
@@ -25,8 +32,9 @@ if TYPE_CHECKING:
 
     Reader = Callable[[str], Optional[bytes]]
 
-__all__ = ["UPSTREAM", "NO_VARIANT", "DRIFT", "GREEN", "STATUSES", "ModResult", "ModInputs", "aggregate", "check_mod",
-           "mod_inputs", "decide", "variant_patches", "mod_file", "install_sources", "install_results"]
+__all__ = ["UPSTREAM", "NO_VARIANT", "DRIFT", "GREEN", "STATUSES", "BASE_ENV", "BaseMismatch", "ModResult", "ModInputs",
+           "aggregate", "check_mod", "by_version", "mod_inputs", "settle", "decide", "variant_patches", "mod_file",
+           "install_sources", "install_results"]
 
 UPSTREAM, NO_VARIANT = "upstream", "no-variant"
 # Set only on the host (sparkmods check): the patch applies, but the patched code would not
@@ -34,17 +42,27 @@ UPSTREAM, NO_VARIANT = "upstream", "no-variant"
 DRIFT = "drift"
 STATUSES = (OK, OK_OFFSET, APPLIED, UPSTREAM, NO_VARIANT, CONFLICT, MISSING_FILE, DRIFT)
 GREEN = frozenset({OK, OK_OFFSET, APPLIED, UPSTREAM})
+# The release a build is based on, for builds whose version does not say (launch-cluster.sh
+# passes run.sh no arguments, but its `-e NAME=VALUE` reaches the container's environment).
+BASE_ENV = "SPARKMODS_VLLM_BASE"
+# How a variant was chosen (ModInputs.by).
+BY_VERSION, BY_CONTENT, BY_BASE = "version", "content", "base"
+
+
+class BaseMismatch(ValueError):
+    """$SPARKMODS_VLLM_BASE names a release whose variant does not apply to this vLLM."""
 
 
 class ModResult(Record):
     """The decision for one mod on one vLLM, with every file's result."""
 
-    __slots__ = ("mod", "version", "status", "variant", "reason", "files")
+    __slots__ = ("mod", "version", "status", "variant", "reason", "files", "how")
 
     def __init__(self, mod: str, version: str, status: str, variant: Optional[str] = None, reason: str = "",
-                 files: Optional[List[FileResult]] = None) -> None:
+                 files: Optional[List[FileResult]] = None, how: str = "") -> None:
         self.mod, self.version, self.status, self.variant, self.reason = mod, version, status, variant, reason
         self.files = [] if files is None else files
+        self.how = how  # why this variant, when the version alone did not pick it (one line)
 
     @property
     def green(self) -> bool:
@@ -58,6 +76,8 @@ class ModResult(Record):
         out: dict = {"mod": self.mod, "vllm": self.version, "status": self.status, "variant": self.variant}
         if self.reason:
             out["reason"] = self.reason
+        if self.how:
+            out["chosen_by"] = self.how
         out["files"] = [f.to_dict() for f in self.files]
         return out
 
@@ -166,20 +186,33 @@ class ModInputs(Record):
     variant the version selects (`chosen`) with its patches parsed and its install sources
     read, or the upstream section, or (chosen None) the reason no variant applies. run.sh
     decides before it takes the tree's lock, under it, and after its change: on one read of
-    the mod (parsing the patches was the larger part of each decision)."""
+    the mod (parsing the patches was the larger part of each decision).
 
-    __slots__ = ("manifest", "version", "chosen", "patches", "sources", "reason")
+    `by` says what picks the variant: the version, $SPARKMODS_VLLM_BASE (`base`), or the
+    content; for content, `options` holds these inputs for every variant and `settle` picks."""
+
+    __slots__ = ("manifest", "version", "chosen", "patches", "sources", "reason", "by", "base", "options")
 
     def __init__(self, manifest: Manifest, version: str, chosen: Union[Variant, Upstream, None],
                  patches: Optional[List[FilePatch]] = None, sources: Optional[List[bytes]] = None,
-                 reason: str = "") -> None:
+                 reason: str = "", by: str = BY_VERSION, base: str = "",
+                 options: Optional[List["ModInputs"]] = None) -> None:
         self.manifest, self.version, self.chosen = manifest, version, chosen
         self.patches = [] if patches is None else patches
         self.sources = [] if sources is None else sources
-        self.reason = reason
+        self.reason, self.by, self.base = reason, by, base
+        self.options = [] if options is None else options
 
     def paths(self) -> List[str]:
         """The vLLM files deciding reads (each patch target, site install and upstream check)."""
+        if self.by == BY_CONTENT:
+            seen: Dict[str, None] = {}
+            upstream = self.manifest.upstream
+            for rel in ([d.file for d in upstream.detect] if upstream is not None else []):
+                seen[rel] = None
+            for option in self.options:
+                seen.update((rel, None) for rel in option.paths())
+            return list(seen)
         if isinstance(self.chosen, Upstream):
             return [d.file for d in self.chosen.detect]
         if self.chosen is None:
@@ -187,17 +220,54 @@ class ModInputs(Record):
         return [fp.path for fp in self.patches] + [item.name for item in self.chosen.install if item.site]
 
 
-def mod_inputs(manifest: Manifest, mod_dir: StrPath, version: str) -> ModInputs:
-    """Read and check what the mod gives for this vLLM version; bad mod input is a ManifestError."""
+def by_version(version: str) -> bool:
+    """Whether the version alone picks the variant: a published release or pre-release. A dev
+    build, a local version (`+g...`: built from source) or no PEP 440 version at all says
+    nothing reliable about the files, so those are judged by content."""
     try:
-        chosen = manifest.select(version)
+        return not Version(version).is_devbuild
     except InvalidVersion:
-        return ModInputs(manifest, version, None, reason=f"vLLM version {version!r} is not PEP 440")
+        return False
+
+
+def mod_inputs(manifest: Manifest, mod_dir: StrPath, version: str, base: Optional[str] = None) -> ModInputs:
+    """Read and check what the mod gives for this vLLM (base: $SPARKMODS_VLLM_BASE, the release
+    the build is based on); bad mod input is a ManifestError, a base that is no release a
+    BaseMismatch."""
+    if base:
+        try:
+            parsed = Version(base)
+        except InvalidVersion:
+            parsed = None
+        if parsed is None or parsed.is_devbuild:
+            raise BaseMismatch(f"{BASE_ENV}={base}: not a vLLM release (write one such as 0.30.0); "
+                               f"vLLM reports {version}")
+        inputs = _selected(manifest, mod_dir, version, base)
+        inputs.by, inputs.base = BY_BASE, base
+        if inputs.chosen is None:
+            raise BaseMismatch(f"{BASE_ENV}={base}: {inputs.reason}; vLLM reports {version}")
+        return inputs
+    if by_version(version):
+        return _selected(manifest, mod_dir, version, version)
+    options = [_variant_inputs(manifest, mod_dir, version, variant) for variant in manifest.variants]
+    return ModInputs(manifest, version, None, by=BY_CONTENT, options=options)
+
+
+def _selected(manifest: Manifest, mod_dir: StrPath, version: str, key: str) -> ModInputs:
+    """The inputs of the variant (or upstream section) that the version `key` selects."""
+    try:
+        chosen = manifest.select(key)
+    except InvalidVersion:
+        return ModInputs(manifest, version, None, reason=f"vLLM version {key!r} is not PEP 440")
     if chosen is None:
-        return ModInputs(manifest, version, None, reason=f"no variant covers vLLM {Version(version).public}; "
+        return ModInputs(manifest, version, None, reason=f"no variant covers vLLM {Version(key).public}; "
                                                          f"variants: {manifest.describe_variants()}")
     if isinstance(chosen, Upstream):
         return ModInputs(manifest, version, chosen)
+    return _variant_inputs(manifest, mod_dir, version, chosen)
+
+
+def _variant_inputs(manifest: Manifest, mod_dir: StrPath, version: str, chosen: Variant) -> ModInputs:
     patches = variant_patches(mod_dir, chosen)
     sources = install_sources(mod_dir, chosen)
     twice = {fp.path for fp in patches} & {item.name for item in chosen.install if item.site}
@@ -206,8 +276,8 @@ def mod_inputs(manifest: Manifest, mod_dir: StrPath, version: str) -> ModInputs:
     return ModInputs(manifest, version, chosen, patches, sources)
 
 
-def decide(inputs: ModInputs, read: Reader) -> ModResult:
-    """The status of the mod on one vLLM tree (read: package path -> bytes or None)."""
+def _decide_one(inputs: ModInputs, read: Reader) -> ModResult:
+    """The status of the one variant (or upstream section) the inputs hold."""
     manifest, version, chosen = inputs.manifest, inputs.version, inputs.chosen
     if chosen is None:
         return ModResult(manifest.name, version, NO_VARIANT, None, inputs.reason)
@@ -218,6 +288,98 @@ def decide(inputs: ModInputs, read: Reader) -> ModResult:
     return ModResult(manifest.name, version, status, chosen.label, reason, files)
 
 
-def check_mod(manifest: Manifest, mod_dir: StrPath, version: str, read: Reader) -> ModResult:
+# Content ranks, best first: the mod already on, every hunk where the patch says, or moved.
+_RANKS = {APPLIED: (0, "are already applied", "are"), OK: (1, "apply exactly", "do"),
+          OK_OFFSET: (2, "apply at an offset", "do")}
+
+
+def settle(inputs: ModInputs, read: Reader) -> "tuple[ModInputs, ModResult]":
+    """The decision on one vLLM tree (read: package path -> bytes or None), and the inputs of
+    the variant it chose (what apply and revert work from)."""
+    if inputs.by == BY_CONTENT:
+        return _by_content(inputs, read)
+    result = _decide_one(inputs, read)
+    if inputs.by == BY_BASE:
+        what = f"variant {result.variant}" if result.variant else "the upstream check"
+        if not result.green:
+            detail = f" ({result.reason})" if result.reason else ""
+            raise BaseMismatch(f"{BASE_ENV}={inputs.base} selects {what}, which does not apply to this vLLM "
+                               f"(it reports {inputs.version}): {result.status}{detail}; unset {BASE_ENV} or name "
+                               "the release this build is based on")
+        result.how = f"by {BASE_ENV}={inputs.base}: {what} {_RANKS.get(result.status, (0, 'applies'))[1]}; " \
+                     f"vLLM reports {inputs.version}"
+    return inputs, result
+
+
+def _by_content(inputs: ModInputs, read: Reader) -> "tuple[ModInputs, ModResult]":
+    """The variant chosen by the files. The upstream section wins when every detect matches
+    (vLLM carries the change); else, of the variants that apply, the best rank (_RANKS); of
+    equals, the one whose range holds the reported version, else the newest. With none that
+    applies: what the version selects (its conflict says why), else no-variant."""
+    manifest, version = inputs.manifest, inputs.version
+    reports = f"vLLM reports {version}"
+    upstream = manifest.upstream
+    carried = _check_upstream(manifest, upstream, version, read) if upstream is not None else None
+    if carried is not None and carried.status == UPSTREAM:
+        carried.how = f"by content: every upstream detect matches (vLLM carries it since {upstream.since}); {reports}"
+        return ModInputs(manifest, version, upstream, by=BY_CONTENT), carried
+    decided = [(option, _decide_one(option, read)) for option in inputs.options]
+    fits = [(_RANKS[r.status][0], option, r) for option, r in decided if r.status in _RANKS]
+    if not fits:
+        return _none_fits(inputs, decided, carried)
+    best = min(rank for rank, _, _ in fits)
+    tied = [(option, r) for rank, option, r in fits if rank == best]
+    holds = [(option, r) for option, r in tied if _holds(option.chosen, version)]  # type: ignore[arg-type]
+    option, result = (holds or tied)[-1]
+    _, verb, also = _RANKS[result.status]
+    if option.paths():
+        words = f"by content: the {result.variant} patches {verb}"
+    else:
+        words = f"by content: variant {result.variant} changes no vLLM file"
+    others = [f"{r.variant}'s" for _, r in tied if r is not result]
+    if others:
+        why = f"its range holds {Version(version).public}" if holds else "the newest variant wins"
+        words += f" (as {also} {', '.join(others)}; {why})"
+    result.how = f"{words}; {reports}"
+    return option, result
+
+
+def _holds(variant: Variant, version: str) -> bool:
+    try:
+        return variant.vllm.contains(Version(version))
+    except InvalidVersion:
+        return False
+
+
+def _none_fits(inputs: ModInputs, decided: "List[tuple[ModInputs, ModResult]]", carried: Optional[ModResult]
+               ) -> "tuple[ModInputs, ModResult]":
+    """No variant applies by content: the decision for what the version selects (a conflict
+    there names the lines that differ), else no-variant."""
+    manifest, version = inputs.manifest, inputs.version
+    tried = ", ".join(f"{r.variant} {r.status}" for _, r in decided)
+    how = f"by content: no variant applies ({tried}); if you know the release this build is based on, set {BASE_ENV}"
+    try:
+        selected = manifest.select(version)
+    except InvalidVersion:
+        selected = None
+    for option, result in decided:
+        if option.chosen is selected:
+            result.how = f"{how}; shown: variant {result.variant}, which {version} selects by version"
+            return option, result
+    if isinstance(selected, Upstream) and carried is not None:
+        carried.how = f"{how}; shown: the upstream check, which {version} selects by version"
+        return ModInputs(manifest, version, selected), carried
+    result = ModResult(manifest.name, version, NO_VARIANT, None, f"no variant applies to these files ({tried}); "
+                       f"vLLM reports {version}", how=how)
+    return ModInputs(manifest, version, None, reason=result.reason), result
+
+
+def decide(inputs: ModInputs, read: Reader) -> ModResult:
+    """The status of the mod on one vLLM tree (read: package path -> bytes or None)."""
+    return settle(inputs, read)[1]
+
+
+def check_mod(manifest: Manifest, mod_dir: StrPath, version: str, read: Reader, base: Optional[str] = None
+              ) -> ModResult:
     """Decide the status of one mod on one vLLM tree (read: package path -> bytes or None)."""
-    return decide(mod_inputs(manifest, mod_dir, version), read)
+    return decide(mod_inputs(manifest, mod_dir, version, base), read)

@@ -24,12 +24,12 @@ import sys
 from .basics import sha256
 
 STAMP_NAME = "stamp"
-_VERSION = 1
+_VERSION = 2
 _TMP_SUFFIX = ".sparkmods-tmp"  # engine.TMP_SUFFIX (not imported: engine is what we avoid)
 _STATE_DIR, _JOURNAL, _LOCK = ".sparkmods", ".journal.json", ".lock"
 _ARGS = {(): "apply", ("apply",): "apply", ("check",): "check"}
 # Settings only the full path reads (and validates): their presence sends a run there.
-_FULL_PATH_ENV = ("SPARKMODS_LOCK_TIMEOUT", "SPARKMODS_FAULT_AFTER", "SPARKMODS_FAULT_SIGNAL")
+_FULL_PATH_ENV = ("SPARKMODS_LOCK_TIMEOUT", "SPARKMODS_FAULT_AFTER", "SPARKMODS_FAULT_SIGNAL", "SPARKMODS_VLLM_BASE")
 
 
 def _read(path: str) -> "bytes | None":
@@ -92,15 +92,16 @@ def _no_leftovers(site: str, folders: "set[str]") -> bool:
 
 
 def record(mod_dir: str, site: str, variant: str, version: str, mod_files: "list[str]",
-           vllm_files: "list[str]", installs: "list[tuple[str, bytes]]", notes: str) -> None:
-    """Write the stamp for a mod the caller has just found applied (under the tree's lock)."""
+           vllm_files: "list[str]", installs: "list[tuple[str, bytes]]", notes: str, how: str = "") -> None:
+    """Write the stamp for a mod the caller has just found applied (under the tree's lock); how:
+    why that variant, when the version alone did not pick it (modcheck)."""
     name = os.path.basename(mod_dir)
     rels = RUNTIME_FILES + sorted(set(mod_files))
     stamp = {"v": _VERSION, "mod": name, "variant": variant, "vllm": version, "inputs": rels,
              "digest": mod_inputs(mod_dir, rels), "dist": dist_infos(site),
              "files": [(rel, _sha(_read(_within(site, rel)))) for rel in sorted(vllm_files)],
              "installs": [(dest, sha256(data).hexdigest()) for dest, data in installs],
-             "notes": notes}
+             "notes": notes, "how": how}
     target = os.path.join(site, _STATE_DIR, name, STAMP_NAME)
     tmp = os.path.join(os.path.dirname(target), f".{STAMP_NAME}{_TMP_SUFFIX}")
     try:
@@ -170,7 +171,8 @@ def quick(argv: "list[str]", mod_dir: str) -> "int | None":
         return None
     finally:
         os.close(fd)
-    lines = [f"already applied (variant {stamp['variant']}) to vLLM {stamp['vllm']}"]
+    lines = [f"chose variant {stamp['variant']} {stamp['how']}"] if stamp["how"] else []
+    lines.append(f"already applied (variant {stamp['variant']}) to vLLM {stamp['vllm']}")
     lines += [f"{dest} already installed in {workspace}" for dest, _ in stamp["installs"]]
     if stamp["notes"]:
         lines.append(stamp["notes"])

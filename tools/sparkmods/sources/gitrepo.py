@@ -3,7 +3,9 @@
 No checkout happens, so the repository (bare or not) and its working tree stay untouched.
 The version is what vLLM's own build (setuptools_scm, guess-next-dev) would call that
 commit: the nearest `vX.Y.Z` tag, and for a commit past it the next version as a dev build,
-`0.19.1rc1.dev15+g50cd5674b` for 15 commits after `v0.19.1rc0`.
+`0.19.1rc1.dev15+g50cd5674b` for 15 commits after `v0.19.1rc0`. A clone without release tags
+(a fork's) gets setuptools_scm's fallback, `0.1.dev<commits>+g<hash>`; mods then choose their
+variant by content (runtime/modcheck.py).
 """
 
 from __future__ import annotations
@@ -37,8 +39,7 @@ def describe_version(repo: git.Repo, rev: str, label: str) -> str:
     try:
         described = repo.git.describe("--tags", "--long", "--match", "v[0-9]*", rev).strip()
     except git.GitCommandError:
-        raise SparkmodsError(f"{label}: no vX.Y.Z tag is reachable from {rev}, so its vLLM version is "
-                             f"unknown (fetch the tags: git fetch --tags)") from None
+        return untagged_version(repo, rev)
     match = _DESCRIBED.match(described)
     try:
         tag = Version(match.group("tag")) if match else None
@@ -50,6 +51,12 @@ def describe_version(repo: git.Repo, rev: str, label: str) -> str:
     if distance == 0:
         return str(tag)
     return f"{next_version(tag)}.dev{distance}+g{match.group('abbrev')}"
+
+
+def untagged_version(repo: git.Repo, rev: str) -> str:
+    """setuptools_scm's version of a commit no tag is reachable from: `0.1.dev<commits>+g<hash>`."""
+    count = repo.git.rev_list("--count", rev).strip()
+    return f"0.1.dev{count}+g{repo.git.rev_parse('--short', rev).strip()}"
 
 
 class GitSource(VllmSource):
