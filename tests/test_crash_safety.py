@@ -215,16 +215,23 @@ SEND_SIGINT = "import os, signal; os.kill(os.getpid(), signal.SIGINT)"
 
 
 @pytest.mark.parametrize("module,line", [
+    ("sitecustomize", SEND_SIGINT),  # the interpreter's start-up, as vLLM's .pth files run there
     ("boot", SEND_SIGINT),
     ("applier", SEND_SIGINT),
     ("applier", f"exec({SEND_SIGINT!r})"),  # as when it lands in the code a dataclass is built from
 ])
 def test_sigint_while_the_runtime_is_imported_is_one_line(tmp_path: Path, module: str, line: str) -> None:
-    """A real SIGINT while run.sh's Python imports the runtime (the mod's copy of `module` sends
-    it to itself as its last line): Python's KeyboardInterrupt, answered with one line and 130."""
+    """A real SIGINT while run.sh's Python starts (a sitecustomize module sends it to itself) or
+    imports the runtime (the mod's copy of `module` sends it as its last line): answered with
+    one line and 130, where Python alone prints a traceback (and, from sitecustomize, exits 1)."""
     site = make_site(tmp_path / "site")
     mod = make_mod(tmp_path / "mods")
-    edit_runtime(mod, module, lambda text: text + f"\n{line}\n")
+    startup = tmp_path / "startup"
+    startup.mkdir()
+    if module == "sitecustomize":
+        (startup / "sitecustomize.py").write_text(line + "\n")
+    else:
+        edit_runtime(mod, module, lambda text: text + f"\n{line}\n")
     before = realtree.snapshot(site)
     env = {"PATH": os.environ["PATH"], "PYTHON_ROOT": str(site), "SPARKMODS_PYTHON": sys.executable,
            "SPARKMODS_CACHE_DIR": str(tmp_path / "cache")}

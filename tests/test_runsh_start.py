@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import importlib.util
 import marshal
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+from typing import List
+
+import pytest
 
 import realtree
 from modfactory import ORIGINAL, PATCHED, TARGET, edit_runtime, make_mod, make_site
@@ -76,3 +83,31 @@ def test_a_cache_that_cannot_be_written_only_costs_the_compile(tmp_path: Path) -
     assert (site / TARGET).read_text() == PATCHED
     out = _run(mod, site, tmp_path, blocked, "revert")
     assert out.returncode == 0 and (site / TARGET).read_text() == ORIGINAL, out.stdout + out.stderr
+
+
+def test_the_interpreter_start_up_still_decides_where_vllm_is(tmp_path: Path) -> None:
+    """run.sh starts Python with -S and the runtime runs the site start-up itself: what it adds
+    to sys.path (here a sitecustomize, as .pth files do in vLLM's images) is searched for vllm/."""
+    site = make_site(tmp_path / "site")
+    mod = make_mod(tmp_path / "mods")
+    startup = tmp_path / "startup"
+    startup.mkdir()
+    (startup / "sitecustomize.py").write_text(f"import sys\nsys.path.append({str(site)!r})\n")
+    env = {"PATH": os.environ["PATH"], "SPARKMODS_PYTHON": sys.executable, "PYTHONPATH": str(startup),
+           "SPARKMODS_CACHE_DIR": str(tmp_path / "cache")}
+    out = subprocess.run(["bash", str(mod / "run.sh")], cwd=tmp_path, env=env, text=True, capture_output=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (site / TARGET).read_text() == PATCHED
+
+
+@pytest.mark.skipif(shutil.which("dash") is None, reason="no dash here (Debian's /bin/sh)")
+@pytest.mark.parametrize("command", [["dash", "run.sh", "check"], ["dash", "mods/demo/run.sh"]])
+def test_sh_run_sh_says_in_one_line_to_use_bash(tmp_path: Path, command: List[str]) -> None:
+    """`sh run.sh` on Debian is dash, which would stop at `set -o pipefail` with its own words."""
+    mod = make_mod(tmp_path / "mods")
+    cwd = mod if command[1] == "run.sh" else tmp_path
+    out = subprocess.run(command, cwd=cwd, text=True, capture_output=True, timeout=60)
+    script = command[1]
+    assert (out.returncode, out.stdout) == (2, "")
+    assert out.stderr == f"{script}: needs bash, not sh: run it as bash {script} (or ./run.sh)\n"

@@ -30,6 +30,12 @@ RUN_SH = """#!/usr/bin/env bash
 # Applies this mod to the vLLM that python3 finds (PYTHON_ROOT overrides the search).
 # Usage: ./run.sh [apply|check|revert] [--dry-run]   (launch-cluster.sh runs it with no arguments)
 # Exit: 0 done, 1 cannot apply/revert here (nothing changed), 2 bad input, 130/143 interrupted.
+# `sh run.sh` runs this under the system's sh (dash on Debian and Ubuntu), which would stop at
+# the first bash construct with its own message; this test is plain POSIX sh.
+if [ -z "${BASH_VERSION:-}" ]; then
+  echo "$0: needs bash, not sh: run it as bash $0 (or ./run.sh)" >&2
+  exit 2
+fi
 set -euo pipefail
 here="${BASH_SOURCE[0]}"
 [[ "$here" == */* ]] || here="./$here"
@@ -55,8 +61,13 @@ case "$version" in
 esac
 export WORKSPACE_DIR="${WORKSPACE_DIR:-$PWD}"
 # Nothing is written into this folder or vLLM's tree; the runtime's compiled code is kept in
-# the user's cache (see the top of _sparkmods.py).
-PYTHONPATH="$mod_dir${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1 exec "$python" -c 'import _sparkmods.__main__' "$@"
+# the user's cache (see the top of _sparkmods.py). A SIGINT is held from the first line of the
+# `-c` code on (unless SIGINT came ignored); `-S` leaves the interpreter's own start-up (site:
+# .pth files, sitecustomize) to the runtime, which runs it under that hold (boot.py).
+PYTHONPATH="$mod_dir${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1 exec "$python" -S -c 'import _signal
+held, previous = [], _signal.getsignal(_signal.SIGINT)
+if previous is _signal.default_int_handler: _signal.signal(_signal.SIGINT, lambda *_: held.append(1))
+import _sparkmods.__main__' "$@"
 """
 
 

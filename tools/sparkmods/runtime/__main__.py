@@ -5,8 +5,8 @@ imports).
 A SIGINT outside applier.run (which turns it into an orderly interruption) raises Python's
 KeyboardInterrupt: while the runtime is still being imported, or in the instant after run
 returned. Either way no change to vLLM is under way: one line instead of a traceback, and
-exit 130 as after any SIGINT. (A SIGINT during the interpreter's own start-up, before this
-file runs, stays Python's.)
+exit 130 as after any SIGINT. One from before, during the interpreter's start-up (which run.sh
+leaves to boot.py) or the import of _sparkmods.py, was held there and is raised here.
 
 The exit skips tearing the interpreter down, as sparkmods' own `cli.entry` does: freeing every
 module and object one by one is work nothing needs once the run is over. What an exit must

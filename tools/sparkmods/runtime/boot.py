@@ -40,13 +40,25 @@ except ImportError:
 
 MAGIC_NUMBER = _frozen_importlib_external.MAGIC_NUMBER
 
-# A SIGINT while this file runs is held until its end and then raised inside __main__, whose
-# handler says it in one line (a SIGINT during the compile of this file stays Python's). Only
-# as run.sh's `_sparkmods`: on the host this module is read by `sparkmods sync`, not run.
+# A SIGINT before the end of this file is held and then raised inside __main__, whose handler
+# says it in one line. run.sh's `-c` code holds it from its first line (`held` and the handler
+# it replaced, `previous`, in __main__), so also through the compile of this file and the
+# interpreter's start-up, which run.sh skips (`-S`) for this file to run under the hold: the
+# .pth files and sitecustomize of vLLM's site-packages. Imported some other way, this file
+# holds it from here on. Only as run.sh's `_sparkmods`: on the host this module is read by
+# `sparkmods sync`, not run.
 _held_sigint = []
 _previous_handler = None
 if __name__ == "_sparkmods":
-    _previous_handler = _signal.signal(_signal.SIGINT, lambda signum, frame: _held_sigint.append(signum))
+    _main = sys.modules["__main__"]
+    if hasattr(_main, "held"):
+        _held_sigint, _previous_handler = _main.held, _main.previous
+    else:
+        _previous_handler = _signal.signal(_signal.SIGINT, lambda signum, frame: _held_sigint.append(signum))
+    if sys.flags.no_site:
+        import site
+
+        site.main()
 
 
 def cache_dir():
