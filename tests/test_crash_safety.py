@@ -234,7 +234,7 @@ def test_sigint_while_the_runtime_is_imported_is_one_line(tmp_path: Path, module
         edit_runtime(mod, module, lambda text: text + f"\n{line}\n")
     before = realtree.snapshot(site)
     env = {"PATH": os.environ["PATH"], "PYTHON_ROOT": str(site), "SPARKMODS_PYTHON": sys.executable,
-           "SPARKMODS_CACHE_DIR": str(tmp_path / "cache")}
+           "SPARKMODS_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(startup)}
     out = subprocess.run(["bash", str(mod / "run.sh")], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=60, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # not inherited ignored
     assert out.returncode == 130, out.stdout + out.stderr
