@@ -155,9 +155,12 @@ def test_extra_requirements_are_carried_with_their_closure(tmp_path, monkeypatch
     assert exc.value.code == 2 and "carry: error: --extra:" in capsys.readouterr().err
 
 
-def _resolve_against(carry, index: Path, monkeypatch, extra=()) -> list[Path]:
+def _resolve_against(carry, index: Path, monkeypatch, extra=(), machine=None, cuda_libs=False,
+                     left: list | None = None) -> list[Path]:
     """carry._resolve of index/vllm-1.0 with `_download` answering from index as pip would
-    (the newest wheel the requirement accepts) and nothing on the machine."""
+    (the newest wheel the requirement accepts) and `machine` (name -> version or None) on the
+    machine; the CUDA pins left to the machine are appended to `left`."""
+    left = [] if left is None else left
     from packaging.requirements import Requirement
     from packaging.version import Version
 
@@ -169,9 +172,11 @@ def _resolve_against(carry, index: Path, monkeypatch, extra=()) -> list[Path]:
             raise SystemExit(f"no wheel for {spec}")
         return max(found, key=lambda w: Version(w.name.split("-")[1]))
 
-    monkeypatch.setattr(carry, "_device_has", lambda: set())
+    monkeypatch.setattr(carry, "_machine", lambda: dict(machine or {}))
     monkeypatch.setattr(carry, "_download", download)
-    return carry._resolve(index / "vllm-1.0-py3-none-any.whl", index, extra)
+    closure = carry._resolve(index / "vllm-1.0-py3-none-any.whl", index, extra, cuda_libs)
+    left.extend(closure.left)
+    return sorted(closure.chosen.values())
 
 
 def test_a_release_that_refuses_vllms_pin_gives_way_to_an_older_one(tmp_path, monkeypatch):
@@ -200,3 +205,94 @@ def test_a_clash_between_two_chosen_packages_stops_naming_both(tmp_path, monkeyp
     with pytest.raises(SystemExit):
         _resolve_against(carry, index, monkeypatch)
     assert "grammar needs 'ffi>=2' but ffi-1.0-py3-none-any.whl was chosen" in capsys.readouterr().err
+
+
+def test_a_machine_package_at_a_refused_version_is_carried(tmp_path, monkeypatch):
+    """vLLM 0.27+ pins torch==2.13.0 where the machine has 2.11.0: torch comes along, with the
+    triton it pins; a machine package without a known version, or at an accepted one, stays."""
+    carry = _carry()
+    index = tmp_path / "index"
+    index.mkdir()
+    _wheel(index, "vllm", ["torch==2.13.0", "torchaudio==2.11.0", "numpy"])
+    _wheel(index, "torch", ["triton==3.7.1", "sympy>=1.13"], version="2.13.0")
+    _wheel(index, "triton", [], version="3.7.1")
+    machine = {"torch": "2.11.0", "torchaudio": "2.11.0", "triton": "3.6.0", "numpy": None, "sympy": None}
+    got = [p.name for p in _resolve_against(carry, index, monkeypatch, machine=machine)]
+    assert got == ["torch-2.13.0-py3-none-any.whl", "triton-3.7.1-py3-none-any.whl"]
+    machine["torch"] = "2.13.0"
+    assert _resolve_against(carry, index, monkeypatch, machine=machine) == []
+
+
+def test_cuda_libraries_of_a_carried_torch_stay_with_the_machine_unless_asked(tmp_path, monkeypatch):
+    carry = _carry()
+    index = tmp_path / "index"
+    index.mkdir()
+    _wheel(index, "vllm", ["torch==2.13.0", "nvidia-ml-py"])
+    _wheel(index, "torch", ["nvidia-cudnn-cu13==9.20.0.48", "cuda-toolkit[cublas]==13.0.3"], version="2.13.0")
+    _wheel(index, "nvidia_cudnn_cu13", [], version="9.20.0.48")
+    _wheel(index, "cuda_toolkit", [], version="13.0.3")
+    machine = {"torch": "2.11.0", "nvidia-cudnn-cu13": None, "cuda-toolkit": None, "nvidia-ml-py": None}
+    left: list = []
+    got = [p.name.split("-")[0] for p in _resolve_against(carry, index, monkeypatch, machine=machine, left=left)]
+    assert got == ["torch"]
+    assert left == ["nvidia-cudnn-cu13==9.20.0.48 (torch)", "cuda-toolkit==13.0.3 (torch)"]
+    got = [p.name.split("-")[0] for p in _resolve_against(carry, index, monkeypatch, machine=machine, cuda_libs=True)]
+    assert got == ["cuda_toolkit", "nvidia_cudnn_cu13", "torch"]
+
+
+def test_a_release_is_rebuilt_from_its_own_pieces_only(files, tmp_path, capsys):
+    """The first release given arrives first: it installs before the other's pieces came;
+    the other names the pieces it still needs; an unknown release is one line."""
+    carry = _carry()
+    out = tmp_path / "carry"
+    releases = {"1.0": {"wheels": [files[0].name, files[1].name], "left_to_machine": []},
+                "2.0": {"wheels": [files[1].name, files[2].name, files[3].name], "left_to_machine": []}}
+    carry._split(files, out, piece_bytes=4096, releases=releases)
+    stage = tmp_path / "stage"
+    first = sorted(out.iterdir())[:3]  # 10,001 bytes of release 1.0 lie in the first three pieces
+    call = tmp_path / "call"
+    call.mkdir()
+    for folder in first:
+        os.replace(folder, call / folder.name)
+    carry.receive(call, stage)
+    rebuilt = carry.reassemble(stage, "1.0")
+    assert [p.read_bytes() for p in rebuilt] == [files[0].read_bytes(), files[1].read_bytes()]
+    with pytest.raises(SystemExit):
+        carry.reassemble(stage, "2.0")
+    assert "pieces not received yet: p03, p04, p05, p06, p07, p08;" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        carry.reassemble(stage, "3.0")
+    assert "vLLM 3.0 was not prepared in these pieces (prepared: 1.0, 2.0)" in capsys.readouterr().err
+
+
+def _installable(folder: Path, name: str, package: str) -> Path:
+    """A minimal valid wheel that pip installs offline: one package folder."""
+    import zipfile
+
+    whl = folder / f"{name}-1.0-py3-none-any.whl"
+    info = f"{name}-1.0.dist-info"
+    with zipfile.ZipFile(whl, "w") as zf:
+        zf.writestr(f"{package}/__init__.py", "")
+        zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr(f"{info}/RECORD", "")
+    return whl
+
+
+def test_install_links_the_machines_cuda_libraries_beside_a_carried_torch(tmp_path, monkeypatch, capsys):
+    """A torch carried without its CUDA wheels finds libraries by its rpath ($ORIGIN/../../nvidia):
+    install points SITE/nvidia at the machine's own nvidia/ folder."""
+    carry = _carry()
+    src = tmp_path / "src"
+    src.mkdir()
+    wheel = _installable(src, "torch", "torch")
+    machine = tmp_path / "machine"
+    (machine / "nvidia" / "cu13" / "lib").mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(machine))
+    out, stage, site = tmp_path / "carry", tmp_path / "stage", tmp_path / "site"
+    carry._split([wheel], out, releases={"9.9": {"wheels": [wheel.name], "left_to_machine": []}})
+    carry.receive(out, stage)
+    carry.install(site, "9.9", stage)
+    assert (site / "torch" / "__init__.py").is_file()
+    assert (site / "nvidia").is_symlink() and (site / "nvidia").resolve() == (machine / "nvidia").resolve()
+    assert "torch uses the machine's CUDA libraries" in capsys.readouterr().out

@@ -1,29 +1,37 @@
 #!/usr/bin/env python3
-"""Carry a vLLM release to a GPU machine that has torch but no network, in pieces.
+"""Carry vLLM releases (and the torch they pin) to a GPU machine that has no network, in pieces.
 
 Why it exists: the GPU machine we test on (an H100 with torch 2.11.0+cu130, no package index)
-accepts at most 64 MiB per call, while a vLLM wheel is ~240 MiB and needs ~80 small
-requirements the machine lacks. vLLM 0.20.0-0.26.0 pin torch==2.11.0 and link CUDA 13 like
-that machine, so once the files are there they run. The work splits in two halves:
+accepts at most 64 MiB per call, while a vLLM wheel is ~300 MiB and needs ~90 small
+requirements the machine lacks; vLLM 0.27-0.32 pin torch 2.13 and 0.33 pins torch 2.14. The work
+splits in two halves:
 
-  here (network):  python3 ci/gpu/carry.py prepare --vllm 0.21.0 --out .carry
-      downloads the x86_64 wheel from the index (sha256 checked against the index), resolves
-      the requirements the machine does not have (ci/gpu/device_packages.txt, read off the
-      machine's package list) from each wheel's METADATA, downloads them as py3.12 manylinux
-      x86_64 wheels, and writes pieces `.carry/p00`, `.carry/p01`, ... each under the limit,
-      with `manifest.json` (sha256 of every piece and of every reassembled file) in each.
+  here (network):  python3 ci/gpu/carry.py prepare --vllm 0.33.0 --vllm 0.32.0 --out .carry
+      downloads each release's x86_64 wheel (sha256 checked against the index), resolves what the
+      machine does not have from each wheel's METADATA (ci/gpu/device_packages.txt: the machine's
+      packages, with versions where one matters): the requirements it lacks, and the ones it has
+      at a version the release refuses (torch, torchvision, triton). CUDA libraries a carried
+      torch asks for stay behind unless --cuda-libs: the machine's CUDA 13 ones are tried first.
+      Writes pieces `.carry/p00`, `.carry/p01`, ... each under the limit, every file once, the
+      releases' files in the order given, with `manifest.json` (sha256 of every piece and every
+      file, its offset, which files make which release) in each.
   there (one call per piece, consecutive: the machine keeps /tmp while it is held):
-      python3 ci/gpu/carry.py receive --from .carry      # copies + verifies the pieces present
-      python3 ci/gpu/carry.py install --site /tmp/vllm-site   # once all pieces arrived
+      python3 ci/gpu/carry.py receive --from .carry                    # stages + verifies pieces
+      python3 ci/gpu/carry.py install --release 0.33.0 --site /tmp/site-0.33.0
+          as soon as the pieces holding that release's files arrived (the first release given
+          needs only the first pieces).
 
-`install` reassembles, verifies every sha256, and installs with pip --no-index --no-deps
---target, so nothing is resolved on the machine and nothing unverified is installed.
-The receive/install half needs only the stdlib and pip.
+`install` rebuilds the release's files from their pieces, verifies every sha256, and installs
+with pip --no-index --no-deps --target, so nothing is resolved on the machine and nothing
+unverified is installed; where it installed a torch without CUDA libraries, it links the site's
+nvidia/ to the machine's own (torch finds them beside itself). The receive/install half needs
+only the stdlib and pip.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -74,7 +82,7 @@ def _vllm_wheel(version: str, cache: Path) -> Path:
     pattern = re.compile(rf"^vllm-{re.escape(version)}(-(\d+))?-cp\d+-abi3-manylinux_[\d_]+_x86_64\.whl$")
     found = [(int(m.group(2) or 0), f) for f in files if (m := pattern.match(f["filename"]))]
     if not found:
-        _fail(f"vllm {version}: no x86_64 wheel on {INDEX}; pick a release 0.20.0-0.26.0")
+        _fail(f"vllm {version}: no x86_64 wheel on {INDEX}; name a release that has one (0.18.0 or newer)")
     _, entry = max(found, key=lambda item: item[0])
     dest = cache / entry["filename"]
     want = entry["hashes"]["sha256"]
@@ -108,8 +116,10 @@ def _requirements(wheel: Path, extras: Iterable[str] = ()) -> List[str]:
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def _download(requirement: str, dest: Path) -> Path:
-    """One py3.12 manylinux x86_64 wheel for `requirement` (no dependencies), via pip.
+    """One py3.12 manylinux x86_64 wheel for `requirement` (no dependencies), via pip; asked once
+    per prepare (releases share most requirement lines).
 
     The file is the one pip names ("Saved ..." or "File was already downloaded ..."): dest may
     hold other versions of the same project from an earlier resolution.
@@ -168,43 +178,78 @@ SKIP = {"flashinfer-python", "flashinfer-cubin", "tilelang", "nvidia-cutlass-dsl
         "nvidia-cuda-nvcc", "nvidia-nvvm"}
 
 
-def _device_has() -> Set[str]:
+# CUDA libraries: a carried torch asks for exact versions of these; the machine's own CUDA 13 ones
+# are tried first (`prepare --cuda-libs` carries them instead).
+CUDA_LIB = re.compile(r"^(nvidia-(?!ml-py$)|cuda-toolkit$)")
+
+
+def _machine() -> Dict[str, Optional[str]]:
+    """What the machine has: name -> version where the file gives one (`name==X`), else None."""
     lines = (HERE / "device_packages.txt").read_text(encoding="utf-8").splitlines()
-    return {_norm(x) for x in lines if x.strip() and not x.startswith("#")} | SKIP
+    have: Dict[str, Optional[str]] = {_norm(n): None for n in SKIP}
+    for line in lines:
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.strip().partition("==")
+            have[_norm(name)] = version or None
+    return have
 
 
-def _resolve(vllm_wheel: Path, deps_dir: Path, extra: Iterable[str] = ()) -> List[Path]:
-    """Breadth-first closure of the requirements the machine lacks, one wheel per name, from
-    vLLM's own and the `extra` requirement lines (e.g. "ray": vLLM does not require it).
+class _Closure:
+    """The wheels one release needs on the machine, and the CUDA pins left to the machine's own."""
 
-    Not pip's backtracking resolver (that one insists on resolving torch's CUDA wheels for the
-    machine, which it has), but the two conflicts that occur: a package whose newest release
-    needs another version than vLLM pins is taken at an older release that accepts the pin
-    (vLLM 0.26.0 pins apache-tvm-ffi==0.1.10, xgrammar 0.2.8 wants >=0.1.11, 0.2.7 takes it);
+    def __init__(self) -> None:
+        self.chosen: Dict[str, Path] = {}
+        self.extras: Dict[str, Set[str]] = {}  # extras already resolved per chosen name
+        self.left: List[str] = []
+
+
+def _machine_keeps(req, have: Dict[str, Optional[str]], cuda_libs: bool, by: str, closure: _Closure) -> bool:
+    """True when the machine's own package serves `req` (so nothing is carried for it)."""
+    name = _norm(req.name)
+    if name not in have:
+        return False
+    version = have[name]
+    if CUDA_LIB.match(name):
+        if cuda_libs and by != "vllm":
+            return False
+        if version is None or not req.specifier.contains(version, prereleases=True):
+            closure.left.append(f"{req.name}{req.specifier} ({by})")
+        return True
+    return version is None or req.specifier.contains(version, prereleases=True)
+
+
+def _resolve(vllm_wheel: Path, deps_dir: Path, extra: Iterable[str] = (), cuda_libs: bool = False) -> _Closure:
+    """Breadth-first closure of what the machine lacks, one wheel per name, from vLLM's own and
+    the `extra` requirement lines (e.g. "ray": vLLM does not require it).
+
+    A package the machine has is carried when the machine's version (where device_packages.txt
+    names one) is refused: torch, torchvision and triton for a release that pins another torch.
+    Not pip's backtracking resolver, but the two conflicts that occur: a package whose newest
+    release needs another version than vLLM pins is taken at an older release that accepts the
+    pin (vLLM 0.26.0 pins apache-tvm-ffi==0.1.10, xgrammar 0.2.8 wants >=0.1.11, 0.2.7 takes it);
     any other clash between two chosen versions stops with both named.
     """
     from packaging.requirements import Requirement
 
-    have = _device_has()
+    have = _machine()
     pins = _pins(vllm_wheel)
     todo = [(r, "vllm") for r in _requirements(vllm_wheel)] + [(r, "--extra") for r in extra]
-    chosen: Dict[str, Path] = {}
-    extras: Dict[str, Set[str]] = {}  # extras already resolved per chosen name
+    out = _Closure()
     while todo:
         line, by = todo.pop(0)
         req = Requirement(line)
         name = _norm(req.name)
-        if name in have or name == "vllm":
+        if name == "vllm" or _machine_keeps(req, have, cuda_libs, by, out):
             continue
-        if name in chosen:
-            if not req.specifier.contains(_version(chosen[name]), prereleases=True):
-                _fail(f"{by} needs {line!r} but {chosen[name].name} was chosen; resolve it by hand")
+        if name in out.chosen:
+            if not req.specifier.contains(_version(out.chosen[name]), prereleases=True):
+                _fail(f"{by} needs {line!r} but {out.chosen[name].name} was chosen; resolve it by hand")
             # A later requirement may ask for extras of a package chosen without them
             # (fastapi[standard] pulls pydantic-extra-types; mistral-common needs its [pycountry]).
-            more = set(req.extras) - extras[name]
+            more = set(req.extras) - out.extras[name]
             if more:
-                extras[name] |= more
-                todo.extend((r, name) for r in _requirements(chosen[name], more))
+                out.extras[name] |= more
+                todo.extend((r, name) for r in _requirements(out.chosen[name], more))
             continue
         spec = f"{req.name}{req.specifier}"
         wheel = _download(spec, deps_dir)
@@ -217,19 +262,24 @@ def _resolve(vllm_wheel: Path, deps_dir: Path, extra: Iterable[str] = ()) -> Lis
             wheel = _download(spec, deps_dir)
         else:
             _fail(f"no release of {req.name} in the last ten accepts vLLM's pins; resolve it by hand")
-        chosen[name], extras[name] = wheel, set(req.extras)
+        out.chosen[name], out.extras[name] = wheel, set(req.extras)
         print(f"  + {wheel.name}", flush=True)
         todo.extend((r, name) for r in _requirements(wheel, req.extras))
-    return sorted(chosen.values())
+    return out
 
 
-def _split(files: List[Path], out: Path, piece_bytes: int = PIECE_BYTES) -> None:
-    """Concatenate `files` into one stream cut into pieces under PIECE_BYTES, with a manifest."""
+def _split(files: List[Path], out: Path, piece_bytes: int = PIECE_BYTES,
+           releases: Optional[Dict[str, dict]] = None) -> None:
+    """Concatenate `files` into one stream cut into pieces of piece_bytes, with a manifest that
+    gives every file's offset in the stream, so any file can be rebuilt from its own pieces."""
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    manifest = {"files": [{"name": f.name, "size": f.stat().st_size, "sha256": _sha256(f)} for f in files],
-                "pieces": []}
+    entries, offset = [], 0
+    for f in files:
+        size = f.stat().st_size
+        entries.append({"name": f.name, "size": size, "sha256": _sha256(f), "offset": offset})
+        offset += size
     index, piece, written = 0, None, 0
     for f in files:
         with f.open("rb") as fh:
@@ -248,24 +298,34 @@ def _split(files: List[Path], out: Path, piece_bytes: int = PIECE_BYTES) -> None
                 written += len(block)
     if piece is not None:
         piece.close()
-    for folder in sorted(out.iterdir()):
-        manifest["pieces"].append({"name": folder.name, "sha256": _sha256(folder / "data")})
+    manifest = {"piece_bytes": piece_bytes, "files": entries, "releases": releases or {},
+                "pieces": [{"name": f.name, "sha256": _sha256(f / "data")} for f in sorted(out.iterdir())]}
     for folder in sorted(out.iterdir()):
         (folder / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
 
 
-def prepare(version: str, out: Path, cache: Path, extra: Iterable[str] = ()) -> None:
+def prepare(versions: List[str], out: Path, cache: Path, extra: Iterable[str] = (), cuda_libs: bool = False) -> None:
+    """Pieces holding every file the releases need, each file once, in the order given."""
     cache.mkdir(parents=True, exist_ok=True)
-    wheel = _vllm_wheel(version, cache)
-    deps_dir = cache / f"deps-{version}"
-    deps_dir.mkdir(exist_ok=True)
-    print(f"resolving requirements of {wheel.name} the GPU machine lacks", flush=True)
-    deps = _resolve(wheel, deps_dir, extra)
-    _split(deps + [wheel], out)
+    files: Dict[str, Path] = {}
+    releases: Dict[str, dict] = {}
+    for version in versions:
+        wheel = _vllm_wheel(version, cache)
+        deps_dir = cache / "deps"
+        deps_dir.mkdir(exist_ok=True)
+        print(f"resolving requirements of {wheel.name} the GPU machine lacks", flush=True)
+        closure = _resolve(wheel, deps_dir, extra, cuda_libs)
+        mine = sorted(closure.chosen.values()) + [wheel]
+        for path in mine:
+            files.setdefault(path.name, path)
+        releases[version] = {"wheels": [p.name for p in mine], "left_to_machine": closure.left}
+        for line in closure.left:
+            print(f"  = {line}: left to the machine's own CUDA libraries", flush=True)
+    _split(list(files.values()), out, releases=releases)
     total = sum(p.stat().st_size for p in out.glob("p*/data"))
     pieces = sorted(p.name for p in out.glob("p*"))
-    print(f"{len(deps)} requirement wheels + {wheel.name}: {total / 2**20:.0f} MiB in {len(pieces)} pieces "
-          f"under {out}/ ({', '.join(pieces)}); carry one piece per call")
+    print(f"{len(files)} wheels for vLLM {', '.join(versions)}: {total / 2**20:.0f} MiB in {len(pieces)} pieces "
+          f"under {out}/ ({pieces[0]}-{pieces[-1]}); carry one piece per call")
 
 
 # ---------------------------------------------------------------- receive / install (GPU machine)
@@ -286,82 +346,95 @@ def receive(src: Path, stage: Path = STAGE) -> None:
     print(f"received {got} piece(s); staged: {', '.join(have) or 'none'}")
 
 
-def reassemble(stage: Path = STAGE) -> List[Path]:
-    """Rebuild every carried file from the staged pieces; each one's sha256 must match."""
+def _pieces_of(entry: dict, manifest: dict) -> List[str]:
+    """Names of the pieces that hold the bytes of one file."""
+    size, names = manifest.get("piece_bytes") or PIECE_BYTES, [p["name"] for p in manifest["pieces"]]
+    first, last = entry["offset"] // size, (entry["offset"] + max(entry["size"], 1) - 1) // size
+    return names[first:last + 1]
+
+
+def reassemble(stage: Path = STAGE, release: Optional[str] = None) -> List[Path]:
+    """Rebuild the carried files (all, or one release's) from the staged pieces; each one's
+    sha256 must match."""
     manifest = json.loads((stage / "manifest.json").read_text(encoding="utf-8"))
-    missing = [p["name"] for p in manifest["pieces"] if not (stage / f"{p['name']}.part").is_file()]
+    entries = manifest["files"]
+    if release is not None:
+        if release not in manifest.get("releases", {}):
+            _fail(f"vLLM {release} was not prepared in these pieces (prepared: "
+                  f"{', '.join(manifest.get('releases', {})) or 'none'}); prepare it")
+        wanted = set(manifest["releases"][release]["wheels"])
+        entries = [e for e in entries if e["name"] in wanted]
+    needed = sorted({n for e in entries for n in _pieces_of(e, manifest)})
+    missing = [n for n in needed if not (stage / f"{n}.part").is_file()]
     if missing:
         _fail(f"pieces not received yet: {', '.join(missing)}; carry them with `receive` first")
     wheels = stage / "wheels"
-    shutil.rmtree(wheels, ignore_errors=True)
-    wheels.mkdir()
-    stream = _concat(stage / f"{p['name']}.part" for p in manifest["pieces"])
-    for entry in manifest["files"]:
+    wheels.mkdir(exist_ok=True)
+    size = manifest.get("piece_bytes") or PIECE_BYTES
+    for entry in entries:
         dest = wheels / entry["name"]
         h = hashlib.sha256()
         with dest.open("wb") as out:
-            left = entry["size"]
+            pos, left = entry["offset"], entry["size"]
             while left:
-                block = stream.read(min(1 << 20, left))
+                part = stage / f"{manifest['pieces'][pos // size]['name']}.part"
+                with part.open("rb") as fh:
+                    fh.seek(pos % size)
+                    block = fh.read(min(left, size - pos % size))
                 if not block:
                     _fail(f"{entry['name']}: pieces end early; prepare again")
                 out.write(block)
                 h.update(block)
-                left -= len(block)
+                pos, left = pos + len(block), left - len(block)
         if h.hexdigest() != entry["sha256"]:
             _fail(f"{entry['name']}: sha256 differs after reassembly; prepare again")
-    stream.close()
-    return sorted(wheels.iterdir())
+    return sorted(wheels / e["name"] for e in entries)
 
 
-def install(site: Path) -> None:
-    """Reassemble the staged pieces, verify every file, install the wheels into `site`."""
-    wheels = reassemble()
+def _machine_nvidia(site: Path) -> Optional[Path]:
+    """The machine's own nvidia/ package folder (CUDA libraries), outside `site`."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    for place in (spec.submodule_search_locations or []) if spec else []:
+        if Path(place).resolve().parent != site.resolve():
+            return Path(place)
+    return None
+
+
+def install(site: Path, release: Optional[str] = None, stage: Path = STAGE) -> None:
+    """Rebuild and verify the staged files (all, or one release's), install them into `site`."""
+    wheels = reassemble(stage, release)
     site.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
            "--no-cache-dir", "--upgrade", "--target", str(site)] + [str(p) for p in wheels]
     subprocess.run(cmd, check=True)
-    print(f"installed {len(wheels)} wheels into {site} (sha256 verified)")
-
-
-class _concat:
-    """Read a sequence of files as one stream (the pieces, in manifest order)."""
-
-    def __init__(self, paths: Iterable[Path]) -> None:
-        self._paths = iter(paths)
-        self._fh = None
-
-    def read(self, n: int) -> bytes:
-        while True:
-            if self._fh is None:
-                nxt = next(self._paths, None)
-                if nxt is None:
-                    return b""
-                self._fh = nxt.open("rb")
-            data = self._fh.read(n)
-            if data:
-                return data
-            self._fh.close()
-            self._fh = None
-
-    def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
+    note = ""
+    if (site / "torch").is_dir() and not (site / "nvidia").exists():
+        machine = _machine_nvidia(site)
+        if machine is not None:
+            (site / "nvidia").symlink_to(machine, target_is_directory=True)
+            note = f"; torch uses the machine's CUDA libraries ({machine})"
+    print(f"installed {len(wheels)} wheels into {site} (sha256 verified){note}")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare", help="download and cut into pieces (here, with network)")
-    p.add_argument("--vllm", required=True)
+    p.add_argument("--vllm", required=True, action="append", metavar="VERSION",
+                   help="a release to carry (repeatable; the first given arrives first)")
     p.add_argument("--out", type=Path, default=Path(".carry"))
     p.add_argument("--extra", action="append", default=[], metavar="REQUIREMENT",
                    help="also carry this requirement and what it needs (repeatable), e.g. ray for --executor ray")
+    p.add_argument("--cuda-libs", action="store_true",
+                   help="carry the CUDA libraries a carried torch pins instead of using the machine's own")
     p.add_argument("--cache", type=Path, default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sparkmods" / "carry")
     r = sub.add_parser("receive", help="stage the pieces that came with this call (GPU machine)")
     r.add_argument("--from", dest="src", type=Path, default=Path(".carry"))
-    i = sub.add_parser("install", help="reassemble, verify and install (GPU machine)")
+    i = sub.add_parser("install", help="rebuild, verify and install (GPU machine)")
     i.add_argument("--site", type=Path, required=True)
+    i.add_argument("--release", metavar="VERSION", help="install only this release's files (default: all)")
     args = ap.parse_args(argv)
     if args.cmd == "prepare":
         from packaging.requirements import InvalidRequirement, Requirement  # the prepare half only
@@ -370,11 +443,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             extra = [str(Requirement(line)) for line in args.extra]
         except InvalidRequirement as exc:
             _fail(f"--extra: {exc}")
-        prepare(args.vllm, args.out, args.cache, extra)
+        prepare(args.vllm, args.out, args.cache, extra, args.cuda_libs)
     elif args.cmd == "receive":
         receive(args.src)
     else:
-        install(args.site)
+        install(args.site, args.release)
     return 0
 
 

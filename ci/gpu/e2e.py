@@ -2,7 +2,7 @@
 """GPU end-to-end proof: vLLM serves the tiny Qwen3.5-MoE with and without each mod.
 
     python3 ci/gpu/e2e.py --vllm-site SITE --out OUT [--only hybrid-int4-fp8,mtp-weights,...]
-                          [--tp 2 --executor mp|ray]
+                          [--tp 2 --executor mp|ray] [--share-gpu]
 
 SITE is a site-packages folder holding vllm/ (and its requirements, e.g. from
 `pip install --target SITE`). For every scenario the run builds the models it needs
@@ -51,8 +51,8 @@ class Run:
     """One call of the script: its folders, the models built so far, the servers started."""
 
     def __init__(self, site: Path, out: Path, python: str, parallel: Parallel = Parallel(),
-                 extra_env: dict[str, str] | None = None) -> None:
-        self.site, self.out, self.python = site, out, python
+                 extra_env: dict[str, str] | None = None, shared: bool = False) -> None:
+        self.site, self.out, self.python, self.shared = site, out, python, shared
         self.parallel, self.extra_env = parallel, dict(extra_env or {})
         self.servers: dict[str, Server] = {}
         self.manifests: dict[str, dict[str, Any]] = {}
@@ -132,7 +132,9 @@ class Run:
         """Server `name` (not started) on a free port: model, the run's parallel flags, then extra;
         PYTHONPATH = paths, the run's extra environment (RAY_ADDRESS) over this process's."""
         port = free_port()
-        return Server(name, server_command(self.python, self.model_dir(model_key), port, [*self.parallel.flags(), *extra]),
+        command = server_command(self.python, self.model_dir(model_key), port, [*self.parallel.flags(), *extra],
+                                 self.shared)
+        return Server(name, command,
                       server_env(paths, {**os.environ, **self.extra_env}), log_path, port)
 
     def _capture(self, server: Server, folder: Path) -> None:
@@ -205,6 +207,16 @@ def _vllm_version(site: Path) -> str:
     return found[0].name[len("vllm-"):-len(".dist-info")] if found else "unknown"
 
 
+def _variants(version: str, scenarios: Sequence[str]) -> dict[str, str | None]:
+    """What each scenario's mod selects for this vLLM (a variant label, `upstream`, or None):
+    the served layer of the matrix (sparkmods/matrix/served.py) reads it."""
+    from sparkmods.matrix.served import variant_label
+    from sparkmods.runtime.manifest import load_manifest
+
+    return {name: variant_label(load_manifest(REPO / "mods" / name), version)
+            for name in scenarios if (REPO / "mods" / name).is_dir()}
+
+
 def write_results(out: Path, reports: list[Report], header: dict[str, Any]) -> None:
     for report in reports:
         doc = {"scenario": report.scenario, **header, "checks": report.checks, "data": report.data}
@@ -222,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="results folder (created)")
     parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios: " + ", ".join(SCENARIOS))
     parser.add_argument("--python", default=sys.executable, help="interpreter for the servers (default: this one)")
+    parser.add_argument("--share-gpu", action="store_true", help="other runs share this GPU: every server gets a "
+                        "fixed 2 GiB KV cache instead of a profiled share of the memory")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of every server (default 1)")
     parser.add_argument("--executor", default="mp", help="with --tp > 1: mp (vLLM's own ranks) or ray (a Ray head "
                                                           "on this host, as the two-node script starts one)")
@@ -248,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.append(str(site))  # the builder's torch/safetensors/tokenizers, after the machine's own
     args.out.mkdir(parents=True, exist_ok=True)
     if parallel.executor != "ray" or parallel.tp == 1:
-        return _run_all(Run(site, args.out.resolve(), args.python, parallel), only)
+        return _run_all(Run(site, args.out.resolve(), args.python, parallel, shared=args.share_gpu), only)
     ray = RayHead(args.python, site, free_port(), os.environ)
     try:
         ray.start()
@@ -256,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"e2e.py: {exc}", file=sys.stderr)
         return 1
     try:
-        return _run_all(Run(site, args.out.resolve(), args.python, parallel, ray.server_env()), only)
+        return _run_all(Run(site, args.out.resolve(), args.python, parallel, ray.server_env(), args.share_gpu), only)
     finally:
         ray.stop()
 
@@ -291,7 +305,10 @@ def _run_all(run: Run, only: list[str]) -> int:
               f"in {report.data['seconds']} s", flush=True)
     if run.baseline_report.checks:
         reports.insert(0, run.baseline_report)
-    write_results(run.out, reports, {"vllm": _vllm_version(site), "device": _device(), "parallel": run.parallel.label})
+    version = _vllm_version(site)
+    write_results(run.out, reports, {"vllm": version, "device": _device(), "parallel": run.parallel.label,
+                                     "date": time.strftime("%Y-%m-%d", time.gmtime()),
+                                     "variants": _variants(version, only)})
     failures = [line for report in reports for line in report.failures]
     for line in failures:
         print(f"FAIL {line}")

@@ -53,6 +53,11 @@ BASE_FLAGS = (
     "--gpu-memory-utilization", "0.30", "--enforce-eager", "--language-model-only", "--seed", "0",
     "--return-tokens-as-token-ids", "--additional-config", json.dumps({"gdn_prefill_backend": "triton"}),
 )
+# Several runs sharing one GPU (`e2e.py --share-gpu`): a fixed KV cache instead of a share of the
+# memory vLLM profiles, since vLLM's profiling reads the GPU's free memory, which the other
+# servers change as they start and stop (it then refuses to start). The TurboQuant capacity
+# check still compares tokens held in the same bytes.
+SHARED_GPU_FLAGS = ("--gpu-memory-utilization", "0.10", "--kv-cache-memory-bytes", str(2 << 30))
 
 
 class ServeError(RuntimeError):
@@ -86,11 +91,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def server_command(python: str, model: Path, port: int, extra: Sequence[str]) -> list[str]:
-    """The full command line of one server."""
+def server_command(python: str, model: Path, port: int, extra: Sequence[str], shared: bool = False) -> list[str]:
+    """The full command line of one server (`shared`: the GPU is shared with other runs)."""
+    flags = list(BASE_FLAGS)
+    if shared:
+        at = flags.index("--gpu-memory-utilization")
+        flags[at:at + 2] = SHARED_GPU_FLAGS
     return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
             "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
-            *BASE_FLAGS, *extra]
+            *flags, *extra]
 
 
 def server_env(pythonpath: Sequence[Path], base: Mapping[str, str]) -> dict[str, str]:
