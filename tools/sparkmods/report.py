@@ -8,6 +8,7 @@ import sys
 from typing import List, Optional, Sequence
 
 from sparkmods.check import CheckRow
+from sparkmods.matrix.served import describe
 from sparkmods.runtime.modcheck import GREEN
 
 STYLE = {"ok": "green", "ok-offset": "green", "applied": "cyan", "upstream": "blue",
@@ -15,7 +16,15 @@ STYLE = {"ok": "green", "ok-offset": "green", "applied": "cyan", "upstream": "bl
 
 
 def detail(row: CheckRow) -> str:
-    """One short line: why a cell is not green (the first conflicting hunk), or offsets."""
+    """One short line: why a cell is not green (the first conflicting hunk), offsets, how the
+    variant was chosen, and whether a GPU run served it."""
+    said = _why(row)
+    if row.served is None:
+        return said
+    return f"{said}; {describe(row.served)}" if said else describe(row.served)
+
+
+def _why(row: CheckRow) -> str:
     res = row.result
     for f in res.files:
         for h in f.hunks:

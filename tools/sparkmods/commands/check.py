@@ -17,7 +17,16 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--mods-dir", help="folder holding the mods (default: ./mods or the repository's)")
     p.add_argument("--json", action="store_true", help="one JSON document with per-hunk detail and fetch statistics")
     p.add_argument("--community", metavar="DIR",
-                   help="judge community mods (folders with run.sh, no mod.toml) the way their run.sh behaves")
+                   help="judge community mods (folders with run.sh, no mod.toml; or a loose script or diff) by "
+                        "running them as launch-cluster.sh --apply-mod does, in a throwaway container")
+    p.add_argument("--static", action="store_true",
+                   help="with --community: read run.sh without running it (no Docker; Python and sed edits are "
+                        "not-checkable)")
+    p.add_argument("--sandbox-image", metavar="IMAGE",
+                   help="with --community: the image mods run in (default: $SPARKMODS_SANDBOX_IMAGE or "
+                        "sparkmods-sandbox:latest, built by ci/sandbox_image.py)")
+    p.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                   help="with --community: seconds a mod may run before it is killed (default 120)")
     add_target_args(p)
     add_cache_arg(p)
     p.set_defaults(func=run_check)
@@ -66,7 +75,20 @@ def run_check(args: argparse.Namespace) -> int:
     sources = open_sources(args)
     rows = check_mods(mod_dirs, sources)
     rows.sort(key=lambda r: r.result.mod)  # stable: targets stay in version order per mod
+    _mark_served(rows, mod_dirs)
     return _finish(args, rows, started)
+
+
+def _mark_served(rows: list, mod_dirs: list) -> None:
+    """Rows of released wheels whose variant a committed GPU run served say so (matrix/served.py)."""
+    from sparkmods.matrix.build import served_index
+    from sparkmods.matrix.served import lookup
+
+    found = served_index(mod_dirs)
+    for row in rows:
+        if row.sha256:
+            hit = lookup(found, row.result.mod, row.result.version, row.result.variant, row.result.status)
+            row.served = hit.to_dict() if hit else None
 
 
 def run_check_patch(args: argparse.Namespace) -> int:

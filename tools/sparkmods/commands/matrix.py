@@ -6,12 +6,12 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Dict, Optional
 
 from sparkmods.commands import help_for
 from sparkmods.errors import SparkmodsError
+from sparkmods.outputfile import write_atomic
 from sparkmods.targets import add_target_args, open_sources
 
 JSON_NAME, MD_NAME, SVG_NAME = "matrix.json", "MATRIX.md", "matrix.svg"
@@ -41,9 +41,16 @@ def register(sub: "argparse._SubParsersAction") -> None:
 
 def _out_dir(arg: Optional[str]) -> Path:
     if arg:
-        return Path(arg)
+        return _folder(Path(arg))
     local = Path.cwd() / "matrix"
     return local if local.is_dir() else _REPO_MATRIX
+
+
+def _folder(out: Path) -> Path:
+    """out, refused before any work when something other than a folder is there."""
+    if os.path.lexists(out) and not out.is_dir():
+        raise SparkmodsError(f"--out {out}: not a folder; name the folder to write the matrix files in")
+    return out
 
 
 def _read(path: Path) -> Optional[dict]:
@@ -63,22 +70,23 @@ def rendered(doc: dict) -> Dict[str, str]:
 
 
 def _write_all(out: Path, files: Dict[str, str]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        _folder(out).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SparkmodsError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
     for name, text in files.items():
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, out / name)
+        write_atomic(out / name, text)
 
 
 def _check(out: Path, mod_dirs) -> int:
-    from sparkmods.matrix.compare import stale_mods
+    from sparkmods.matrix.compare import stale_mods, stale_served
 
     doc = _read(out / JSON_NAME)
     if doc is None:
         print(f"{out / JSON_NAME} is missing: run `sparkmods matrix`")
         return 1
     problems = stale_mods(doc, mod_dirs)
+    problems += stale_served(doc, mod_dirs)
     for name, text in rendered(doc).items():
         if name != JSON_NAME and (not (out / name).is_file() or (out / name).read_text(encoding="utf-8") != text):
             problems.append(f"{out / name} does not match {JSON_NAME}")

@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from sparkmods import __version__, gcpause, resultcache
 from sparkmods.check import SOURCE_JOBS, check_source, checker_hash
+from sparkmods.matrix import served
 from sparkmods.modsdir import load
 from sparkmods.runtime.manifest import Manifest
 from sparkmods.runtime.modcheck import ModResult
@@ -81,9 +82,15 @@ def build(mod_dirs: Sequence[Path], sources: Sequence, previous: Optional[dict] 
     return build_counted(mod_dirs, sources, previous, on_progress, jobs).doc
 
 
+def served_index(mod_dirs: Sequence[Path]) -> Dict[served.Key, List[served.Served]]:
+    """The GPU runs committed beside these mods (served.py), by (mod, release)."""
+    return served.index(served.results_dir(mod_dirs), {d.name: load(d) for d in mod_dirs})
+
+
 def build_counted(mod_dirs: Sequence[Path], sources: Sequence, previous: Optional[dict] = None,
                   on_progress: Optional[Callable[[str], None]] = None, jobs: int = SOURCE_JOBS) -> Built:
-    """build(), counting reused and re-checked cells."""
+    """build(), counting reused and re-checked cells; each green cell marked with the GPU run
+    that served its variant, if one did."""
     from concurrent.futures import ThreadPoolExecutor
 
     mods = [(d, load(d)) for d in mod_dirs]
@@ -126,6 +133,7 @@ def build_counted(mod_dirs: Sequence[Path], sources: Sequence, previous: Optiona
         "mods": [_mod_entry(m, hashes[m.name]) for _, m in mods],
         "cells": cells,
     }
+    served.attach(doc, served_index(mod_dirs))
     return Built(doc, len(cells) - rechecked, rechecked, from_cache)
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from copy import deepcopy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 from sparkmods.check import checker_hash
-from sparkmods.matrix.build import TIMESTAMP_KEY
+from sparkmods.matrix.build import TIMESTAMP_KEY, served_index
+from sparkmods.matrix.served import attach
 from sparkmods.resultcache import mod_hash
 from sparkmods.runtime.modcheck import GREEN
 
@@ -68,3 +70,10 @@ def stale_mods(doc: dict, mod_dirs: Sequence[Path]) -> List[str]:
     for name in sorted(set(recorded) - set(present)):
         problems.append(f"mod {name} is in the matrix but no longer exists")
     return problems
+
+
+def stale_served(doc: dict, mod_dirs: Sequence[Path]) -> List[str]:
+    """One line per cell whose served mark disagrees with the committed GPU results."""
+    fresh = {(c["mod"], c["target"]): c.get("served") for c in attach(deepcopy(doc), served_index(mod_dirs))["cells"]}
+    return [f"{c['mod']} on {c['target']}: the served mark differs from ci/bench/results"
+            for c in doc["cells"] if c.get("served") != fresh[(c["mod"], c["target"])]]

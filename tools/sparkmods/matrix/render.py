@@ -20,6 +20,17 @@ LEGEND: Dict[str, Tuple[str, str, str]] = {
 }
 
 
+# The served layer (served.py): a green cell whose variant a GPU end-to-end run served.
+SERVED_MARK, SERVED_COLOUR = "⚡", "#1f2328"
+SERVED_MEANING = "served on a GPU: the end-to-end checks passed for this variant on this release (ci/bench/results)"
+
+
+def _served_counts(doc: dict) -> Tuple[int, int]:
+    """(served, green) cells."""
+    green = [c for c in doc["cells"] if c["status"] in GREEN]
+    return sum(1 for c in green if c.get("served")), len(green)
+
+
 def _grid(doc: dict) -> Tuple[List[str], List[dict], Dict[Tuple[str, str], dict]]:
     targets = [r["target"] for r in doc["releases"]]
     cells = {(c["mod"], c["target"]): c for c in doc["cells"]}
@@ -59,9 +70,14 @@ def to_markdown(doc: dict, legend: Dict[str, Tuple[str, str, str]] = LEGEND) -> 
                 row.append("")
                 continue
             symbol = legend.get(cell["status"], ("?", "", ""))[0]
-            row.append(f"{symbol} {cell['variant'] or ''}".strip())
+            mark = f" {SERVED_MARK}" if cell.get("served") else ""
+            row.append(f"{symbol} {cell['variant'] or ''}".strip() + mark)
         out.append(f"| **{mod['name']}** | " + " | ".join(row) + " |")
-    out += ["", "**Legend:** " + " · ".join(f"{sym} `{status}` {meaning}" for status, (sym, _, meaning) in legend.items()), ""]
+    served, green = _served_counts(doc)
+    out += ["", "**Legend:** " + " · ".join(f"{sym} `{status}` {meaning}" for status, (sym, _, meaning) in legend.items())
+            + f" · {SERVED_MARK} {SERVED_MEANING}", "",
+            f"{served} of {green} green cells were served on a GPU; the other {green - served} are green from patch "
+            "application alone.", ""]
     out += ["## What breaks where", ""]
     broken = [c for c in doc["cells"] if c["status"] not in GREEN]
     if not broken:
@@ -104,11 +120,17 @@ def to_svg(doc: dict, legend: Dict[str, Tuple[str, str, str]] = LEGEND) -> str:
             if cell and cell["variant"]:
                 parts.append(f'<text x="{x + cell_w / 2:.0f}" y="{y + 17}" text-anchor="middle" font-size="9">'
                              f'{escape(cell["variant"][:11])}</text>')
+            if cell and cell.get("served"):
+                parts.append(f'<circle cx="{x + cell_w - 7}" cy="{y + 7}" r="3.5" fill="{SERVED_COLOUR}">'
+                             f'<title>{escape(title)}: served on {escape(cell["served"]["gpu"])} '
+                             f'({escape(cell["served"]["date"])})</title></circle>')
     y = head_h + len(mods) * cell_h + 14
     x = 4
     for status, (_, colour, _) in legend.items():
         parts.append(f'<rect x="{x}" y="{y}" width="12" height="12" rx="2" fill="{colour}"/>')
         parts.append(f'<text x="{x + 16}" y="{y + 10}">{escape(status)}</text>')
         x += 16 + 7 * len(status) + 14
+    parts.append(f'<circle cx="{x + 6}" cy="{y + 6}" r="3.5" fill="{SERVED_COLOUR}"/>')
+    parts.append(f'<text x="{x + 16}" y="{y + 10}">served on a GPU</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"

@@ -1,0 +1,127 @@
+"""The served layer: a matrix cell is marked served only from a committed, passing GPU run of
+the same mod, release and variant (matrix/served.py), never by hand."""
+
+from __future__ import annotations
+
+import json
+from copy import deepcopy
+from pathlib import Path
+
+import pytest
+
+from sparkmods.check import CheckRow
+from sparkmods.matrix import render, served
+from sparkmods.matrix.compare import stale_served
+from sparkmods.modsdir import load, resolve_mods
+from sparkmods.report import detail
+from sparkmods.runtime.modcheck import ModResult
+
+ROOT = Path(__file__).resolve().parents[1]
+MANIFESTS = {d.name: load(d) for d in resolve_mods([], None)}
+
+
+def _run(results: Path, folder: str, scenario: str, vllm: str, passed: bool = True, **header) -> Path:
+    out = results / folder
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"scenario": scenario, "vllm": vllm, "device": "NVIDIA H100 80GB HBM3", **header,
+           "checks": [{"check": "a", "passed": True, "detail": ""}, {"check": "b", "passed": passed, "detail": ""}]}
+    path = out / f"{scenario}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.fixture()
+def results(tmp_path: Path) -> Path:
+    return tmp_path / "repo" / "ci" / "bench" / "results"
+
+
+def test_a_passing_run_is_evidence_with_its_variant_gpu_date_and_path(results):
+    _run(results, "gpu-e2e-0.33.0-h100/mtp-weights", "mtp-weights", "0.33.0", date="2026-11-27",
+         variants={"mtp-weights": "v0.33.0"})
+    found = served.index(results, MANIFESTS)
+    [hit] = found[("mtp-weights", "0.33.0")]
+    assert (hit.variant, hit.gpu, hit.date) == ("v0.33.0", "NVIDIA H100 80GB HBM3", "2026-11-27")
+    assert hit.path == "ci/bench/results/gpu-e2e-0.33.0-h100/mtp-weights/mtp-weights.json"
+
+
+def test_a_run_with_one_failed_check_or_an_unknown_scenario_is_no_evidence(results):
+    _run(results, "gpu-e2e-0.33.0-h100", "mtp-weights", "0.33.0", passed=False, date="2026-11-27")
+    _run(results, "gpu-e2e-0.33.0-h100", "baseline", "0.33.0", date="2026-11-27")
+    (results / "gpu-e2e-0.33.0-h100" / "broken.json").write_text("{not json")
+    _run(results, "elsewhere-0.33.0", "turboquant", "0.33.0", date="2026-11-27")  # not a gpu-e2e-* run
+    assert served.index(results, MANIFESTS) == {}
+
+
+def test_older_runs_get_the_variant_from_the_manifest_and_the_date_from_summary_md(results):
+    path = _run(results, "gpu-e2e-0.23.0-h100", "hybrid-int4-fp8", "0.23.0")
+    (path.parent / "summary.md").write_text("## 2026-11-24 10:00:00 vLLM 0.23.0 on NVIDIA H100 80GB HBM3\n\n"
+                                            "## 2026-11-25 09:00:00 vLLM 0.23.0 on NVIDIA H100 80GB HBM3, TP 2 (mp)\n")
+    [hit] = served.index(results, MANIFESTS)[("hybrid-int4-fp8", "0.23.0")]
+    assert (hit.variant, hit.date) == ("v0.22.0", "2026-11-25")
+    (path.parent / "summary.md").unlink()
+    assert served.index(results, MANIFESTS) == {}  # no date anywhere: not evidence
+
+
+def _cell(mod: str, vllm: str, status: str, variant) -> dict:
+    return {"mod": mod, "vllm": vllm, "target": f"pypi:{vllm}", "status": status, "variant": variant}
+
+
+def test_attach_marks_only_green_cells_whose_variant_was_served(results):
+    _run(results, "gpu-e2e-0.33.0-h100", "mtp-weights", "0.33.0", date="2026-11-27", variants={"mtp-weights": "v0.33.0"})
+    _run(results, "gpu-e2e-0.33.0-h100", "turboquant", "0.33.0", date="2026-11-27", variants={"turboquant": "upstream"})
+    found = served.index(results, MANIFESTS)
+    doc = {"cells": [_cell("mtp-weights", "0.33.0", "ok", "v0.33.0"), _cell("mtp-weights", "0.33.0", "conflict", "v0.33.0"),
+                     _cell("mtp-weights", "0.33.0", "ok", "v0.32.0"), _cell("turboquant", "0.33.0", "upstream", None),
+                     {**_cell("mtp-weights", "0.32.0", "ok", "v0.32.0"), "served": {"gpu": "typed by hand"}}]}
+    marks = [c.get("served") for c in served.attach(doc, found)["cells"]]
+    assert marks[0]["date"] == "2026-11-27" and marks[0]["gpu"] == "NVIDIA H100 80GB HBM3"
+    assert marks[1:3] == [None, None]
+    assert marks[3]["result"].endswith("turboquant.json")  # the upstream claim, served
+    assert marks[4] is None  # a mark no run backs is removed
+
+
+def test_the_committed_matrix_served_layer_matches_the_committed_results():
+    doc = json.loads((ROOT / "matrix" / "matrix.json").read_text())
+    assert stale_served(doc, resolve_mods([], None)) == []
+
+
+def test_a_hand_typed_served_mark_is_stale(tmp_path):
+    doc = json.loads((ROOT / "matrix" / "matrix.json").read_text())
+    forged = deepcopy(doc)
+    bare = next(c for c in forged["cells"] if not c.get("served"))
+    bare["served"] = {"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-11-27", "result": "x", "parallel": "one GPU"}
+    [line] = stale_served(forged, resolve_mods([], None))
+    assert line == f"{bare['mod']} on {bare['target']}: the served mark differs from ci/bench/results"
+
+
+def test_results_dir_is_found_beside_the_mods_folder_only(tmp_path):
+    assert served.results_dir(resolve_mods([], None)) == ROOT / "ci" / "bench" / "results"
+    lone = tmp_path / "mods" / "x"
+    lone.mkdir(parents=True)
+    assert served.results_dir([lone]) is None
+
+
+def test_markdown_and_svg_show_the_mark_the_legend_and_the_counts():
+    doc = {"generated_by": "t", "releases": [{"vllm": "0.33.0", "target": "pypi:0.33.0"}],
+           "mods": [{"name": "m", "summary": "s", "variants": []}],
+           "cells": [{**_cell("m", "0.33.0", "ok", "v1"), "served": {"gpu": "NVIDIA H100", "date": "2026-11-27",
+                                                                    "result": "r", "parallel": "one GPU"}}]}
+    md = render.to_markdown(doc)
+    assert "| **m** | ✅ v1 ⚡ |" in md and render.SERVED_MEANING in md
+    assert "1 of 1 green cells were served on a GPU; the other 0 are green from patch application alone." in md
+    svg = render.to_svg(doc)
+    assert svg.count("<circle") == 2 and "served on NVIDIA H100 (2026-11-27)" in svg  # the cell's and the legend's
+    doc["cells"][0].pop("served")
+    assert "| **m** | ✅ v1 |" in render.to_markdown(doc) and render.to_svg(doc).count("<circle") == 1
+
+
+def test_a_check_row_says_where_it_was_served():
+    result = ModResult(mod="mtp-weights", version="0.33.0", status="ok", variant="v0.33.0")
+    row = CheckRow("pypi:0.33.0", None, "a" * 64, result,
+                   served={"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-11-27", "result": "r", "parallel": "one GPU"})
+    assert detail(row) == "served on H100 (2026-11-27)"
+    row.served["parallel"] = "TP 2 (ray)"
+    assert detail(row) == "served on H100, TP 2 (ray) (2026-11-27)"
+    assert row.to_dict()["served"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    row.served = None
+    assert detail(row) == "" and "served" not in row.to_dict()
