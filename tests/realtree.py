@@ -83,18 +83,20 @@ def synthesized_site(root: Path, mods: Iterable[Path], version: Optional[str] = 
     return write_site(root, versions.pop(), files)
 
 
-def release_site(root: Path, mods: Iterable[Path], version: str) -> Path:
-    """The files these mods touch (and vllm/__init__.py) from the real vLLM wheel of `version`."""
+def release_site(root: Path, mods: Iterable[Path], version: str, label: Optional[str] = None) -> Path:
+    """The files these mods touch (and vllm/__init__.py) from the real vLLM wheel of `version`;
+    label: the version its metadata claims instead (a fork's `0.1.dev19043+g1a2b3c4`), which
+    makes the mods choose by content, so every file any variant or upstream check reads is kept."""
     from sparkmods.check import paths_needed
     from sparkmods.sources import open_targets
 
     (source,) = open_targets(f"pypi:{version}")
     wanted = {"vllm/__init__.py"}
     for mod_dir in mods:
-        wanted |= paths_needed(load_manifest(mod_dir), mod_dir, version)
+        wanted |= paths_needed(load_manifest(mod_dir), mod_dir, label or version)
     source.prefetch(sorted(wanted))
     found = {rel: source.read(rel) for rel in sorted(wanted)}
-    return write_site(root, version, {rel: data for rel, data in found.items() if data is not None})
+    return write_site(root, label or version, {rel: data for rel, data in found.items() if data is not None})
 
 
 def snapshot(site: Path) -> Dict[str, str]:

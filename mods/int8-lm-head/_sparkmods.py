@@ -440,13 +440,12 @@ def apply_mod(mod_dir: StrPath, site: StrPath, workspace: StrPath, dry_run: bool
     version = read_version(site)
     # Bad input is an error before anything is written: the mod's (read once here, for every
     # decision below) and a vLLM path that a symlink leads out of the tree.
-    inputs = mod_inputs(manifest, mod_dir, version, base)
-    read_paths = inputs.paths()
-    for rel in read_paths:
+    weighed = mod_inputs(manifest, mod_dir, version, base)
+    for rel in weighed.paths():
         safe_target(site, rel)
     with _lock(site, say, dry_run), deferred():
         recover(site, say)
-        inputs, result = settle(inputs, _reader(site))
+        inputs, result = settle(weighed, _reader(site))
         if result.how:
             say(f"chose variant {result.variant} {result.how}" if result.green and result.variant else result.how)
         if result.status not in GREEN:
@@ -477,28 +476,31 @@ def apply_mod(mod_dir: StrPath, site: StrPath, workspace: StrPath, dry_run: bool
             say(f"variant {variant.label} changes no vLLM file (vLLM {version})")
         _install_files(say, mod_dir, inputs, workspace, dry_run)
         if not dry_run and (result.status == APPLIED or result.changes()):
-            _stamp(inputs, mod_dir, site, read_paths, result.how)
+            _stamp(weighed, mod_dir, site)
     if variant.notes:
         say(variant.notes)
     return EXIT_OK
 
 
-def _stamp(inputs: ModInputs, mod_dir: StrPath, site: StrPath, read_paths: List[str], how: str) -> None:
+def _stamp(weighed: ModInputs, mod_dir: StrPath, site: StrPath) -> None:
     """Inside a mod (run.sh), after a run that leaves the mod on: the stamp that lets the next
-    run.sh say `already applied` without this module (stamp.py), if deciding again says so."""
+    run.sh say `already applied` without this module (stamp.py), if deciding again (from the
+    inputs before any choice, `weighed`) says so."""
     if __package__ != "_sparkmods":
         return  # the host's `sparkmods apply`: its manifest is mod.toml, not what run.sh reads
-    result = decide(inputs, _reader(site))
+    if weighed.base:
+        return  # stamp.quick never runs under $SPARKMODS_VLLM_BASE: a run without it decides anew
+    inputs, result = settle(weighed, _reader(site))
     if result.status != APPLIED:
         return
     variant = inputs.chosen
     installs = [(item.name, data) for item, data in zip(variant.install, inputs.sources) if not item.site]
-    # A choice by content (`how`) also read the other variants' patches and files.
-    weighed = inputs.manifest.variants if how else [variant]
-    mod_files = [rel for v in weighed for rel in list(v.patches) + [i.src for i in v.install]]
+    # A choice by content also read the other variants' patches and files.
+    variants = weighed.manifest.variants if weighed.options else [variant]
+    mod_files = [rel for v in variants for rel in list(v.patches) + [i.src for i in v.install]]
     try:
-        stamp.record(os.fspath(mod_dir), os.fspath(site), variant.label, inputs.version, mod_files, read_paths,
-                     installs, variant.notes, how)
+        stamp.record(os.fspath(mod_dir), os.fspath(site), variant.label, inputs.version, mod_files, weighed.paths(),
+                     installs, variant.notes, result.how)
     except OSError:
         pass  # a cache: without it the next run takes the full path
 
@@ -2720,9 +2722,10 @@ def _decide_one(inputs: ModInputs, read: Reader) -> ModResult:
     return ModResult(manifest.name, version, status, chosen.label, reason, files)
 
 
-# Content ranks, best first: the mod already on, every hunk where the patch says, or moved.
+# Content ranks, best first: the mod already on, then a variant that applies (with what the
+# message says of it, and the verb for the others that tie).
 _RANKS = {APPLIED: (0, "are already applied", "are"), OK: (1, "apply exactly", "do"),
-          OK_OFFSET: (2, "apply at an offset", "do")}
+          OK_OFFSET: (1, "apply at an offset", "do")}
 
 
 def settle(inputs: ModInputs, read: Reader) -> "tuple[ModInputs, ModResult]":
@@ -2738,16 +2741,19 @@ def settle(inputs: ModInputs, read: Reader) -> "tuple[ModInputs, ModResult]":
             raise BaseMismatch(f"{BASE_ENV}={inputs.base} selects {what}, which does not apply to this vLLM "
                                f"(it reports {inputs.version}): {result.status}{detail}; unset {BASE_ENV} or name "
                                "the release this build is based on")
-        result.how = f"by {BASE_ENV}={inputs.base}: {what} {_RANKS.get(result.status, (0, 'applies'))[1]}; " \
-                     f"vLLM reports {inputs.version}"
+        words = f"the {result.variant} patches {_RANKS[result.status][1]}" if result.variant else \
+            "every upstream detect matches"
+        result.how = f"by {BASE_ENV}={inputs.base}: {words}; vLLM reports {inputs.version}"
     return inputs, result
 
 
 def _by_content(inputs: ModInputs, read: Reader) -> "tuple[ModInputs, ModResult]":
     """The variant chosen by the files. The upstream section wins when every detect matches
-    (vLLM carries the change); else, of the variants that apply, the best rank (_RANKS); of
-    equals, the one whose range holds the reported version, else the newest. With none that
-    applies: what the version selects (its conflict says why), else no-variant."""
+    (vLLM carries the change); else, of the variants whose patches are already applied, or
+    else of those that apply, the one whose hunks sit fewest lines from where its patches say
+    (variants of neighbouring releases often differ only there); of equals, the one whose
+    range holds the reported version, else the newest. With none that applies: what the
+    version selects (its conflict says why), else no-variant."""
     manifest, version = inputs.manifest, inputs.version
     reports = f"vLLM reports {version}"
     upstream = manifest.upstream
@@ -2759,8 +2765,8 @@ def _by_content(inputs: ModInputs, read: Reader) -> "tuple[ModInputs, ModResult]
     fits = [(_RANKS[r.status][0], option, r) for option, r in decided if r.status in _RANKS]
     if not fits:
         return _none_fits(inputs, decided, carried)
-    best = min(rank for rank, _, _ in fits)
-    tied = [(option, r) for rank, option, r in fits if rank == best]
+    best = min((rank, _moved(option, r)) for rank, option, r in fits)
+    tied = [(option, r) for rank, option, r in fits if (rank, _moved(option, r)) == best]
     holds = [(option, r) for option, r in tied if _holds(option.chosen, version)]  # type: ignore[arg-type]
     option, result = (holds or tied)[-1]
     _, verb, also = _RANKS[result.status]
@@ -2772,8 +2778,25 @@ def _by_content(inputs: ModInputs, read: Reader) -> "tuple[ModInputs, ModResult]
     if others:
         why = f"its range holds {Version(version).public}" if holds else "the newest variant wins"
         words += f" (as {also} {', '.join(others)}; {why})"
+    further = [f"{r.variant}'s" for rank, option, r in fits if rank == best[0] and all(r is not t for _, t in tied)]
+    if further:
+        words += f" (so {also} {', '.join(further)}, further from the lines they state; the nearest wins)"
     result.how = f"{words}; {reports}"
     return option, result
+
+
+def _moved(option: ModInputs, result: ModResult) -> int:
+    """How many lines, in all, the hunks were found from where the patches say (an applied
+    hunk: from its new side's line)."""
+    stated = {fp.path: fp.hunks for fp in option.patches}
+    total = 0
+    for f in result.files:
+        hunks = stated.get(f.path)
+        for h in f.hunks if hunks else ():
+            if h.line is not None:
+                hunk = hunks[h.index - 1]  # type: ignore[index]
+                total += abs(h.line - (hunk.new_start if h.outcome == APPLIED else hunk.old_start))
+    return total
 
 
 def _holds(variant: Variant, version: str) -> bool:

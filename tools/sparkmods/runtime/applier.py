@@ -191,13 +191,12 @@ def apply_mod(mod_dir: StrPath, site: StrPath, workspace: StrPath, dry_run: bool
     version = read_version(site)
     # Bad input is an error before anything is written: the mod's (read once here, for every
     # decision below) and a vLLM path that a symlink leads out of the tree.
-    inputs = mod_inputs(manifest, mod_dir, version, base)
-    read_paths = inputs.paths()
-    for rel in read_paths:
+    weighed = mod_inputs(manifest, mod_dir, version, base)
+    for rel in weighed.paths():
         safe_target(site, rel)
     with _lock(site, say, dry_run), deferred():
         recover(site, say)
-        inputs, result = settle(inputs, _reader(site))
+        inputs, result = settle(weighed, _reader(site))
         if result.how:
             say(f"chose variant {result.variant} {result.how}" if result.green and result.variant else result.how)
         if result.status not in GREEN:
@@ -228,28 +227,31 @@ def apply_mod(mod_dir: StrPath, site: StrPath, workspace: StrPath, dry_run: bool
             say(f"variant {variant.label} changes no vLLM file (vLLM {version})")
         _install_files(say, mod_dir, inputs, workspace, dry_run)
         if not dry_run and (result.status == APPLIED or result.changes()):
-            _stamp(inputs, mod_dir, site, read_paths, result.how)
+            _stamp(weighed, mod_dir, site)
     if variant.notes:
         say(variant.notes)
     return EXIT_OK
 
 
-def _stamp(inputs: ModInputs, mod_dir: StrPath, site: StrPath, read_paths: List[str], how: str) -> None:
+def _stamp(weighed: ModInputs, mod_dir: StrPath, site: StrPath) -> None:
     """Inside a mod (run.sh), after a run that leaves the mod on: the stamp that lets the next
-    run.sh say `already applied` without this module (stamp.py), if deciding again says so."""
+    run.sh say `already applied` without this module (stamp.py), if deciding again (from the
+    inputs before any choice, `weighed`) says so."""
     if __package__ != "_sparkmods":
         return  # the host's `sparkmods apply`: its manifest is mod.toml, not what run.sh reads
-    result = decide(inputs, _reader(site))
+    if weighed.base:
+        return  # stamp.quick never runs under $SPARKMODS_VLLM_BASE: a run without it decides anew
+    inputs, result = settle(weighed, _reader(site))
     if result.status != APPLIED:
         return
     variant = inputs.chosen
     installs = [(item.name, data) for item, data in zip(variant.install, inputs.sources) if not item.site]
-    # A choice by content (`how`) also read the other variants' patches and files.
-    weighed = inputs.manifest.variants if how else [variant]
-    mod_files = [rel for v in weighed for rel in list(v.patches) + [i.src for i in v.install]]
+    # A choice by content also read the other variants' patches and files.
+    variants = weighed.manifest.variants if weighed.options else [variant]
+    mod_files = [rel for v in variants for rel in list(v.patches) + [i.src for i in v.install]]
     try:
-        stamp.record(os.fspath(mod_dir), os.fspath(site), variant.label, inputs.version, mod_files, read_paths,
-                     installs, variant.notes, how)
+        stamp.record(os.fspath(mod_dir), os.fspath(site), variant.label, inputs.version, mod_files, weighed.paths(),
+                     installs, variant.notes, result.how)
     except OSError:
         pass  # a cache: without it the next run takes the full path
 

@@ -288,9 +288,10 @@ def _decide_one(inputs: ModInputs, read: Reader) -> ModResult:
     return ModResult(manifest.name, version, status, chosen.label, reason, files)
 
 
-# Content ranks, best first: the mod already on, every hunk where the patch says, or moved.
+# Content ranks, best first: the mod already on, then a variant that applies (with what the
+# message says of it, and the verb for the others that tie).
 _RANKS = {APPLIED: (0, "are already applied", "are"), OK: (1, "apply exactly", "do"),
-          OK_OFFSET: (2, "apply at an offset", "do")}
+          OK_OFFSET: (1, "apply at an offset", "do")}
 
 
 def settle(inputs: ModInputs, read: Reader) -> "tuple[ModInputs, ModResult]":
@@ -306,16 +307,19 @@ def settle(inputs: ModInputs, read: Reader) -> "tuple[ModInputs, ModResult]":
             raise BaseMismatch(f"{BASE_ENV}={inputs.base} selects {what}, which does not apply to this vLLM "
                                f"(it reports {inputs.version}): {result.status}{detail}; unset {BASE_ENV} or name "
                                "the release this build is based on")
-        result.how = f"by {BASE_ENV}={inputs.base}: {what} {_RANKS.get(result.status, (0, 'applies'))[1]}; " \
-                     f"vLLM reports {inputs.version}"
+        words = f"the {result.variant} patches {_RANKS[result.status][1]}" if result.variant else \
+            "every upstream detect matches"
+        result.how = f"by {BASE_ENV}={inputs.base}: {words}; vLLM reports {inputs.version}"
     return inputs, result
 
 
 def _by_content(inputs: ModInputs, read: Reader) -> "tuple[ModInputs, ModResult]":
     """The variant chosen by the files. The upstream section wins when every detect matches
-    (vLLM carries the change); else, of the variants that apply, the best rank (_RANKS); of
-    equals, the one whose range holds the reported version, else the newest. With none that
-    applies: what the version selects (its conflict says why), else no-variant."""
+    (vLLM carries the change); else, of the variants whose patches are already applied, or
+    else of those that apply, the one whose hunks sit fewest lines from where its patches say
+    (variants of neighbouring releases often differ only there); of equals, the one whose
+    range holds the reported version, else the newest. With none that applies: what the
+    version selects (its conflict says why), else no-variant."""
     manifest, version = inputs.manifest, inputs.version
     reports = f"vLLM reports {version}"
     upstream = manifest.upstream
@@ -327,8 +331,8 @@ def _by_content(inputs: ModInputs, read: Reader) -> "tuple[ModInputs, ModResult]
     fits = [(_RANKS[r.status][0], option, r) for option, r in decided if r.status in _RANKS]
     if not fits:
         return _none_fits(inputs, decided, carried)
-    best = min(rank for rank, _, _ in fits)
-    tied = [(option, r) for rank, option, r in fits if rank == best]
+    best = min((rank, _moved(option, r)) for rank, option, r in fits)
+    tied = [(option, r) for rank, option, r in fits if (rank, _moved(option, r)) == best]
     holds = [(option, r) for option, r in tied if _holds(option.chosen, version)]  # type: ignore[arg-type]
     option, result = (holds or tied)[-1]
     _, verb, also = _RANKS[result.status]
@@ -340,8 +344,25 @@ def _by_content(inputs: ModInputs, read: Reader) -> "tuple[ModInputs, ModResult]
     if others:
         why = f"its range holds {Version(version).public}" if holds else "the newest variant wins"
         words += f" (as {also} {', '.join(others)}; {why})"
+    further = [f"{r.variant}'s" for rank, option, r in fits if rank == best[0] and all(r is not t for _, t in tied)]
+    if further:
+        words += f" (so {also} {', '.join(further)}, further from the lines they state; the nearest wins)"
     result.how = f"{words}; {reports}"
     return option, result
+
+
+def _moved(option: ModInputs, result: ModResult) -> int:
+    """How many lines, in all, the hunks were found from where the patches say (an applied
+    hunk: from its new side's line)."""
+    stated = {fp.path: fp.hunks for fp in option.patches}
+    total = 0
+    for f in result.files:
+        hunks = stated.get(f.path)
+        for h in f.hunks if hunks else ():
+            if h.line is not None:
+                hunk = hunks[h.index - 1]  # type: ignore[index]
+                total += abs(h.line - (hunk.new_start if h.outcome == APPLIED else hunk.old_start))
+    return total
 
 
 def _holds(variant: Variant, version: str) -> bool:
