@@ -1,6 +1,7 @@
 """hybrid-int4-fp8 at work in real vLLM releases (marker vllm_runtime: installs vLLM).
 
-For the newest release each variant was verified on: install it from PyPI (vllmenv, cached),
+For the newest release each variant was verified on (or the one vLLM and mods folder the
+nightly heal names: vllmenv.runtime_releases, runtime_mods): install it from PyPI (vllmenv, cached),
 apply the mod to a private copy of its site-packages with the mod's own run.sh, and run
 test_mod_hybrid_probe.py under that release's python on tiny Qwen3.5-MoE checkpoints from
 ckptfactory. The probe builds INCConfig through vLLM's VllmConfig (so the mod's
@@ -20,7 +21,7 @@ import pytest
 
 import ckptfactory as cf
 from probekit import run_job
-from vllmenv import run_sh, vllm_env
+from vllmenv import run_sh, runtime_mods, runtime_releases, vllm_env
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -29,7 +30,7 @@ else:  # pragma: no cover
 
 pytestmark = pytest.mark.vllm_runtime
 
-MOD = Path(__file__).resolve().parents[1] / "mods" / "hybrid-int4-fp8"
+MOD = runtime_mods() / "hybrid-int4-fp8"
 PROBE = Path(__file__).resolve().parent / "test_mod_hybrid_probe.py"
 SHAPE = replace(cf.Shape(), shared_intermediate=384)  # vLLM's FP8 merged layers need n*128 outputs
 BASE = "language_model.model.layers"  # Qwen3_5MoeForConditionalGeneration's module names
@@ -97,7 +98,7 @@ def run_probe(version: str, tmp: Path, checkpoints: Dict[str, Path]) -> Dict[str
     return run_job(env, PROBE, cases, tmp, site)
 
 
-@pytest.fixture(scope="module", params=newest_verified())
+@pytest.fixture(scope="module", params=runtime_releases(newest_verified))
 def report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
            checkpoints: Dict[str, Path]) -> Dict[str, Any]:
     return run_probe(request.param, tmp_path_factory.mktemp(f"hybrid-{request.param}"), checkpoints)

@@ -5,7 +5,8 @@ first use) the mod is applied with the same applier run.sh uses, onto a hardlink
 that release, and test_mod_int8_lm_head_probe.py runs vLLM's own ParallelLMHead and
 LogitsProcessor on it. There is no GPU here, so the mod's torch path computes the logits;
 the Triton kernel is checked on a GPU by ci/bench/gpu_check_int8_lm_head.py.
-SPARKMODS_VLLM_PYTHON (interpreter paths joined by os.pathsep) replaces the releases.
+SPARKMODS_VLLM_PYTHON (interpreter paths joined by os.pathsep) replaces the releases; the
+nightly heal names one release and the mods folder (vllmenv.runtime_releases, runtime_mods).
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from sparkmods.runtime.applier import apply_mod
 from sparkmods.runtime.manifest import load_manifest
 from probekit import read_report
 from test_mod_int8_lm_head_probe import ORG_VOCAB, ROWS
-from vllmenv import vllm_env
+from vllmenv import runtime_mods, runtime_releases, vllm_env
 
 pytestmark = pytest.mark.vllm_runtime
-MOD_DIR = Path(__file__).resolve().parents[1] / "mods" / "int8-lm-head"
+MOD_DIR = runtime_mods() / "int8-lm-head"
 PROBE = Path(__file__).resolve().parent / "test_mod_int8_lm_head_probe.py"
 
 
@@ -33,7 +34,7 @@ def targets() -> List[str]:
     configured = os.environ.get("SPARKMODS_VLLM_PYTHON", "")
     if configured:
         return [p for p in configured.split(os.pathsep) if p]
-    return [v for variant in load_manifest(MOD_DIR).variants for v in variant.verified]
+    return runtime_releases(lambda: [v for variant in load_manifest(MOD_DIR).variants for v in variant.verified])
 
 
 def _overlay_of_interpreter(python: str, dest: Path) -> Path:

@@ -5,7 +5,8 @@ apply the mod to a private copy of its site-packages with the mod's own run.sh, 
 test_mod_mtp_probe.py under that release's python on tiny Qwen3.5-MoE AutoRound
 checkpoints from ckptfactory whose MTP head is indexed, un-indexed, absent, or absent next
 to an un-indexed file of other tensors. The newest release is also probed unpatched, to show
-the behaviour the mod changes.
+the behaviour the mod changes. The nightly heal names one vLLM and the mods folder instead
+(vllmenv.runtime_releases, runtime_mods).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 
 import ckptfactory as cf
 from probekit import run_job
-from vllmenv import run_sh, vllm_env
+from vllmenv import run_sh, runtime_mods, runtime_releases, vllm_env
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -27,7 +28,7 @@ else:  # pragma: no cover
 
 pytestmark = pytest.mark.vllm_runtime
 
-MOD = Path(__file__).resolve().parents[1] / "mods" / "mtp-weights"
+MOD = runtime_mods() / "mtp-weights"
 PROBE = Path(__file__).resolve().parent / "test_mod_mtp_probe.py"
 SHARDS = [f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)]
 EXTRA = "model_extra_tensors.safetensors"
@@ -53,15 +54,14 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
 
 def run_probe(version: str, tmp: Path, checkpoints: Dict[str, Path], patched: bool = True) -> Dict[str, Any]:
     env = vllm_env(version)
-    site = None
+    site = env.overlay(tmp / "site")  # unpatched too: a heal's wheel is only in the overlay
     if patched:
-        site = env.overlay(tmp / "site")
         applied = run_sh(MOD, site, tmp / "workspace")
         assert applied.returncode == 0 and "applied variant" in applied.stdout, applied.stdout + applied.stderr
     return run_job(env, PROBE, [{"name": n, "checkpoint": str(p)} for n, p in checkpoints.items()], tmp, site)
 
 
-@pytest.fixture(scope="module", params=newest_verified())
+@pytest.fixture(scope="module", params=runtime_releases(newest_verified))
 def report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
            checkpoints: Dict[str, Path]) -> Dict[str, Any]:
     return run_probe(request.param, tmp_path_factory.mktemp(f"mtp-{request.param}"), checkpoints)
@@ -91,6 +91,6 @@ def test_missing_mtp_head_is_a_clear_startup_error(report: Dict[str, Any], check
 
 def test_stock_vllm_ignores_the_file_and_says_nothing(tmp_path: Path, checkpoints: Dict[str, Path]) -> None:
     """The behaviour the mod exists for, on the newest release without it."""
-    stock = run_probe(newest_verified()[-1], tmp_path, checkpoints, patched=False)
+    stock = run_probe(runtime_releases(newest_verified)[-1], tmp_path, checkpoints, patched=False)
     assert stock["unindexed"]["files"] == SHARDS and stock["unindexed"]["mtp_tensors"] == 0
     assert stock["unindexed"]["load"] == stock["absent"]["load"] == "ok"

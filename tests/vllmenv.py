@@ -19,6 +19,13 @@ patched copy.
 
 API: `vllm_env(version) -> VllmEnv`; `VllmEnv.overlay(dest)`; `VllmEnv.run(args, ...)`;
 `run_sh(mod_dir, site, workspace)` applies a mod the way the launcher does, with its run.sh.
+
+The nightly heal (sparkmods.heal) runs a mod's runtime tests on one vLLM and on the mods it is
+proposing: `runtime_mods()` is the folder holding the mods under test ($SPARKMODS_RUNTIME_MODS,
+else the repository's) and `runtime_releases(default)` the releases to test ([$SPARKMODS_RUNTIME_VLLM]
+when set). A version PyPI does not have (a nightly, another index's release) comes with its
+wheel ($SPARKMODS_RUNTIME_WHEEL): its environment is the PyPI release $SPARKMODS_RUNTIME_DEPS,
+and its overlay holds the wheel's own vllm/ and dist-info instead of that release's.
 """
 
 from __future__ import annotations
@@ -30,13 +37,17 @@ import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Callable, List, Mapping, Optional, Sequence
 
-__all__ = ["VllmEnv", "VllmEnvError", "run_sh", "venvs_dir", "vllm_env"]
+__all__ = ["VllmEnv", "VllmEnvError", "run_sh", "runtime_mods", "runtime_releases", "venvs_dir", "vllm_env"]
 
 ENV_DIR_VAR = "SPARKMODS_VENV_DIR"
+# The names sparkmods.heal sets (ENV_MODS, ENV_VLLM, ENV_WHEEL, ENV_DEPS there).
+MODS_VAR, VLLM_VAR, WHEEL_VAR, DEPS_VAR = ("SPARKMODS_RUNTIME_MODS", "SPARKMODS_RUNTIME_VLLM",
+                                           "SPARKMODS_RUNTIME_WHEEL", "SPARKMODS_RUNTIME_DEPS")
 MARKER = "sparkmods-venv.json"
 INSTALL_TIMEOUT_S = 45 * 60
 
@@ -66,6 +77,7 @@ class VllmEnv:
     version: str
     root: Path
     install_seconds: float
+    wheel: Optional[Path] = None  # overlays take vllm/ from this wheel instead of the environment
 
     @property
     def python(self) -> Path:
@@ -80,8 +92,14 @@ class VllmEnv:
         return found[0]
 
     def overlay(self, dest: Path) -> Path:
-        """Hardlink vllm/ and its dist-info into dest (created); returns dest, a site dir."""
+        """Hardlink vllm/ and its dist-info into dest (created); returns dest, a site dir.
+        With a wheel, its vllm/ and dist-info are extracted there instead."""
         dest.mkdir(parents=True, exist_ok=True)
+        if self.wheel is not None:
+            with zipfile.ZipFile(self.wheel) as zf:
+                zf.extractall(dest, [n for n in zf.namelist() if n.split("/", 1)[0] == "vllm"
+                                     or (n.startswith("vllm-") and n.split("/", 1)[0].endswith(".dist-info"))])
+            return dest
         for src in [self.site / "vllm", *self.site.glob("vllm-*.dist-info")]:
             shutil.copytree(src, dest / src.name, copy_function=os.link, symlinks=True)
         return dest
@@ -165,8 +183,25 @@ def _load(root: Path, version: str) -> Optional[VllmEnv]:
     return VllmEnv(version=version, root=root, install_seconds=float(data["install_seconds"]))
 
 
+def runtime_mods() -> Path:
+    """The folder holding the mods the runtime tests apply."""
+    configured = os.environ.get(MODS_VAR)
+    return Path(configured) if configured else Path(__file__).resolve().parents[1] / "mods"
+
+
+def runtime_releases(default: Callable[[], List[str]]) -> List[str]:
+    """The releases to test: the one the heal names, else default() (read only then)."""
+    configured = os.environ.get(VLLM_VAR)
+    return [configured] if configured else default()
+
+
 def vllm_env(version: str) -> VllmEnv:
-    """The environment holding vllm==version, installed on first use (minutes, GBs)."""
+    """The environment holding vllm==version, installed on first use (minutes, GBs); for the
+    heal's version with a wheel, the dependencies' release with that wheel for overlays."""
+    wheel, deps = os.environ.get(WHEEL_VAR), os.environ.get(DEPS_VAR)
+    if wheel and deps and version == os.environ.get(VLLM_VAR):
+        env = vllm_env(deps)
+        return VllmEnv(version=version, root=env.root, install_seconds=env.install_seconds, wheel=Path(wheel))
     base = venvs_dir()
     base.mkdir(parents=True, exist_ok=True)
     root = base / f"vllm-{version}"

@@ -65,6 +65,7 @@ def newer_releases(matrix: Optional[dict], index_url: Optional[str], offline: bo
 @dataclass
 class Report:
     rows: List[CheckRow] = field(default_factory=list)
+    sources: List = field(default_factory=list)  # the VllmSources the rows were checked on
 
     @property
     def broken(self) -> List[CheckRow]:
@@ -98,23 +99,31 @@ class Report:
             out.append(f"- **{res.mod}** on `{row.target}` (vLLM {res.version}"
                        + (f", commit {row.commit}" if row.commit else "") + f"): `{res.status}`"
                        + (f", variant `{res.variant}`" if res.variant else ""))
-            for f in res.files:
-                for h in f.hunks:
-                    if h.outcome != "conflict":
-                        continue
-                    out.append(f"  - `{f.path}` hunk {h.index} (stated line {h.stated_line}): {h.reason}")
-                    if h.near is not None:
-                        for line, expected, found in h.near.differing[:3]:
-                            out.append(f"    - line {line}: expected `{expected.strip()}`, found `{found.strip()}`")
-                if f.status == "missing-file":
-                    out.append(f"  - `{f.path}` does not exist in this build")
-            if res.reason and (res.status == DRIFT or not res.files):
-                out.append(f"  - {res.reason}")
+            out += [f"  {line}" for line in break_lines(res)]
             out.append(f"  - suggested: `sparkmods rebase {res.mod} --onto '{row.target}'`")
         return "\n".join(out) + "\n"
+
+
+def break_lines(res) -> List[str]:
+    """What broke in one check result, as a Markdown list: each conflicting hunk (with up to
+    three of its differing lines), each missing file, and the reason of a drift or no-variant."""
+    out = []
+    for f in res.files:
+        for h in f.hunks:
+            if h.outcome != "conflict":
+                continue
+            out.append(f"- `{f.path}` hunk {h.index} (stated line {h.stated_line}): {h.reason}")
+            if h.near is not None:
+                for line, expected, found in h.near.differing[:3]:
+                    out.append(f"  - line {line}: expected `{expected.strip()}`, found `{found.strip()}`")
+        if f.status == "missing-file":
+            out.append(f"- `{f.path}` does not exist in this build")
+    if res.reason and (res.status == DRIFT or not res.files):
+        out.append(f"- {res.reason}")
+    return out
 
 
 def run_job(mod_dirs: Sequence[Path], specs: Sequence[str], index_url: Optional[str] = None,
             offline: bool = False) -> Report:
     sources = [s for spec in specs for s in open_targets(spec, index_url=index_url, offline=offline)]
-    return Report(check_mods(mod_dirs, sources))
+    return Report(check_mods(mod_dirs, sources), sources)

@@ -19,14 +19,12 @@ from sparkmods.errors import SparkmodsError
 from sparkmods.modsdir import load, resolve_mods
 from sparkmods.patchfile import read_patch_file
 from sparkmods.rebase import BaseMismatch, RebaseResult, rebase_patches
-from sparkmods.rebase.modrebase import (ModPlan, base_candidates, default_label, drift_of, nearest_variant,
-                                        patches_by_file, plan_ranges, rebase_variant, write_plan)
+from sparkmods.rebase.modrebase import ModPlan, drift_of, plan_mod, write_plan
 from sparkmods.rebase.report import drift_lines, result_lines
 from sparkmods.runtime.engine import safe_target
 from sparkmods.runtime.manifest import Upstream
 from sparkmods.runtime.modcheck import GREEN, check_mod
-from sparkmods.runtime.pep440 import Version
-from sparkmods.sources.cache import write_atomic
+from sparkmods.outputfile import check_target, write_atomic
 
 
 def _source_args(p: argparse.ArgumentParser) -> None:
@@ -78,13 +76,25 @@ def _write_conflicts(folder: str, results: List[RebaseResult]) -> List[str]:
             files = {p: a for p, (_, a) in result.changes().items() if a is not None}
         for rel, data in files.items():
             target = Path(safe_target(root, rel))
-            write_atomic(target, data)
+            _write_file(target, data)
             out.append(str(target))
     return out
 
 
+def _write_file(path: Path, data: bytes) -> None:
+    """Write one output file (its folder created): an existing file keeps its mode, a new one
+    follows the umask."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SparkmodsError(f"{path.parent}: cannot create the folder ({exc.strerror})") from None
+    write_atomic(path, data)
+
+
 def run_rebase_patch(args: argparse.Namespace) -> int:
     path = Path(args.patch)
+    if args.output:  # before any fetch: an output that can never be written
+        check_target(Path(args.output), "-o")
     patches = read_patch_file(path, args.strip)
     base = _one(args.base, args, "--base")
     onto = _one(args.onto, args, "--onto")
@@ -125,32 +135,12 @@ def run_rebase(args: argparse.Namespace) -> int:
     (mod_dir,) = resolve_mods([args.mod], args.mods_dir)
     manifest = load(mod_dir)
     onto = _one(args.onto, args, "--onto")
-    version = Version(onto.version)
     now = check_mod(manifest, mod_dir, onto.version, onto.read)
     if now.status in GREEN:
         why = now.reason if isinstance(manifest.select(onto.version), Upstream) else f"variant {now.variant!r}"
         return _done(args, {"mod": manifest.name, "onto": onto.version, "status": now.status, "written": False},
                      f"{manifest.name}: already works on {onto.label} ({now.status}: {why}); nothing to do")
-    variant = nearest_variant(manifest, version)
-    label = args.label or default_label(variant, version)
-    if any(v.label == label for v in manifest.variants):
-        raise SparkmodsError(f"{manifest.name}: a variant is already labelled {label!r}; pass --label")
-    new_range, cuts = plan_ranges(manifest, version)
-    patches = patches_by_file(mod_dir, variant)
-    base_version, plans = None, None
-    problems = []
-    for candidate in base_candidates(variant, version):
-        base = _one(f"pypi:{candidate}", args, "verified release")
-        try:
-            plans = rebase_variant(mod_dir, manifest, variant, patches, base, onto, label)
-            base_version = candidate
-            break
-        except SparkmodsError as exc:
-            problems.append(str(exc))
-    if plans is None or base_version is None:
-        raise SparkmodsError(f"{manifest.name}: the patches of variant {variant.label!r} apply to none of its "
-                             f"verified releases ({'; '.join(problems) or 'none listed'})")
-    plan = ModPlan(manifest.name, onto.version, variant, base_version, label, new_range, cuts, plans)
+    plan = plan_mod(mod_dir, manifest, onto, lambda v: _one(f"pypi:{v}", args, "verified release"), args.label)
     return _report(args, mod_dir, manifest, plan, now.status, onto)
 
 
@@ -177,7 +167,7 @@ def _report(args: argparse.Namespace, mod_dir: Path, manifest, plan: ModPlan, st
         return _done(args, dict(doc, written=False), "\n".join(lines + ["run with --write to add it"]))
     from sparkmods.sync import sync
 
-    written = write_plan(mod_dir, manifest, plan, write_atomic, onto.read)
+    written = write_plan(mod_dir, manifest, plan, _write_file, onto.read)
     synced = sync(mod_dir)
     lines += [f"  wrote {w}" for w in written] + [f"  synced {s}" for s in synced]
     return _done(args, dict(doc, written=True, files=written), "\n".join(lines))

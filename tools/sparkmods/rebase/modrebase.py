@@ -27,7 +27,8 @@ from .core import BaseMismatch, RebaseResult, Tree, rebase_patches
 from .tomledit import TomlEditError, edit_manifest, render_variant
 
 __all__ = ["PatchPlan", "ModPlan", "nearest_variant", "plan_ranges", "base_candidates", "default_label",
-           "patches_by_file", "rebase_variant", "drift_of", "new_manifest_text", "verify_plan", "write_plan"]
+           "patches_by_file", "rebase_variant", "plan_mod", "drift_of", "new_manifest_text", "verify_plan",
+           "write_plan"]
 
 
 @dataclass
@@ -174,6 +175,31 @@ def rebase_variant(mod_dir: Path, manifest: Manifest, variant: Variant, patches:
             plan.drift = drift_of(fps, result, base, onto)
         plans.append(plan)
     return plans
+
+
+def plan_mod(mod_dir: Path, manifest: Manifest, onto: Tree, open_release: Callable[[str], Tree],
+             label: Optional[str] = None) -> ModPlan:
+    """The rebase of the nearest variant onto `onto`, from the first of its verified releases
+    (open_release opens one by version) whose files its patches fit; what `sparkmods rebase`
+    and the nightly heal both run."""
+    version = Version(onto.version)
+    variant = nearest_variant(manifest, version)
+    label = label or default_label(variant, version)
+    if any(v.label == label for v in manifest.variants):
+        raise SparkmodsError(f"{manifest.name}: a variant is already labelled {label!r}; pass --label")
+    new_range, cuts = plan_ranges(manifest, version)
+    patches = patches_by_file(mod_dir, variant)
+    problems = []
+    for candidate in base_candidates(variant, version):
+        base = open_release(candidate)
+        try:
+            plans = rebase_variant(mod_dir, manifest, variant, patches, base, onto, label)
+        except SparkmodsError as exc:
+            problems.append(str(exc))
+            continue
+        return ModPlan(manifest.name, onto.version, variant, candidate, label, new_range, cuts, plans)
+    raise SparkmodsError(f"{manifest.name}: the patches of variant {variant.label!r} apply to none of its "
+                         f"verified releases ({'; '.join(problems) or 'none listed'})")
 
 
 def drift_of(fps: Sequence[FilePatch], result: RebaseResult, base: Tree, onto: Tree) -> List[Finding]:

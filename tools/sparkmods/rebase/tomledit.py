@@ -11,11 +11,12 @@ import json
 import re
 from typing import Any, Dict, List, Sequence, Tuple
 
-__all__ = ["TomlEditError", "render_variant", "edit_manifest"]
+__all__ = ["TomlEditError", "render_variant", "edit_manifest", "set_verified"]
 
 _VARIANT = re.compile(r"^\s*\[\[\s*variant\s*\]\]\s*(#.*)?$")
 _HEADER = re.compile(r"^\s*\[")
 _LABEL = re.compile(r"""^\s*label\s*=\s*(["'])(.*?)\1\s*(#.*)?$""")
+_VERIFIED = re.compile(r"^\s*verified\s*=\s*\[[^\]]*\]\s*(#.*)?$")
 _RANGE = re.compile(r"""^(\s*vllm\s*=\s*)(["'])((?:(?!\2).)*)\2(\s*(?:#.*)?)$""")
 
 
@@ -93,3 +94,20 @@ def edit_manifest(text: str, cuts: Dict[str, str], after_label: str, block: List
     following = lines[at:]
     insert = ["\n"] + list(block) + (["\n"] if following and following[0].strip() else [])
     return "".join(lines[:at] + insert + following)
+
+
+def set_verified(text: str, label: str, versions: List[str], comment: str) -> str:
+    """text with variant `label`'s one-line `verified = [...]` replaced by versions and the
+    comment line directly above its header (the one `render_variant` wrote) by comment."""
+    lines = text.splitlines(keepends=True)
+    tables = _tables(lines)
+    if label not in tables:
+        raise TomlEditError(f"no [[variant]] table with label {label!r}")
+    start, end = tables[label]
+    hits = [i for i in range(start + 1, end) if _VERIFIED.match(lines[i])]
+    if len(hits) != 1:
+        raise TomlEditError(f"variant {label!r}: no single one-line `verified = [...]` to change")
+    lines[hits[0]] = f"verified = {_value(versions)}\n"
+    if start > 0 and lines[start - 1].lstrip().startswith("#"):
+        lines[start - 1] = f"# {comment}\n"
+    return "".join(lines)
