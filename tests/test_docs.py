@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", REPO / "launch" / "README.md"]
 LINKED = ("mods", "launch", "examples", "tests")
 DOC_URL = "http://127.0.0.1:8000"
+DOC_LAUNCHER = "~/spark-vllm-docker/launch-cluster.sh"  # where the docs say eugr's launcher is
 TIERS = ("fast", "network", "docker", "vllm_runtime")
 DEMO_IMAGE = "sparkmods-demo/vllm-node:0.19.1-dev"
 DEMO_VERSION = "0.19.1.dev0+g2a69949bd.d20260404"  # a community-style source build of 0.19.1
@@ -160,6 +161,7 @@ def run_block(block: Block, scratch: Path, url: Optional[str]) -> List[Tuple[str
     script = "".join(f'{{ {cmd}\n}} >"{outs}/{i}" 2>&1 </dev/null\n' for i, (cmd, _) in enumerate(pairs))
     if url is not None:
         script = script.replace(DOC_URL, url)
+    script = script.replace(DOC_LAUNCHER, str(REPO / "tests" / "fixtures" / "launch-cluster.sh"))  # eugr's, stood in
     env = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "HOME": os.environ["HOME"],
            "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1", "SPARKMODS_CACHE_DIR": str(scratch / "cache")}
     env.update({k: v for k, v in os.environ.items() if k in ("SPARKMODS_VENV_DIR", "DOCKER_HOST", "SPARKMODS_INDEX_URL")})

@@ -38,9 +38,9 @@ def _remote_nodes() -> "tuple[str, str]":
 
 NODES = _remote_nodes()
 
-# Every character class a shell treats specially, and a trailing newline (command substitution
-# would eat it if the quoting leaned on it).
-HOSTILE = ["it's", 'say "hi"', "$HOME ${PATH} $(id) `id`", "two\nlines\n", "tab\tand  two spaces ",
+# Every character class a shell treats specially (a line break in a value is refused before
+# any script is written: test_recipe_refusals.py).
+HOSTILE = ["it's", 'say "hi"', "$HOME ${PATH} $(id) `id`", "tab\tand  two spaces ",
            "back\\slash \\n", "'", "''\\''", "*?[a]", "~root", "semi;colon|pipe&amp>x", "!bang #hash",
            "caf\u00e9 \u4e2d"]
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+from sparkmods.errors import SparkmodsError
 from sparkmods.runtime.engine import FileResult, HunkResult, NearMatch
 from sparkmods.runtime.modcheck import ModResult
 from sparkmods.sources.cache import cache_root, read_bytes, write_atomic
@@ -136,7 +137,7 @@ class ResultCache:
         entry = {"key": key, "result": result.to_dict()}
         try:
             write_atomic(self._path(key), json.dumps(entry, sort_keys=True).encode("utf-8"))
-        except OSError:
+        except (OSError, SparkmodsError):
             return  # a read-only or full cache slows later runs down, it is no error
         self._prune_once()
 

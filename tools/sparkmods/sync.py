@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Dict, List
 
 from sparkmods.errors import SparkmodsError
+from sparkmods.outputfile import write_atomic
 from sparkmods.runtime import __file__ as _runtime_init
 from sparkmods.runtime.manifest import MANIFEST_JSON
 from sparkmods.runtime.stamp import RUNTIME_FILES
@@ -127,11 +127,7 @@ def sync(mod_dir: Path) -> List[str]:
         if path.is_file() and path.read_bytes() == data and (path.stat().st_mode & 0o777) == mode:
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        write_atomic(path, data, mode=mode)  # the exact modes git records
         changed.append(rel)
     old = mod_dir / OLD_RUNTIME_DIR
     if old.is_dir() and not old.is_symlink():

@@ -59,6 +59,8 @@ def _sets(pairs: List[str]) -> Tuple[Tuple[str, str], ...]:
         key, eq, value = pair.partition("=")
         if not eq or not key:
             raise SparkmodsError(f"--set {pair!r}: want KEY=VALUE")
+        if any(c in value for c in "\n\r"):
+            raise SparkmodsError(f"--set {key}: the value holds a line break; a value is one line of text")
         out.append((key, value))
     return tuple(out)
 
@@ -84,11 +86,16 @@ def run_launch(args: argparse.Namespace) -> int:
     from sparkmods.launch.ontargets import validate_on
     from sparkmods.launch.plan import STANDALONE, build_plan, describe
     from sparkmods.launch.recipe import load_recipe
-    from sparkmods.launch.render import about, find_launcher, render, write_script
+    from sparkmods.launch.render import about, find_launcher, named_launcher, render, write_script
     from sparkmods.launch.target import TargetFacts
     from sparkmods.launch.target_open import open_launch_targets, check_with_engine
     from sparkmods.modsdir import mods_root
+    from sparkmods.outputfile import check_target
 
+    if args.output:  # before any check: a script that can never be written is no reason to fetch
+        check_target(Path(args.output).expanduser(), "-o")
+    if args.launch_cluster and not args.standalone:
+        named_launcher(args.launch_cluster)
     resultcache.start(reuse=not args.no_cache)
     path = Path(args.recipe)
     plan = build_plan(load_recipe(path), options_from(args), mods_dir=mods_root(args.mods_dir) if args.mods_dir else None)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, List, Optional, Sequence
 
 from sparkmods.commands import help_for
 from sparkmods.errors import SparkmodsError
+from sparkmods.outputfile import write_atomic
 from sparkmods.targets import add_cache_arg, add_target_args
 
 if TYPE_CHECKING:  # imported when a recipe is checked, not when the command line is parsed
@@ -81,6 +82,10 @@ def run_check(args: argparse.Namespace) -> int:
 
     resultcache.start(reuse=not args.no_cache)
     paths = [Path(p) for p in args.recipes] or default_recipes()
+    for path in paths:  # what names no recipe at all is bad input (exit 2), not a finding
+        if not path.is_file():
+            raise SparkmodsError(f"{path}: {'not a regular file' if path.exists() else 'no such file'}; "
+                                 "name a recipe (.yaml)")
     targets = [TargetFacts(s) for s in open_sources(args)]
     mods_dir = mods_root(args.mods_dir) if args.mods_dir else None
     report = {str(p): check_one(p, targets, mods_dir) for p in paths}
@@ -119,9 +124,7 @@ def run_sparkrun(args: argparse.Namespace) -> int:
         return 1 if stale or extra else 0
     out_dir.mkdir(exist_ok=True)
     for twin in stale:
-        tmp = twin.path.with_name(f".{twin.path.name}.tmp")
-        tmp.write_text(twin.text, encoding="utf-8")
-        tmp.replace(twin.path)
+        write_atomic(twin.path, twin.text)
     for path in extra:
         path.unlink()
     print(f"{len(twins)} sparkrun recipes in {out_dir}: {len(stale)} written, {len(extra)} removed")

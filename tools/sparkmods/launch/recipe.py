@@ -40,10 +40,35 @@ _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_RECIPE_BYTES = 1024 * 1024  # real recipes are a few KB
 MAX_EXPANDED = 1024 * 1024  # values plus string lengths, aliases followed; real recipes: a few thousand
 _BRIEF = 60
+# What a value may not hold: defaults are formatted into the command, env values only refused
+# where nothing could carry them (line breaks in env are a launch rule: the cluster form's).
+_BAD_IN = {"defaults": re.compile(r"[\x00-\x08\x0a-\x1f\x7f]"), "env": re.compile(r"\x00")}
+_CONTROL_NAMES = {"\x00": "a NUL byte", "\n": "a line break", "\r": "a carriage return"}
 
 
 class RecipeError(SparkmodsError):
     """A recipe problem: `<file>: <key>: <problem>` (exit 2)."""
+
+
+class _TwiceGiven(Exception):
+    """A mapping key the YAML gives twice: (key, first line, second line)."""
+
+
+class _Loader(yaml.SafeLoader):
+    """yaml.safe_load's loader, refusing a key given twice in one mapping (YAML requires keys
+    to be unique; PyYAML silently keeps the last, so a second `command:` would win unseen)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Dict[Any, Any]:
+        seen: Dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise _TwiceGiven(key, seen[key], line)
+            seen[key] = line
+        return super().construct_mapping(node, deep)
 
 
 @dataclass(frozen=True)
@@ -182,6 +207,10 @@ class _Checker:
                 raise self.fail(f"{key}.{_key_text(k)}", "keys must be identifiers (letters, digits, _)")
             if not isinstance(v, (str, int, float, bool)):
                 raise self.fail(f"{key}.{k}", f"must be a string, number or boolean, got {type(v).__name__}")
+            bad = _BAD_IN[key].search(v) if isinstance(v, str) else None
+            if bad:
+                raise self.fail(f"{key}.{k}", f"holds {_CONTROL_NAMES.get(bad.group(), 'a control character')}; "
+                                              "a value is one line of text")
         return value
 
     def recipe(self, data: Any) -> Recipe:
@@ -225,13 +254,19 @@ class _Checker:
 
     def check_placeholders(self, recipe: Recipe) -> None:
         try:
-            fields = placeholders(recipe.command)
+            fields = list(string.Formatter().parse(recipe.command))
         except ValueError as exc:
             raise self.fail("command", f"not a valid format template ({exc}): write literal braces as {{{{ and }}}}") from None
-        for field in fields:
+        for _, field, spec, conversion in fields:
+            if field is None:
+                continue
             if not _KEY.match(field):
                 raise self.fail("command", f"placeholder {{{field}}} is not a plain name: "
                                            "write literal braces as {{ and }}")
+            if spec or conversion:  # `{port:1500000000}` pads the value to 1.5 GB
+                shown = field + (f"!{conversion}" if conversion else "") + (f":{brief(spec)[1:-1]}" if spec else "")
+                raise self.fail("command", f"placeholder {{{shown}}} has a conversion or format spec; write "
+                                           f"{{{field}}} (the value is used as it is)")
             if field not in recipe.defaults_map:
                 raise self.fail("command", f"placeholder {{{field}}} has no value in defaults")
 
@@ -244,7 +279,11 @@ def load_recipe(path: Union[str, Path]) -> Recipe:
     except SparkmodsError as exc:
         raise RecipeError(str(exc)) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_Loader)  # a SafeLoader
+    except _TwiceGiven as exc:
+        key, first, second = exc.args
+        raise RecipeError(f"{p}: {_key_text(key)}: given twice (lines {first} and {second}); "
+                          "keep one") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
@@ -12,9 +10,10 @@ from sparkmods.errors import SparkmodsError
 from sparkmods.launch.cluster import render_cluster
 from sparkmods.launch.plan import STANDALONE, LaunchPlan
 from sparkmods.launch.standalone import render_standalone
+from sparkmods.outputfile import check_target, write_atomic
 from sparkmods.runtime.modcheck import ModResult
 
-__all__ = ["about", "render", "write_script", "find_launcher", "LAUNCHER"]
+__all__ = ["about", "render", "write_script", "find_launcher", "named_launcher", "LAUNCHER"]
 
 LAUNCHER = "launch-cluster.sh"
 
@@ -38,7 +37,7 @@ def about(plan: LaunchPlan, checked: Sequence[Tuple[str, Sequence[ModResult]]]) 
 def find_launcher(explicit: Optional[str], repo_root: Path) -> str:
     """--launch-cluster, else launch-cluster.sh on PATH, else beside the recipe repository."""
     if explicit:
-        return str(Path(explicit).expanduser().resolve())
+        return named_launcher(explicit)
     on_path = shutil.which(LAUNCHER)
     if on_path:
         return str(Path(on_path).resolve())
@@ -47,6 +46,15 @@ def find_launcher(explicit: Optional[str], repo_root: Path) -> str:
             return str(candidate.resolve())
     raise SparkmodsError(f"{LAUNCHER} not found on PATH, in {repo_root} or in {repo_root.parent / 'spark-vllm-docker'}: "
                          "pass --launch-cluster PATH (or use --standalone)")
+
+
+def named_launcher(explicit: str) -> str:
+    """The --launch-cluster PATH given, resolved; refused unless it is a file."""
+    path = Path(explicit).expanduser().resolve()
+    if not path.is_file():
+        raise SparkmodsError(f"--launch-cluster {explicit}: {'a folder' if path.is_dir() else 'no such file'}; "
+                             f"name eugr's {LAUNCHER} (or use --standalone)")
+    return str(path)
 
 
 def render(plan: LaunchPlan, header_lines: Sequence[str], launcher: Optional[str]) -> str:
@@ -58,17 +66,7 @@ def render(plan: LaunchPlan, header_lines: Sequence[str], launcher: Optional[str
 
 
 def write_script(text: str, out: Path) -> None:
-    """Write to a temp file beside `out`, make it executable, rename over `out`."""
+    """Write the script whole (outputfile.write_atomic), executable."""
     out = out.expanduser()
-    folder = out.resolve().parent
-    if not folder.is_dir():
-        raise SparkmodsError(f"-o {out}: folder {folder} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    check_target(out, "-o")
+    write_atomic(out, text, executable=True)

@@ -5,21 +5,39 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Set
+
+from sparkmods import outputfile
+from sparkmods.errors import SparkmodsError
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
+CACHE_ENV = "SPARKMODS_CACHE_DIR"
+_checked: Set[str] = set()  # roots already seen to be folders (or absent): stat once per root
+
+
 def cache_root() -> Path:
-    """$SPARKMODS_CACHE_DIR, else $XDG_CACHE_HOME/sparkmods, else ~/.cache/sparkmods (read at call time)."""
-    explicit = os.environ.get("SPARKMODS_CACHE_DIR")
+    """$SPARKMODS_CACHE_DIR, else $XDG_CACHE_HOME/sparkmods, else ~/.cache/sparkmods (read at
+    call time); something other than a folder there is one line, not a traceback later."""
+    explicit = os.environ.get(CACHE_ENV)
     if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "sparkmods"
+        root = Path(explicit).expanduser()
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        root = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "sparkmods"
+    if str(root) not in _checked:
+        there = root
+        while not os.path.lexists(there) and there != there.parent:
+            there = there.parent  # the nearest part that exists must be a folder
+        if not there.is_dir():
+            where = f"{CACHE_ENV}={explicit}" if explicit else f"the cache folder {root}"
+            blocker = "" if there == root else f" ({there} is a file)"
+            raise SparkmodsError(f"{where}: not a folder{blocker}; set {CACHE_ENV} to a folder "
+                                 "(it is created if missing)")
+        _checked.add(str(root))
+    return root
 
 
 def digest(text: str) -> str:
@@ -33,21 +51,18 @@ def is_sha256(text: str) -> bool:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write via a temp file in the same folder + rename, so readers never see a partial entry."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Write a cache entry whole (outputfile.write_atomic), readable by this user only."""
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SparkmodsError(f"{path.parent}: cannot create the cache folder ({exc.strerror}); "
+                             f"set {CACHE_ENV} to a folder you can write") from None
+    outputfile.write_atomic(path, data, mode=0o600)
 
 
 def read_bytes(path: Path) -> Optional[bytes]:
     """The entry's bytes, or None when it is not cached."""
     try:
         return path.read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None

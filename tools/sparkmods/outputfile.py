@@ -1,0 +1,82 @@
+"""Write a whole file atomically with the mode it ought to have: the one place the host tools
+replace a file (launch scripts, matrix outputs, rebased patches, mod.toml, cache entries).
+
+The bytes go to a temp file beside the target, which is then renamed over it, so a reader
+(or a kill) never sees half a file. The temp file is created with open(2)'s mode, which the
+kernel narrows by the umask, instead of tempfile.mkstemp's 0600: a file that replaces
+another keeps the mode it had (a 0644 mod.toml stays 0644), a new one gets what the umask
+gives, as `>` in a shell would. `check_target` refuses, before any work, an output path
+that could never be written (a folder, a missing parent), and every failure is one line
+naming the path (SparkmodsError), never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Optional, Union
+
+from sparkmods.errors import SparkmodsError
+
+_NEW_FILE, _NEW_EXECUTABLE = 0o666, 0o777
+_TRIES = 100
+
+
+def check_target(path: Path, flag: str) -> None:
+    """Refuse an output path no write could ever succeed at (`flag` names the option)."""
+    if path.is_dir():
+        raise SparkmodsError(f"{flag} {path}: a folder; name the file to write")
+    folder = path.expanduser().absolute().parent
+    if not folder.is_dir():
+        raise SparkmodsError(f"{flag} {path}: folder {folder} does not exist")
+
+
+def _open_temp(path: Path, mode: int) -> "tuple[int, Path]":
+    """(fd, name) of a new temp file beside path, created O_EXCL with `mode` less the umask."""
+    for _ in range(_TRIES):
+        tmp = path.with_name(f".{path.name}.{os.urandom(4).hex()}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temp name beside {path}")
+
+
+def _kept_mode(path: Path, executable: bool) -> Optional[int]:
+    """The mode of the regular file being replaced (with x wherever it has r when the new
+    content must run), or None when there is none."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    mode = stat.S_IMODE(info.st_mode)
+    return mode | (mode & 0o444) >> 2 if executable else mode
+
+
+def write_atomic(path: Path, data: Union[bytes, str], *, mode: Optional[int] = None,
+                 executable: bool = False) -> None:
+    """Replace path with data (str is written as UTF-8). `mode` forces an exact mode (what
+    git tracks, a private cache entry); without it the file keeps the mode of the one it
+    replaces, or a new one follows the umask (executable: as a new script would)."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    kept = _kept_mode(path, executable) if mode is None else mode
+    tmp: Optional[Path] = None
+    try:
+        fd, tmp = _open_temp(path, _NEW_EXECUTABLE if executable else _NEW_FILE)
+        with os.fdopen(fd, "wb") as fh:
+            if kept is not None:
+                os.fchmod(fh.fileno(), kept)
+            fh.write(raw)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        why = "a folder" if path.is_dir() else exc.strerror or str(exc)
+        raise SparkmodsError(f"{path}: cannot write it ({why})") from None
+    except BaseException:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        raise
