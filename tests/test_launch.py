@@ -400,7 +400,29 @@ def test_the_launcher_is_found_on_path_or_reported(repo, tmp_path, monkeypatch, 
     assert "launch-cluster.sh not found on PATH" in capsys.readouterr().err
 
 
-def test_without_the_image_or_vllm_the_target_is_unknown(repo, capsys):
+@pytest.mark.docker
+def test_without_the_image_or_vllm_the_target_is_unknown(repo, capsys, docker_engine):
     args = ["launch", str(repo.recipe), "--solo", "--image", "sparkmods-no-such-image:0", "--launch-cluster", str(STAND_IN)]
     assert main(args) == 2
-    assert "image 'sparkmods-no-such-image:0' is not in the local Docker engine" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        "sparkmods: error: image 'sparkmods-no-such-image:0' is not in the local Docker engine, so its vLLM cannot be "
+        "read: pass --vllm VERSION (the vLLM inside that image), or get the image (the community image is built, "
+        "not pulled: ./build-and-copy.sh -t sparkmods-no-such-image:0 in your spark-vllm-docker checkout)\n")
+
+
+def test_without_an_engine_or_vllm_it_says_no_engine_and_a_release(repo, capsys, tmp_path, monkeypatch):
+    """No engine answering is not the image being absent: the hint is a release number."""
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
+    args = ["launch", str(repo.recipe), "--solo", "--image", "vllm-node", "--launch-cluster", str(STAND_IN)]
+    assert main(args) == 2
+    assert capsys.readouterr().err == (
+        "sparkmods: error: no Docker engine answers, so the vLLM inside image 'vllm-node' cannot be read: "
+        "pass --vllm VERSION, the vLLM release the image holds (e.g. --vllm 0.21.0)\n")
+
+
+def test_checking_an_image_without_an_engine_suggests_a_release(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
+    assert main(["check", "--vllm", "image:vllm-node"]) == 2
+    assert capsys.readouterr().err == (
+        "sparkmods: error: image:vllm-node: no Docker engine answers (DockerException); start Docker, or name "
+        "the vLLM release the image holds instead (--vllm 0.21.0), or a dir:/wheel: target\n")

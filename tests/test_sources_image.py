@@ -87,8 +87,11 @@ def test_image_version_from_version_file_then_dist_info(docker_engine, real_file
 
 
 def test_image_errors(docker_engine, real_files):
-    with pytest.raises(SparkmodsError, match=r"image:sparkmods-no-such-image:1: no image .* \(docker pull"):
-        open_targets("image:sparkmods-no-such-image:1")
+    with pytest.raises(SparkmodsError, match=r"image:sparkmods-no-such-image:1: no image .* \(the community image "
+                       r"is built, not pulled: \./build-and-copy\.sh -t sparkmods-no-such-image:1 in your "):
+        open_targets("image:sparkmods-no-such-image:1")  # a local name, as eugr's build script gives
+    with pytest.raises(SparkmodsError, match=r"no image 'sparkmods/no-such-image:1' .* \(docker pull sparkmods/no-such"):
+        open_targets("image:sparkmods/no-such-image:1")  # a registry's
     from dockerimg import ensure_base_image
     base = ensure_base_image(docker_engine)  # Debian + python3, no vLLM anywhere
     before = {c.id for c in docker_engine.containers.list(all=True, filters={"ancestor": base, "label": READER_LABEL})}

@@ -19,13 +19,14 @@ __all__ = ["image_present", "open_launch_targets", "check_with_engine"]
 log = logging.getLogger("sparkmods.launch")
 
 
-def image_present(image: str) -> bool:
-    """True when a reachable local Docker engine holds the image (no pull, no network)."""
+def image_present(image: str) -> Optional[bool]:
+    """Whether the local Docker engine holds the image (no pull, no network); None when no engine
+    answers (or the docker package is missing)."""
     try:
         import docker
         from docker.errors import DockerException, ImageNotFound
     except ImportError:
-        return False
+        return None
     try:
         client = docker.from_env(timeout=10)
         try:
@@ -36,7 +37,7 @@ def image_present(image: str) -> bool:
     except ImageNotFound:
         return False
     except DockerException:
-        return False
+        return None
 
 
 def open_launch_targets(image: str, vllm: Sequence[str], *, index_url: Optional[str] = None,
@@ -45,15 +46,22 @@ def open_launch_targets(image: str, vllm: Sequence[str], *, index_url: Optional[
     (repeatable, as for `sparkmods check`; a range names each release in it)."""
     from sparkmods.sources import open_targets
 
-    if image_present(image):
+    present = image_present(image)
+    if present:
         (source,) = open_targets(f"image:{image}")
         for spec in vllm:
             if not _same_release(spec, source.version):
                 log.warning("image %s holds vLLM %s, not %s: checking the image", image, source.version, spec)
         return [source]
     if not vllm:
+        if present is None:
+            raise SparkmodsError(f"no Docker engine answers, so the vLLM inside image {image!r} cannot be read: "
+                                 "pass --vllm VERSION, the vLLM release the image holds (e.g. --vllm 0.21.0)")
+        from sparkmods.sources.image import absent_image_hint
+
         raise SparkmodsError(f"image {image!r} is not in the local Docker engine, so its vLLM cannot be read: "
-                             "pass --vllm VERSION (the vLLM inside that image)")
+                             f"pass --vllm VERSION (the vLLM inside that image), or get the image "
+                             f"({absent_image_hint(image)})")
     return [s for spec in vllm for s in open_targets(spec, index_url=index_url, offline=offline)]
 
 

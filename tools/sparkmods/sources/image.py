@@ -179,17 +179,30 @@ def _remove(container) -> None:
         pass  # already gone, or the engine went away: nothing left to clean
 
 
+# Without an engine the image's vLLM can still be checked as the release it was built from.
+NO_ENGINE_HINT = "start Docker, or name the vLLM release the image holds instead (--vllm 0.21.0), or a dir:/wheel: target"
+
+
+def absent_image_hint(name: str) -> str:
+    """How to get an image the engine lacks. A name without a registry path (`vllm-node`) is one
+    built on this machine, as the community image is by eugr/spark-vllm-docker's build script:
+    `docker pull` would ask Docker Hub for an image that does not exist there."""
+    if "/" in name:
+        return f"docker pull {name}, or build it"
+    return (f"the community image is built, not pulled: ./build-and-copy.sh -t {name} in your "
+            f"spark-vllm-docker checkout")
+
+
 def open_image(name: str, label: str) -> ImageSource:
     try:
         client = docker.from_env()
         client.ping()
     except docker.errors.DockerException as exc:
-        raise SparkmodsError(f"{label}: no Docker engine answers ({exc.__class__.__name__}); "
-                             f"start Docker or use dir:/wheel: targets") from None
+        raise SparkmodsError(f"{label}: no Docker engine answers ({exc.__class__.__name__}); {NO_ENGINE_HINT}") from None
     try:
         image = client.images.get(name)
     except docker.errors.ImageNotFound:
-        raise SparkmodsError(f"{label}: no image {name!r} on this Docker engine (docker pull {name} first)") from None
+        raise SparkmodsError(f"{label}: no image {name!r} on this Docker engine ({absent_image_hint(name)})") from None
     container = client.containers.create(image.id, entrypoint=["/sparkmods-never-started"], command=[],
                                          labels={"org.sparkmods.reader": "1"}, network_disabled=True)
     try:
