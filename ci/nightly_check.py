@@ -26,7 +26,8 @@ from pathlib import Path
 
 from sparkmods.errors import SparkmodsError
 from sparkmods.modsdir import resolve_mods
-from sparkmods.nightly import DEFAULT_NIGHTLY_URL, Report, break_lines, newer_releases, resolve_nightly, run_job
+from sparkmods.nightly import (DEFAULT_NIGHTLY_URL, Report, break_lines, community_broke, newer_releases,
+                               resolve_nightly, run_job)
 
 REPO = Path(__file__).resolve().parents[1]
 # The vllm_runtime test files that prove each mod on one vLLM (they honour sparkmods.heal's
@@ -84,7 +85,9 @@ def main() -> int:
     except SparkmodsError as exc:
         print(f"nightly_check: error: {exc}", file=sys.stderr)
         return 2
-    text = report.markdown() + heal_text
+    community = REPO / "ci" / "bench" / "results" / "community.json"
+    text = report.markdown() + community_broke(json.loads(community.read_text()) if community.is_file() else None) \
+        + heal_text
     target = args.report or os.environ.get("GITHUB_STEP_SUMMARY")
     if target:
         with open(target, "a", encoding="utf-8") as fh:

@@ -123,18 +123,24 @@ def _trim_rootfs(root: Path) -> None:
 
 
 def _add_site_dir_pth(root: Path) -> None:
-    """Let the image's python3 see SITE_DIR, as the 3.12 interpreter of the real image would."""
+    """Let the image's python3 see SITE_DIR, as the 3.12 interpreter of the real image would
+    (nothing to do where the interpreter is that one: Ubuntu 24.04's)."""
     out = subprocess.run(["chroot", str(root), "python3", "-c", "import site; print(site.getsitepackages()[0])"],
                          check=True, capture_output=True, text=True).stdout.strip()
+    if out == SITE_DIR:
+        return
     site_dir = root / out.lstrip("/")
     site_dir.mkdir(parents=True, exist_ok=True)
     (site_dir / PTH_NAME).write_text(SITE_DIR + "\n")
 
 
-def build_rootfs_tarball(dest: Path, include: Sequence[str] = tuple(DEBOOTSTRAP_INCLUDE)) -> None:
+def build_rootfs_tarball(dest: Path, include: Sequence[str] = tuple(DEBOOTSTRAP_INCLUDE), *,
+                         suite: str = DEBIAN_SUITE, mirror: str = DEBIAN_MIRROR,
+                         extra: Sequence[str] = (), script: Optional[str] = None) -> None:
     """debootstrap a minimal Debian with the packages include (and their dependencies) into the tarball dest.
 
-    Needs root. Other images (tests/sshnode.py) pass a longer include list for their own rootfs.
+    Needs root. Other images (tests/sshnode.py) pass a longer include list for their own rootfs;
+    the sandbox image passes Ubuntu's suite, mirror, keyring (extra) and debootstrap script.
     """
     if os.geteuid() != 0:
         raise RuntimeError(f"building {dest.name} needs root (debootstrap); run the docker tests as root "
@@ -146,13 +152,13 @@ def build_rootfs_tarball(dest: Path, include: Sequence[str] = tuple(DEBOOTSTRAP_
     debs = cache_dir() / "debs"
     debs.mkdir(exist_ok=True)
     cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(include)}",
-           f"--cache-dir={debs}", DEBIAN_SUITE, str(root), DEBIAN_MIRROR]
+           f"--cache-dir={debs}", *extra, suite, str(root), mirror] + ([script] if script else [])
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-20:])
-            raise RuntimeError(f"debootstrap {DEBIAN_SUITE} from {DEBIAN_MIRROR} failed "
-                               f"(set SPARKMODS_DEBIAN_MIRROR for another mirror):\n{tail}")
+            raise RuntimeError(f"debootstrap {suite} from {mirror} failed "
+                               f"(set SPARKMODS_DEBIAN_MIRROR or SPARKMODS_UBUNTU_MIRROR for another mirror):\n{tail}")
         _trim_rootfs(root)
         _add_site_dir_pth(root)
         partial = work / "rootfs.tar"
@@ -419,3 +425,74 @@ def base_image(docker_engine: docker.DockerClient) -> str:
 def ray_image(docker_engine: docker.DockerClient) -> str:
     """Tag of the base image with Ray installed (built once per machine)."""
     return ensure_ray_image(docker_engine)
+
+
+# --- the sandbox image (sparkmods check --community runs mods in it) --------------------------
+
+SANDBOX_REPO = "sparkmods-sandbox"
+# The community image is Ubuntu 24.04 (its Python 3.12 reports /usr/local/lib/python3.12/dist-packages
+# through sysconfig and site, which mods use to find vLLM), so the sandbox is too.
+UBUNTU_SUITE = "noble"
+UBUNTU_MIRROR = os.environ.get("SPARKMODS_UBUNTU_MIRROR", "http://archive.ubuntu.com/ubuntu")
+UBUNTU_SCRIPT = "/usr/share/debootstrap/scripts/gutsy"  # debootstrap's script for every Ubuntu suite
+# Ubuntu's archive key, for a Debian host that lacks ubuntu-keyring: the package, pinned by hash,
+# over HTTPS, and only the key with this fingerprint is trusted.
+UBUNTU_KEYRING_DEB = ("https://archive.ubuntu.com/ubuntu/pool/main/u/ubuntu-keyring/ubuntu-keyring_2023.11.28.1_all.deb",
+                      "36de43b15853ccae0028e9a767613770c704833f82586f28eb262f0311adb8a8")
+UBUNTU_ARCHIVE_KEY = "F6ECB3762474EDA9D21B7022871920D1991BC93C"  # Ubuntu Archive Automatic Signing Key (2018)
+# What community run.sh files call besides bash and coreutils: python3, patch, git apply, sed/awk/grep
+# (minbase has them), curl and wget (they fail: the sandbox has no network, as a finding should).
+SANDBOX_INCLUDE = ["python3", "patch", "git", "curl", "wget", "ca-certificates"]
+SANDBOX_CHANGES = BASE_CHANGES[:-1] + [
+    "ENV PATH=/workspace/vllm:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "ENV VLLM_BASE_DIR=/workspace/vllm", "ENV PIP_BREAK_SYSTEM_PACKAGES=1", f"WORKDIR {WORKDIR}", 'CMD ["bash"]',
+]
+
+
+def sandbox_image_tag() -> str:
+    recipe = (BUILD_RECIPE_VERSION, UBUNTU_SUITE, "minbase", SANDBOX_INCLUDE, platform.machine(),
+              ROOTFS_TRIM, SITE_DIR, SANDBOX_CHANGES, UBUNTU_ARCHIVE_KEY)
+    return f"{SANDBOX_REPO}:{_digest(*recipe)[:12]}"
+
+
+def ubuntu_keyring() -> Path:
+    """A keyring holding only Ubuntu's archive key (checked by fingerprint), cached."""
+    dest = cache_dir() / f"ubuntu-archive-{UBUNTU_ARCHIVE_KEY[-16:]}.gpg"
+    if dest.is_file():
+        return dest
+    url, sha = UBUNTU_KEYRING_DEB
+    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+        deb = Path(tmp) / "keyring.deb"
+        subprocess.run(["curl", "-fsS", "--proto", "=https", "-o", str(deb), url], check=True)
+        if hashlib.sha256(deb.read_bytes()).hexdigest() != sha:
+            raise RuntimeError(f"{url}: sha256 is not the pinned {sha}")
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(Path(tmp) / "x")], check=True)
+        gpg = ["gpg", "--homedir", tmp, "--batch", "--no-default-keyring", "--keyring",
+               str(Path(tmp) / "x/usr/share/keyrings/ubuntu-archive-keyring.gpg")]
+        key = subprocess.run(gpg + ["--export", UBUNTU_ARCHIVE_KEY], check=True, capture_output=True).stdout
+        if not key:
+            raise RuntimeError(f"{url}: no key {UBUNTU_ARCHIVE_KEY} in ubuntu-archive-keyring.gpg")
+        (Path(tmp) / "only.gpg").write_bytes(key)
+        os.replace(Path(tmp) / "only.gpg", dest)
+    return dest
+
+
+def ensure_sandbox_image(client: docker.DockerClient) -> str:
+    """`sparkmods-sandbox:<hash>` (also tagged :latest, the name sparkmods looks for), built once."""
+    tag = sandbox_image_tag()
+    repo, version = tag.split(":")
+    with _build_lock():
+        if not _image_exists(client, tag):
+            tarball = cache_dir() / f"rootfs-{version}.tar"
+            if not tarball.exists():
+                build_rootfs_tarball(tarball, SANDBOX_INCLUDE, suite=UBUNTU_SUITE, mirror=UBUNTU_MIRROR,
+                                     extra=[f"--keyring={ubuntu_keyring()}"], script=UBUNTU_SCRIPT)
+            client.api.import_image(src=str(tarball), repository=repo, tag=version, changes=SANDBOX_CHANGES)
+        client.images.get(tag).tag(repo, "latest")
+    return tag
+
+
+@pytest.fixture(scope="session")
+def sandbox_image(docker_engine: docker.DockerClient) -> str:
+    """Tag of the image community mods run in (built once per machine)."""
+    return ensure_sandbox_image(docker_engine)

@@ -127,12 +127,23 @@ class Tree:
         return self.files.get(path)
 
 
-def glm_tree(version: str = "0.19.1", broken: bool = False) -> Tree:
+def glm_tree(version: str = "0.19.1", broken: bool = False, outer: bool = False) -> Tree:
+    """The fix's file; broken: a context line next to the change differs (no tool applies it);
+    outer: only the hunk's first context line differs (GNU patch applies it with fuzz 1)."""
     (fp,) = parse_patch((FIXTURES / "patch-d-site" / "fix.patch").read_text())
     text = _old_side(fp)
     if broken:
+        text = text.replace(b"param = params_dict[name]", b"param = params_dict.get(name)")
+    if outer:
         text = text.replace(b"is_pp_missing_parameter(name, self)", b"is_pp_missing_parameter(name, model)")
     return Tree(version, {GLM: text})
+
+
+@pytest.mark.parametrize("name, status", [("patch-d-site", "ok-offset"), ("git-apply-directory", "conflict")])
+def test_gnu_patch_fuzz_is_modelled_and_git_apply_has_none(name, status):
+    result = judge(read_mod(FIXTURES / name), glm_tree(outer=True))
+    assert result.status == status
+    assert ("applies only with fuzz 1" in result.steps[0]["reason"]) == (status == "ok-offset")
 
 
 @pytest.mark.parametrize("name, status", [
@@ -177,12 +188,14 @@ def sites(tmp: Path) -> "tuple[Path, Path]":
 
 def test_check_community_table_json_and_exit_codes(tmp_path: Path, capsys):
     good, bad = sites(tmp_path)
-    assert main(["check", "--community", str(FIXTURES), "patch-root-skipping", "--vllm", f"dir:{good}"]) == 0
+    assert main(["check", "--community", str(FIXTURES), "patch-root-skipping", "--vllm", f"dir:{good}",
+                 "--static"]) == 0
     assert "1 checked, 1 green, 0 not (0 skipped silently); 0 of 1 mods not checkable" in capsys.readouterr().out
-    assert main(["check", str(FIXTURES / "patch-root-skipping"), "--vllm", f"dir:{bad}", "--json"]) == 1  # detected
+    assert main(["check", str(FIXTURES / "patch-root-skipping"), "--vllm", f"dir:{bad}", "--json",
+                 "--static"]) == 1  # detected
     [row] = json.loads(capsys.readouterr().out)["results"]  # JSON: the table's width follows the tmp path
     assert row["status"] == "skipped" and row["reason"].startswith("skipped silently: guard.patch (run.sh line 3)")
-    assert main(["check", "--community", str(FIXTURES), "--vllm", f"dir:{good}", "--json"]) == 1
+    assert main(["check", "--community", str(FIXTURES), "--vllm", f"dir:{good}", "--json", "--static"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert {r["mod"] for r in doc["results"]} == {m.name for m in FIXTURES.iterdir() if read_mod(m).checkable}
     assert {n["mod"] for n in doc["not_checkable"]} == {"python-edit", "sed-edit", "download-pr",
@@ -224,5 +237,9 @@ def test_adopt_writes_a_mod_keyed_by_where_the_steps_apply(tmp_path: Path, capsy
     assert rows == {"0.19.1": ["v0.19.1", "ok"], "0.20.0": ["-", "no-variant"]}  # run.sh fails loudly there
     # a second adopt into the same folder, or of a mod that cannot be judged, is refused whole
     assert main(["adopt", str(FIXTURES / "stacked-loop"), "--out", str(out), "--vllm", f"dir:{good}"]) == 2
-    assert main(["adopt", str(FIXTURES / "sed-edit"), "--out", str(tmp_path / "x"), "--vllm", f"dir:{good}"]) == 2
-    assert "cannot adopt: run.sh line 3" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    assert "exists and is not empty" in capsys.readouterr().err
+    assert main(["adopt", str(FIXTURES / "sed-edit"), "--out", str(tmp_path / "x"), "--vllm", f"dir:{good}",
+                 "--sandbox-image", "sparkmods-no-such-image:0"]) == 2  # it would be run: no such image
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ("no sandbox image" in err or "no Docker engine" in err)
+    assert not (tmp_path / "x").exists()

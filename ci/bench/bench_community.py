@@ -1,14 +1,17 @@
-"""How many of eugr/spark-vllm-docker's own mods sparkmods judges the way their run.sh behaves.
+"""The community matrix: every mod of the mirror's newest snapshot run, as launch-cluster.sh
+--apply-mod runs it, in the sandbox against every vLLM release >= 0.18.0 (sparkmods.community.sandbox).
 
-Reads a git mirror of the repository (no work tree needed: `git --git-dir`), takes every
-mods/<name>/ folder of every ref given (default: every branch and pull-request head), keeps
-each distinct folder once (same name and same tree: one mod), extracts it to a scratch
-folder, and reads its run.sh with sparkmods.community (never running it). Checkable mods are
-judged on every vLLM release >= 0.18.0 (or the --vllm given) and planned for adoption; the
-others are counted by the reason the reader gives. Writes community.json and community.md
-under --out and prints a summary.
+The mirror is a git directory of spark-arena/eugr-recipes (mods/<name>/ folders, copied verbatim
+from eugr/spark-vllm-docker); no work tree is needed. Each cell is one container run on a cached
+release tree. Incremental: a cell is kept from the previous results while its mod's git tree id,
+the release's wheel sha256 and the sandbox fingerprint are unchanged.
 
-    .venv/bin/python ci/bench/bench_community.py --mirror /work/.mirror/eugr+spark-vllm-docker/repo
+Writes community.json (`cells` of {"mod", "vllm", "status"}) and community.md under --out:
+statuses and counts only, never a mod's text or output (another project's work is not committed
+here). Where run.sh can also be read statically (patch steps only), that verdict is kept beside the
+run's and the two are counted as agreeing or not.
+
+    .venv/bin/python ci/bench/bench_community.py --mirror /work/.mirror/spark-arena+eugr-recipes/repo
 """
 
 from __future__ import annotations
@@ -21,111 +24,150 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional
 
-from sparkmods.community.adopt import plan_adoption
-from sparkmods.community.judge import judge_all
+from sparkmods.community.cli import run_cells
 from sparkmods.community.runsh import read_mod
-from sparkmods.errors import SparkmodsError
+from sparkmods.community.sandbox import RUN_STATUSES, agrees, check_image, fingerprint, sandbox_image
 from sparkmods.matrix.build import sort_sources
-from sparkmods.sources import open_targets, stats
+from sparkmods.sources import open_targets
 
 RESULTS = Path(__file__).resolve().parent / "results"
+CODES = {"applied": "A", "no-change": "N", "failed": "F", "wrote-outside-vllm": "O", "timed-out": "T"}
 
 
-def git(mirror: Path, *args: str) -> str:
-    return subprocess.run(["git", "--git-dir", str(mirror), *args], check=True, capture_output=True,
-                          text=True).stdout
+def git(mirror: Path, *args: str) -> bytes:
+    return subprocess.run(["git", "--git-dir", str(mirror), *args], check=True, capture_output=True).stdout
 
 
-def distinct_mods(mirror: Path, refs: List[str]) -> Dict[Tuple[str, str], Tuple[str, str]]:
-    """(name, tree id) -> (ref, commit) where the folder was first seen."""
-    found: Dict[Tuple[str, str], Tuple[str, str]] = {}
-    for ref in refs:
-        commit = git(mirror, "rev-parse", ref).strip()
-        for line in git(mirror, "ls-tree", commit, "mods/").splitlines():
-            meta, path = line.split("\t", 1)
-            kind, tree = meta.split()[1:]
-            if kind == "tree":
-                found.setdefault((Path(path).name, tree), (ref, commit))
-    return found
+def newest_mods(mirror: Path, ref: str) -> Dict[str, str]:
+    """name -> git tree id of every mods/<name>/ folder at ref."""
+    out = {}
+    for line in git(mirror, "ls-tree", ref, "mods/").decode().splitlines():
+        meta, path = line.split("\t", 1)
+        kind, tree = meta.split()[1:]
+        if kind == "tree":
+            out[Path(path).name] = tree
+    return out
 
 
 def extract(mirror: Path, tree: str, dest: Path) -> None:
     dest.mkdir(parents=True)
-    archive = subprocess.run(["git", "--git-dir", str(mirror), "archive", tree], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=git(mirror, "archive", tree), check=True)
+
+
+def reusable(previous: Optional[dict], mods: Dict[str, str], shas: Dict[str, Optional[str]], sandbox: str) -> dict:
+    """(mod, vllm) -> previous cell, for cells whose inputs are unchanged."""
+    if not previous or previous.get("sandbox") != sandbox:
+        return {}
+    old_mods = {m["name"]: m["tree"] for m in previous.get("mods", [])}
+    old_shas = {r["vllm"]: r["wheel_sha256"] for r in previous.get("releases", [])}
+    return {(c["mod"], c["vllm"]): c for c in previous.get("cells", [])
+            if old_mods.get(c["mod"]) == mods.get(c["mod"]) and c["vllm"] in shas
+            and shas[c["vllm"]] is not None and old_shas.get(c["vllm"]) == shas[c["vllm"]]}
+
+
+def build(args: argparse.Namespace) -> dict:
+    started = time.monotonic()
+    commit = git(args.mirror, "rev-parse", args.ref).decode().strip()
+    mods = newest_mods(args.mirror, commit)
+    image = sandbox_image(args.image)
+    check_image(image)
+    sandbox = fingerprint(image)
+    sources = sort_sources([s for spec in (args.vllm or [">=0.18.0"]) for s in open_targets(spec)])
+    shas = {s.version: s.sha256 for s in sources}
+    out_json = args.out / "community.json"
+    previous = json.loads(out_json.read_text()) if out_json.is_file() and not args.full else None
+    kept = reusable(previous, mods, shas, sandbox)
+    cells: Dict[tuple, dict] = {}
+    readable = {}
+    with tempfile.TemporaryDirectory(prefix="community-") as tmp:
+        read = {}
+        for name, tree in sorted(mods.items()):
+            extract(args.mirror, tree, Path(tmp) / tree / name)
+            read[name] = read_mod(Path(tmp) / tree / name)
+            readable[name] = read[name].checkable
+        todo = [s for s in sources if any((n, s.version) not in kept for n in mods)]
+        for source in todo:
+            wanted = [read[n] for n in sorted(mods) if (n, source.version) not in kept]
+            for src, mod, ran, static in run_cells(wanted, [source], image, args.timeout):
+                cell = {"mod": mod.name, "vllm": src.version, "status": ran.status, "exit_code": ran.exit_code,
+                        "changed": len(ran.changed), "seconds": ran.seconds}
+                if static is not None:
+                    cell["static"] = static.status
+                    cell["agrees"] = agrees(static.status, ran.status)
+                cells[(mod.name, src.version)] = cell
+                print(f"{src.version:8} {mod.name:40} {ran.status:20} {ran.seconds:6.2f} s", flush=True)
+    reused = 0
+    for key, cell in kept.items():
+        if key not in cells and key[0] in mods and key[1] in shas:
+            cells[key] = cell
+            reused += 1
+    ordered = [cells[(n, s.version)] for n in sorted(mods) for s in sources]
+    both = [c for c in ordered if "static" in c]
+    wall = round(time.monotonic() - started, 1)
+    return {
+        "mirror": {"repository": "spark-arena/eugr-recipes", "commit": commit,
+                   "subject": git(args.mirror, "log", "-1", "--format=%s", commit).decode().strip()},
+        "image": image, "sandbox": sandbox,
+        "releases": [{"vllm": s.version, "wheel_sha256": s.sha256} for s in sources],
+        "mods": [{"name": n, "tree": mods[n], "statically_readable": readable[n]} for n in sorted(mods)],
+        "cells": ordered,
+        "counts": dict(sorted(collections.Counter(c["status"] for c in ordered).items())),
+        "static_agreement": {"cells": len(both), "agree": sum(1 for c in both if c["agrees"])},
+        "timing": {"this_build_seconds": wall, "cells_run": len(ordered) - reused, "cells_reused": reused,
+                   "whole_matrix_cell_seconds": round(sum(c["seconds"] for c in ordered), 1),
+                   "machine": args.machine},
+    }
+
+
+def markdown(doc: dict) -> str:
+    versions = [r["vllm"] for r in doc["releases"]]
+    t = doc["timing"]
+    out = ["# Community mods run in the sandbox (`ci/bench/bench_community.py`)", "",
+           f"Every mod folder of {doc['mirror']['repository']} at {doc['mirror']['commit'][:12]} "
+           f"({len(doc['mods'])} mods) run as `launch-cluster.sh --apply-mod` runs it, in a throwaway container "
+           f"(`{doc['image']}`, no network, read-only but for vLLM's site-packages and /workspace) against "
+           f"{len(versions)} releases ({versions[0]} .. {versions[-1]}): {len(doc['cells'])} cells. Statuses "
+           "and counts only; no mod text is kept here.", "",
+           "Status counts: " + ", ".join(f"{s} {n}" for s, n in doc["counts"].items()) + ".", "",
+           f"Where run.sh can also be read statically (patch steps only), the reading agrees with the run in "
+           f"{doc['static_agreement']['agree']} of {doc['static_agreement']['cells']} cells.", "",
+           f"Time on {t['machine']}: the whole matrix is {t['whole_matrix_cell_seconds']} s of container runs "
+           f"(one a cell, release trees cached); this build ran {t['cells_run']} cells and reused "
+           f"{t['cells_reused']} in {t['this_build_seconds']} s.", "",
+           "Codes: " + ", ".join(f"{c} {s}" for s, c in CODES.items()) + "; `*` the static reading disagrees.", "",
+           "| mod | " + " | ".join(v for v in versions) + " | counts |", "|---|" + "---|" * (len(versions) + 1)]
+    by_mod = collections.defaultdict(dict)
+    for c in doc["cells"]:
+        by_mod[c["mod"]][c["vllm"]] = c
+    for m in doc["mods"]:
+        row = by_mod[m["name"]]
+        counts = collections.Counter(c["status"] for c in row.values())
+        out.append(f"| {m['name']} | " + " | ".join(
+            CODES[row[v]["status"]] + ("*" if row[v].get("agrees") is False else "") for v in versions)
+            + " | " + ", ".join(f"{s} {counts[s]}" for s in RUN_STATUSES if counts[s]) + " |")
+    return "\n".join(out) + "\n"
 
 
 def main(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mirror", required=True, type=Path, help="the git directory of a spark-vllm-docker mirror")
-    ap.add_argument("--ref", action="append", default=[], help="refs to read (default: every ref)")
+    ap.add_argument("--mirror", required=True, type=Path, help="the git directory of a spark-arena/eugr-recipes mirror")
+    ap.add_argument("--ref", default="HEAD", help="the snapshot (default: the newest, HEAD)")
     ap.add_argument("--vllm", action="append", default=[], help="targets (default: every release >= 0.18.0)")
+    ap.add_argument("--image", help="the sandbox image (default: sparkmods-sandbox:latest)")
+    ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--full", action="store_true", help="run every cell again")
+    ap.add_argument("--machine", default="dev machine (2 CPU cores)", help="what the timing was measured on")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
-    refs = args.ref or git(args.mirror, "for-each-ref", "--format=%(refname)").split()
-    started = time.monotonic()
-    mods = distinct_mods(args.mirror, refs)
-    sources = sort_sources([s for spec in (args.vllm or [">=0.18.0"]) for s in open_targets(spec)])
-    entries = []
-    with tempfile.TemporaryDirectory() as tmp:
-        read = []
-        for (name, tree), (ref, commit) in sorted(mods.items()):
-            folder = Path(tmp) / tree / name
-            extract(args.mirror, tree, folder)
-            read.append((read_mod(folder), ref, commit, tree))
-        checkable = [m for m, *_ in read if m.checkable]
-        rows = judge_all(checkable, sources)
-        for mod, ref, commit, tree in read:
-            entry = {"mod": mod.name, "tree": tree, "first_seen": {"ref": ref, "commit": commit},
-                     "checkable": mod.checkable, "reason": mod.why_not() or None,
-                     "kind": mod.blockers[0].kind if mod.blockers else ("judged" if mod.checkable else "nothing"),
-                     "steps": [s.to_dict() for s in mod.steps]}
-            if mod.checkable:
-                i = checkable.index(mod)
-                entry["cells"] = {s.version: {"status": per[i].status, "reason": per[i].reason}
-                                  for s, per in zip(sources, rows)}
-                try:
-                    adopted = plan_adoption(mod, mod.name.lower(), sources)
-                    entry["adopt"] = [{"label": v.label, "vllm": v.vllm, "verified": v.verified} for v in adopted.variants]
-                except SparkmodsError as exc:
-                    entry["adopt"] = str(exc)
-            entries.append(entry)
-    fetch = stats.snapshot()
-    kinds = collections.Counter(e["kind"] for e in entries)
-    doc = {"repository": "eugr/spark-vllm-docker", "mirror": str(args.mirror),
-           "refs": {r: git(args.mirror, "rev-parse", r).strip() for r in refs},
-           "targets": [s.version for s in sources], "mods": entries, "by_kind": dict(sorted(kinds.items())),
-           "judged": kinds.get("judged", 0), "distinct_mods": len(entries),
-           "seconds": round(time.monotonic() - started, 2), "fetch": fetch}
+    doc = build(args)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "community.json").write_text(json.dumps(doc, indent=1) + "\n")
     (args.out / "community.md").write_text(markdown(doc))
-    print(f"{doc['distinct_mods']} distinct mods in {len(refs)} refs; judged as run.sh behaves: {doc['judged']}; "
-          f"by kind: {doc['by_kind']}; {len(sources)} targets; {doc['seconds']} s, "
-          f"{fetch.get('requests', '?')} requests")
+    print(f"{len(doc['mods'])} mods x {len(doc['releases'])} releases: {doc['counts']}; ran "
+          f"{doc['timing']['cells_run']}, reused {doc['timing']['cells_reused']}, {doc['timing']['this_build_seconds']} s")
     return 0
-
-
-def markdown(doc: dict) -> str:
-    out = ["# Community mods judged as their run.sh behaves (`ci/bench/bench_community.py`)", "",
-           f"{doc['repository']} mirror, refs: " + ", ".join(f"`{r}` {c[:12]}" for r, c in doc["refs"].items()), "",
-           f"{doc['distinct_mods']} distinct mod folders; judged: {doc['judged']}; by kind: "
-           + ", ".join(f"{k} {n}" for k, n in doc["by_kind"].items())
-           + f". Targets: {len(doc['targets'])} releases ({doc['targets'][0]} .. {doc['targets'][-1]}); "
-           f"{doc['seconds']} s.", "", "| mod | first seen | verdict |", "|---|---|---|"]
-    for e in doc["mods"]:
-        if e["checkable"]:
-            counts = collections.Counter(c["status"] for c in e["cells"].values())
-            verdict = ", ".join(f"{s} {n}" for s, n in sorted(counts.items()))
-            adopt = e["adopt"] if isinstance(e["adopt"], str) else "; ".join(
-                f"{v['label']} {v['vllm']}" for v in e["adopt"])
-            verdict += f"; adopt: {adopt}"
-        else:
-            verdict = f"not checkable: {e['reason']}"
-        out.append(f"| {e['mod']} | `{e['first_seen']['ref']}` | {verdict.replace('|', '/')} |")
-    return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":

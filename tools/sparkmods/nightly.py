@@ -127,3 +127,20 @@ def run_job(mod_dirs: Sequence[Path], specs: Sequence[str], index_url: Optional[
             offline: bool = False) -> Report:
     sources = [s for spec in specs for s in open_targets(spec, index_url=index_url, offline=offline)]
     return Report(check_mods(mod_dirs, sources), sources)
+
+
+def community_broke(doc: Optional[dict]) -> str:
+    """A Markdown line on the committed community matrix (ci/bench/bench_community.py): the
+    community mods whose run changed vLLM on the release before the newest and no longer does
+    on the newest ("" when there is no matrix)."""
+    if not doc or not doc.get("cells") or len(doc.get("releases", [])) < 2:
+        return ""
+    before, newest = (r["vllm"] for r in doc["releases"][-2:])
+    cells = {(c["mod"], c["vllm"]): c["status"] for c in doc["cells"]}
+    broke = sorted(f"{m['name']} ({cells[(m['name'], newest)]})" for m in doc["mods"]
+                   if cells.get((m["name"], before)) == "applied" and cells.get((m["name"], newest)) != "applied")
+    where = f"{doc['mirror']['repository']} at {doc['mirror']['commit'][:12]}"
+    head = f"\nCommunity mods ({where}, {len(doc['mods'])} run in the sandbox): "
+    if not broke:
+        return head + f"none that changed vLLM {before} stopped on {newest}.\n"
+    return head + f"{len(broke)} broke on {newest} (they changed vLLM {before}): {', '.join(broke)}.\n"

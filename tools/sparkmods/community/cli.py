@@ -1,21 +1,28 @@
 """`sparkmods check --community` and `sparkmods matrix --community`: community mods judged
-on vLLM targets, as a table (or JSON) and as a matrix of their own."""
+on vLLM targets, as a table (or JSON) and as a matrix of their own.
+
+check runs each mod in the sandbox (sandbox.py) and, where run.sh can also be read statically
+(patch steps only), reads it too: the two must agree. A loose script or diff named on the
+command line is judged as a mod folder of its own."""
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
 import json
+import re
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import List, Sequence
+from typing import Iterator, List, Optional, Sequence, Tuple
 
-from sparkmods.community.judge import NOT_CHECKABLE, SKIPPED, judge_all
+from sparkmods.community.judge import NOT_CHECKABLE, SKIPPED, CommunityResult, judge, judge_all
 from sparkmods.community.runsh import CommunityMod, is_community_mod, read_mod
+from sparkmods.community.sandbox import SITE_DIR, RunResult, agrees
 from sparkmods.errors import SparkmodsError
 
-__all__ = ["collect", "load_mods", "run_check", "run_matrix", "wants_community"]
+__all__ = ["collect", "load_mods", "loose_mod", "run_cells", "run_check", "run_matrix", "wants_community"]
 
 # the community matrix's extra statuses, beside the matrix legend
 LEGEND_EXTRA = {SKIPPED: ("🙈", "#fb8500", "run.sh goes on after the patch failed: the fix is silently missing"),
@@ -23,13 +30,48 @@ LEGEND_EXTRA = {SKIPPED: ("🙈", "#fb8500", "run.sh goes on after the patch fai
 
 
 def wants_community(args: argparse.Namespace) -> bool:
-    """--community given, or a MOD named on the command line is a community mod folder."""
-    return bool(getattr(args, "community", None)) or any(is_community_mod(Path(m)) for m in getattr(args, "mods", []))
+    """--community given, or a MOD named on the command line is a community mod folder or a
+    loose file (a script or a diff)."""
+    return bool(getattr(args, "community", None)) or any(is_community_mod(Path(m)) or Path(m).is_file()
+                                                        for m in getattr(args, "mods", []))
 
 
-def collect(root: Path, names: Sequence[str] = ()) -> List[Path]:
-    """The community mod folders: root itself when it is one, else its sub-folders with a
-    run.sh and no mod.toml (or the ones named)."""
+def _is_diff(text: str) -> bool:
+    from sparkmods.runtime.udiff import PatchParseError, parse_patch
+    if text.startswith("#!"):
+        return False
+    try:
+        return bool(parse_patch(text))
+    except PatchParseError:
+        return False
+
+
+def loose_mod(path: Path, scratch: Path) -> Path:
+    """A mod folder in scratch for a loose file: a script becomes its run.sh; a diff is applied
+    by a run.sh of ours as the collection's simplest mods do (`patch -p1` in site-packages,
+    stopping when it fails)."""
+    data = path.read_bytes()
+    if len(data) > 16 << 20:
+        raise SparkmodsError(f"{path}: over 16 MiB; not a mod script or diff")
+    name = re.sub(r"[^A-Za-z0-9._+-]", "-", path.stem).strip("-.") or "loose"
+    folder = scratch / name
+    folder.mkdir(parents=True)
+    if _is_diff(data.decode("utf-8", "replace")):
+        (folder / f"{name}.diff").write_bytes(data)
+        (folder / "run.sh").write_text(f"#!/bin/bash\nset -e\npatch -p1 -d {SITE_DIR} < {name}.diff\n",
+                                       encoding="utf-8")
+    else:
+        (folder / "run.sh").write_bytes(data)
+    return folder
+
+
+def collect(root: Path, names: Sequence[str] = (), scratch: Optional[Path] = None) -> List[Path]:
+    """The community mod folders: root itself when it is one (or a loose file, given a scratch
+    folder to wrap it in), else its sub-folders with a run.sh and no mod.toml (or the ones named)."""
+    if root.is_file() and scratch is not None:
+        if names:
+            raise SparkmodsError(f"{root}: a single file; name no mods after it")
+        return [loose_mod(root, scratch)]
     if not root.is_dir():
         raise SparkmodsError(f"{root}: no such folder (want a folder of community mods: run.sh, no mod.toml)")
     if is_community_mod(root):
@@ -47,13 +89,72 @@ def collect(root: Path, names: Sequence[str] = ()) -> List[Path]:
     return found
 
 
-def load_mods(args: argparse.Namespace) -> List[CommunityMod]:
+def load_mods(args: argparse.Namespace, scratch: Optional[Path] = None) -> List[CommunityMod]:
     if getattr(args, "community", None):
-        return [read_mod(p) for p in collect(Path(args.community), getattr(args, "mods", []))]
-    return [read_mod(p) for name in args.mods for p in collect(Path(name))]
+        return [read_mod(p) for p in collect(Path(args.community), getattr(args, "mods", []), scratch)]
+    return [read_mod(p) for name in args.mods for p in collect(Path(name), (), scratch)]
 
 
 def run_check(args: argparse.Namespace) -> int:
+    """Run (or with --static, read) the mods on the targets and print the rows."""
+    with tempfile.TemporaryDirectory(prefix="sparkmods-loose-") as scratch:
+        mods = load_mods(args, Path(scratch))
+        return _static_check(args, mods) if args.static else _run_check(args, mods)
+
+
+def run_cells(mods: Sequence[CommunityMod], sources: Sequence, image: str,
+              timeout: float) -> Iterator[Tuple[object, CommunityMod, RunResult, Optional[CommunityResult]]]:
+    """(source, mod, what its run did, the static judgment where run.sh can be read) for every
+    mod on every source, one container at a time."""
+    from sparkmods.community.sandbox import _client, release_tree, run_mod
+
+    client = _client()
+    for source in sources:
+        with tempfile.TemporaryDirectory(prefix="sparkmods-tree-") as tmp:
+            tree = release_tree(source, Path(tmp))
+            for mod in mods:
+                static = judge(mod, source) if mod.checkable else None
+                yield source, mod, run_mod(mod.path, tree, image, timeout, client), static
+        release = getattr(source, "release", None)
+        if release is not None:
+            release()
+
+
+def _run_check(args: argparse.Namespace, mods: Sequence[CommunityMod]) -> int:
+    """A row per mod and target with the run's status; exit 1 when a row is not green or the run
+    and the static reading disagree."""
+    from sparkmods import report
+    from sparkmods.check import CheckRow
+    from sparkmods.community.sandbox import check_image, sandbox_image
+    from sparkmods.targets import open_sources
+
+    image = sandbox_image(args.sandbox_image)
+    check_image(image)
+    sources = open_sources(args)
+    rows, docs, disagree = [], [], 0
+    for source, mod, ran, static in run_cells(mods, sources, image, args.timeout):
+        reason = ran.reason(args.timeout)
+        if static is not None and not agrees(static.status, ran.status):
+            disagree += 1
+            reason += f"; DISAGREES with the static reading ({static.status}: {static.reason or 'no detail'})"
+        result = CommunityResult(mod.name, source.version, ran.status, None, reason)
+        rows.append(CheckRow(source.label, source.commit, source.sha256, result))
+        docs.append({**result.to_dict(), "target": source.label, "static": static.status if static else None,
+                     "run": {"exit_code": ran.exit_code, "last_line": ran.last_line, "seconds": ran.seconds,
+                             "changed": [{"path": p, "change": op} for op, p in ran.changed],
+                             "outside": ran.outside}})
+    order = sorted(range(len(rows)), key=lambda i: rows[i].result.mod)
+    if args.json:
+        json.dump({"results": [docs[i] for i in order], "image": image, "disagreements": disagree},
+                  sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        report.print_table([rows[i] for i in order])
+        print(report.summary_line(rows) + f"; run in {image}; {disagree} disagree with the static reading")
+    return 1 if disagree or report.exit_code(rows) else 0
+
+
+def _static_check(args: argparse.Namespace, mods: Sequence[CommunityMod]) -> int:
     """Print the rows (a table, or one JSON document); exit 1 when a row is not green or a mod
     cannot be judged."""
     from sparkmods import report
@@ -62,7 +163,6 @@ def run_check(args: argparse.Namespace) -> int:
     from sparkmods.targets import open_sources
 
     started = time.monotonic()
-    mods = load_mods(args)
     judged = [m for m in mods if m.checkable]
     sources = open_sources(args) if judged else []
     per_source = judge_all(judged, sources)

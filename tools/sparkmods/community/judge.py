@@ -10,13 +10,14 @@ starts, and the model runs without the fix. That is the harmful case, and it is 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from sparkmods import gcpause
 from sparkmods.check import SOURCE_JOBS
 from sparkmods.community.runsh import CommunityMod, PatchStep
 from sparkmods.runtime.engine import APPLIED, CONFLICT, EXACT, OFFSET, OK, OK_OFFSET, FileResult, plan
 from sparkmods.runtime.modcheck import ModResult, aggregate
+from sparkmods.runtime.udiff import FilePatch, Hunk
 
 __all__ = ["SKIPPED", "NOT_CHECKABLE", "CommunityResult", "judge", "judge_all", "not_checkable"]
 
@@ -54,6 +55,35 @@ def _half_written(step: PatchStep, files: Sequence[FileResult]) -> str:
     return f"; GNU patch still writes {fitted} hunk(s) and leaves .rej files (a half-patched vLLM)" if fitted else ""
 
 
+GNU_FUZZ = 2  # GNU patch's default -F: up to this many context lines at a hunk's ends may differ
+
+
+def _trimmed(hunk: Hunk, fuzz: int) -> Hunk:
+    """The hunk with up to `fuzz` context lines dropped at each end, as GNU patch's locate_hunk
+    drops them (each end's share reduced by how much shorter its context is than the longer)."""
+    lead = next((i for i, (tag, _) in enumerate(hunk.lines) if tag != " "), len(hunk.lines))
+    tail = next((i for i, (tag, _) in enumerate(reversed(hunk.lines)) if tag != " "), len(hunk.lines))
+    context = max(lead, tail)
+    cut_lead, cut_tail = max(0, min(lead, fuzz + lead - context)), max(0, min(tail, fuzz + tail - context))
+    lines = hunk.lines[cut_lead:len(hunk.lines) - cut_tail]
+    cut = cut_lead + cut_tail
+    return Hunk(hunk.old_start + cut_lead, hunk.old_len - cut, hunk.new_start + cut_lead, hunk.new_len - cut,
+                hunk.section, lines, hunk.old_eof_newline or cut_tail > 0, hunk.new_eof_newline or cut_tail > 0)
+
+
+def _with_fuzz(step: PatchStep, read) -> Optional[Tuple[List[FileResult], str, str]]:
+    """GNU patch applies a hunk whose outer context lines differ (fuzz 1, then 2): the step's
+    plan with the least fuzz that fits, or None."""
+    for fuzz in range(1, GNU_FUZZ + 1):
+        patches = [FilePatch(fp.old_path, fp.new_path, [_trimmed(h, fuzz) for h in fp.hunks])
+                   if not (fp.is_new or fp.is_delete) else fp for fp in step.patches]
+        files = plan(patches, read)
+        status, _ = aggregate(files)
+        if status in (OK, OK_OFFSET):
+            return files, OK_OFFSET, f"applies only with fuzz {fuzz} (GNU patch allows {GNU_FUZZ})"
+    return None
+
+
 def judge(mod: CommunityMod, source, keep_bytes: bool = False) -> CommunityResult:
     """The row for one checkable mod on one source (read, version; prefetch/list_files optional).
     keep_bytes: the row's files keep the vLLM files before and after every step (for adopt)."""
@@ -74,6 +104,9 @@ def judge(mod: CommunityMod, source, keep_bytes: bool = False) -> CommunityResul
     for step in mod.steps:
         files = plan(step.patches, read)
         status, reason = aggregate(files)
+        fuzzed = _with_fuzz(step, read) if status == CONFLICT and step.tool == "patch" else None
+        if fuzzed is not None:
+            files, status, reason = fuzzed
         where = f"{step.source} (run.sh line {step.line})"
         steps.append({**step.to_dict(), "status": status, "reason": reason, "files": [f.to_dict() for f in files]})
         statuses.append(status)
@@ -102,7 +135,8 @@ def judge(mod: CommunityMod, source, keep_bytes: bool = False) -> CommunityResul
                                steps=steps)
     if all(s == APPLIED for s in statuses):
         return CommunityResult(mod.name, source.version, APPLIED, None, "", steps=steps)
-    result = CommunityResult(mod.name, source.version, OK_OFFSET if OK_OFFSET in statuses else OK, None, "",
+    fuzzy = "; ".join(f"{s['file']}: {s['reason']}" for s in steps if "fuzz" in s["reason"])
+    result = CommunityResult(mod.name, source.version, OK_OFFSET if OK_OFFSET in statuses else OK, None, fuzzy,
                              [FileResult(p, OK, before=originals[p], after=overlay[p]) for p in sorted(overlay)],
                              steps=steps)
     verdict = drift_status(source, result)
