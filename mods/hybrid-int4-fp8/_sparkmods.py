@@ -231,8 +231,8 @@ try:  # first: a SIGINT at any later line is caught
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (OSError, ValueError):
-            pass  # a reader that went away, or a closed stream: nothing more can reach it
+        except (OSError, ValueError, AttributeError):
+            pass  # a reader that went away, a closed stream, or none (started with it closed)
     os._exit(code)
 except KeyboardInterrupt:
     import os
@@ -269,13 +269,13 @@ import os
 import sys
 
 from . import fsops, stamp
-from .basics import sha256
-from .engine import APPLIED, CONFLICT, OK, OK_OFFSET, UnsafePath, plan, safe_target
+from .basics import say_to, sha256
+from .engine import APPLIED, CONFLICT, OK, OK_OFFSET, UnsafePath, plain_path, plan
 from .interrupts import Interrupted, deferred, exit_code, handled
-from .journal import (JOURNAL_NAME, STATE_DIR, STATE_FILE, Entry, Journal, JournalError, applied_rel, orig_rel, recover,
-                      state_dir, sweep, temp_rel, transact)
+from .journal import (JOURNAL_NAME, STATE_DIR, STATE_FILE, Entry, Journal, JournalError, applied_rel, check_state,
+                      orig_rel, recover, state_dir, sweep, temp_rel, transact)
 from .locate import LocateError, find_vllm, read_version
-from .lock import LockTimeout, ReadOnlyTree, tree_lock
+from .lock import LockTimeout, ReadOnlyTree, UntrustedState, tree_lock
 from .manifest import ManifestError, Variant, load_manifest
 from .modcheck import BASE_ENV, GREEN, NO_VARIANT, UPSTREAM, ModInputs, decide, mod_inputs, settle
 from .udiff import reverse
@@ -294,14 +294,15 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
 class Printer:
-    """Every line goes out prefixed with `[<mod>]` so cluster logs show who said it."""
+    """Every line goes out prefixed with `[<mod>]` so cluster logs show who said it; a line
+    that cannot be written never fails the run (basics.say_to)."""
 
     def __init__(self, mod: str, stream=None) -> None:
         self.prefix = f"[{mod}]"
         self.stream = stream or sys.stdout
 
     def __call__(self, message: str) -> None:
-        print(f"{self.prefix} {message}", file=self.stream, flush=True)
+        say_to(self.stream, f"{self.prefix} {message}\n")
 
 
 def _sha256(data: Optional[bytes]) -> Optional[str]:
@@ -310,7 +311,7 @@ def _sha256(data: Optional[bytes]) -> Optional[str]:
 
 def _reader(site: StrPath):
     def read(rel: str) -> Optional[bytes]:
-        return fsops.read_regular(safe_target(site, rel))
+        return fsops.read_regular(plain_path(site, rel, leaf=True))
     return read
 
 
@@ -378,35 +379,58 @@ def _load_state(site: StrPath, mod: str) -> Optional[dict]:
 
     try:
         with open(path, encoding="utf-8") as fh:
-            state = json.load(fh)
-        files = state["files"]
-        if not all(isinstance(k, str) and set(v) == {"before", "after"} for k, v in files.items()):
-            raise ValueError("bad files table")
-        return state
+            return check_state(json.load(fh))
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        raise JournalError(f"{path}: unreadable saved state ({exc}); the originals are in "
+        raise JournalError(f"{path}: refusing this saved state ({exc}); nothing was changed; the originals are in "
                            f"{os.path.join(state_dir(site, mod), 'orig')}") from None
 
 
-def _drop_stale_state(site: StrPath, manifest: Manifest, say: Printer) -> None:
-    """Before applying to a tree the mod is not on, forget an earlier apply's leftover state.
-
-    Only when none of its files still holds what that apply wrote (vLLM was reinstalled or
-    reverted by other means); its originals are then copies of files no longer there.
-    """
+def _drop_stale_state(site: StrPath, manifest: Manifest, state: Optional[dict], say: Printer) -> None:
+    """Before applying to a tree the mod is not on, forget an earlier apply's leftover state:
+    none of its files still holds what that apply wrote (`_refuse_earlier_apply` saw to it),
+    so its originals are copies of files no longer there."""
     folder = state_dir(site, manifest.name)
     if not os.path.exists(folder):
         return
-    state = _load_state(site, manifest.name)
     if state is not None:
-        current = {rel: fsops.digest(safe_target(site, rel)) for rel in state["files"]}
-        kept = [rel for rel, sums in state["files"].items()
-                if sums["after"] is not None and current[rel] == sums["after"]]
-        if kept:
-            raise JournalError(f"{kept[0]} still holds what an earlier apply of {manifest.name} wrote, but the "
-                               f"rest of that apply is gone; run `./run.sh revert` first")
         say("removed the saved state of an earlier apply that this vLLM no longer has")
     fsops.remove_tree(folder)
+
+
+def _held(site: StrPath, state: dict) -> "tuple[List[str], List[str], Dict[str, Optional[bytes]]]":
+    """Of the files an earlier apply wrote (its state.json): those still holding what it wrote,
+    those holding neither that nor the original (changed since), and each one's bytes now."""
+    sums = state["files"]
+    current = {rel: fsops.read_regular(plain_path(site, rel, leaf=True)) for rel in sorted(sums)}
+    ours = [rel for rel in current if _sha256(current[rel]) == sums[rel]["after"]]
+    foreign = [rel for rel in current if _sha256(current[rel]) not in (sums[rel]["before"], sums[rel]["after"])]
+    return ours, foreign, current
+
+
+def _refuse_earlier_apply(site: StrPath, state: dict, version: str, result: ModResult) -> None:
+    """Say it (JournalError, one line) when this mod's earlier apply is on the tree but not as
+    it left it: a vLLM installed over it (pip leaves the files a mod created: they are in no
+    RECORD), one of its files changed since, or the mod changed since (a newer version of it).
+    A green answer there would be wrong, and a refusal without the way out no better."""
+    ours, foreign, _ = _held(site, state)
+    was = state.get("vllm")
+    if was == version and foreign:
+        raise JournalError(f"{foreign[0]} changed since this mod was applied (it holds neither what the apply wrote "
+                           f"nor vLLM's original): undo that change, or reinstall vLLM {version} and run "
+                           "`./run.sh revert`, then `./run.sh`; nothing was changed")
+    if not ours:
+        return  # nothing of it is left: stale state, dropped by the next apply
+    named = ours[0] + (f" and {len(ours) - 1} more file(s)" if len(ours) > 1 else "")
+    if len(ours) < len(state["files"]):
+        still = "is" if len(ours) == 1 else "are"
+        raise JournalError(f"vLLM {version} was installed over this mod's apply to vLLM {was} (variant "
+                           f"{state.get('variant')}): {named} that it wrote {still} still there; run `./run.sh "
+                           f"revert` to remove what it left, then `./run.sh` to apply to vLLM {version}; nothing was "
+                           "changed")
+    if result.status != APPLIED or {f.path for f in result.files} != set(state["files"]):
+        raise JournalError(f"vLLM {version} holds an earlier version of this mod (variant {state.get('variant')}, "
+                           f"{named}): run `./run.sh revert` to restore vLLM's files, then `./run.sh` to apply "
+                           "this version; nothing was changed")
 
 
 def _apply_journal(manifest: Manifest, result: ModResult, site: StrPath, mod_dir: StrPath, variant: Variant
@@ -416,7 +440,7 @@ def _apply_journal(manifest: Manifest, result: ModResult, site: StrPath, mod_dir
     for f in result.files:
         if not f.changes:
             continue
-        target = safe_target(site, f.path)
+        target = plain_path(site, f.path)
         mode = os.stat(target).st_mode & 0o7777 if f.before is not None else _new_file_mode(mod_dir, variant, f.path)
         old = orig_rel(manifest.name, f.path) if f.before is not None else None
         new = temp_rel(f.path) if f.after is not None else None
@@ -439,13 +463,16 @@ def apply_mod(mod_dir: StrPath, site: StrPath, workspace: StrPath, dry_run: bool
     say = say or Printer(manifest.name)
     version = read_version(site)
     # Bad input is an error before anything is written: the mod's (read once here, for every
-    # decision below) and a vLLM path that a symlink leads out of the tree.
+    # decision below) and a vLLM path reached through a link, or that is no regular file.
     weighed = mod_inputs(manifest, mod_dir, version, base)
     for rel in weighed.paths():
-        safe_target(site, rel)
+        plain_path(site, rel, leaf=True)
     with _lock(site, say, dry_run), deferred():
         recover(site, say)
         inputs, result = settle(weighed, _reader(site))
+        state = _load_state(site, manifest.name)
+        if state is not None:
+            _refuse_earlier_apply(site, state, version, result)
         if result.how:
             say(f"chose variant {result.variant} {result.how}" if result.green and result.variant else result.how)
         if result.status not in GREEN:
@@ -464,7 +491,7 @@ def apply_mod(mod_dir: StrPath, site: StrPath, workspace: StrPath, dry_run: bool
                 say(f"would patch {f.path}: {f.status}")
             say(f"dry run: variant {variant.label} applies cleanly to vLLM {version}; nothing written")
         elif result.changes():
-            _drop_stale_state(site, manifest, say)
+            _drop_stale_state(site, manifest, state, say)
             transact(site, *_apply_journal(manifest, result, site, mod_dir, variant))
             for f in result.files:
                 if f.changes:
@@ -514,13 +541,15 @@ def _revert_from_state(site: StrPath, inputs: ModInputs, state: dict) -> "Option
 
     Files still holding what the apply wrote are restored; files already back at their
     pristine bytes (vLLM reinstalled over the mod) are left alone; any other content is
-    someone else's change and stops the revert.
+    someone else's change and stops the revert. Where another vLLM release was installed over
+    the apply, the files the mod created are removed and every other file is the new
+    release's own, left alone.
     """
     name = inputs.manifest.name
     sums = state["files"]
-    current = {rel: fsops.read_regular(safe_target(site, rel)) for rel in sorted(sums)}
-    patched = [rel for rel, s in sums.items() if _sha256(current[rel]) == s["after"]]
-    foreign = [rel for rel, s in sums.items() if _sha256(current[rel]) not in (s["before"], s["after"])]
+    patched, foreign, current = _held(site, state)
+    if state.get("vllm") != inputs.version and len(patched) < len(sums):  # another release installed over it
+        patched, foreign = [rel for rel in patched if sums[rel]["before"] is None], []
     if foreign:
         if decide(inputs, _reader(site)).status in (OK, OK_OFFSET):
             return None  # another vLLM is installed and the mod is not on it: the state is stale
@@ -538,7 +567,7 @@ def _revert_from_state(site: StrPath, inputs: ModInputs, state: dict) -> "Option
         old = applied_rel(name, rel) if s["after"] is not None else None
         if old is not None:
             payload[old] = current[rel]  # type: ignore[assignment]
-        mode = os.stat(safe_target(site, rel)).st_mode & 0o7777 if current[rel] is not None else 0o644
+        mode = os.stat(plain_path(site, rel)).st_mode & 0o7777 if current[rel] is not None else 0o644
         entries.append(Entry(rel, s["after"], s["before"], new, old, mode))
     return Journal("revert", name, entries), payload
 
@@ -572,45 +601,78 @@ def _revert_by_reverse_patch(site: StrPath, inputs: ModInputs, say: Printer
         payload[old] = before  # type: ignore[assignment]
         if new is not None:
             payload[new] = after
-        mode = os.stat(safe_target(site, rel)).st_mode & 0o7777
+        mode = os.stat(plain_path(site, rel)).st_mode & 0o7777
         entries.append(Entry(rel, _sha256(before), _sha256(after), new, old, mode))
     return Journal("revert", manifest.name, entries), payload
 
 
+def _remove_installs(say: Printer, inputs: ModInputs, workspace: StrPath, dry_run: bool) -> None:
+    """A revert takes back what the apply put into the workspace (a chat template), where it
+    is still byte for byte what the mod installs: an edited copy is the user's and stays."""
+    sources: Dict[str, List[bytes]] = {}
+    for option in inputs.options or [inputs]:  # a choice by content: what any variant installs
+        if isinstance(option.chosen, Variant):
+            for item, data in zip(option.chosen.install, option.sources):
+                if not item.site:
+                    sources.setdefault(item.name, []).append(data)
+    for name, datas in sources.items():
+        dest = os.path.join(workspace, name)
+        current = fsops.read_regular(dest)
+        if current is None:
+            continue
+        if current not in datas:
+            say(f"kept {name} in {workspace}: it differs from what this mod installs")
+        elif dry_run:
+            say(f"would remove {name} from {workspace}")
+        else:
+            fsops.remove(dest)
+            say(f"removed {name} from {workspace}")
+
+
 def revert_mod(mod_dir: StrPath, site: StrPath, dry_run: bool = False, say: Optional[Printer] = None,
-               base: Optional[str] = None) -> int:
-    """Restore the pristine files of a mod applied to site."""
+               base: Optional[str] = None, workspace: Optional[StrPath] = None) -> int:
+    """Restore the pristine files of a mod applied to site, and remove its workspace installs."""
     manifest = load_manifest(mod_dir)
     say = say or Printer(manifest.name)
     inputs = mod_inputs(manifest, mod_dir, read_version(site), base)  # bad mod input: an error before any write
     with _lock(site, say, dry_run), deferred():
         recover(site, say)
-        state = _load_state(site, manifest.name)
-        if state is not None:
-            todo = _revert_from_state(site, inputs, state)
-            if todo is None:
-                if not dry_run:
-                    fsops.remove_tree(state_dir(site, manifest.name))
-                say("nothing to revert: vLLM is pristine; " + ("would remove" if dry_run else "removed")
-                    + " the stale saved state")
-                return EXIT_OK
-        else:
-            if not dry_run and os.path.exists(state_dir(site, manifest.name)):
-                fsops.remove_tree(state_dir(site, manifest.name))  # leftovers without a state file
-            todo = _revert_by_reverse_patch(site, inputs, say)
-            if todo is None:
-                return EXIT_OK
-        journal, payload = todo
-        if dry_run:
-            for e in journal.entries:
-                say(f"would restore {e.path}")
-            return EXIT_OK
-        sweep(site, [e.path for e in journal.entries])
-        transact(site, journal, payload)
+        _revert_vllm(site, inputs, dry_run, say)
+        if workspace is not None:
+            _remove_installs(say, inputs, workspace, dry_run)
+    return EXIT_OK
+
+
+def _revert_vllm(site: StrPath, inputs: ModInputs, dry_run: bool, say: Printer) -> None:
+    """Restore vLLM's files: from the saved originals, else with the reverse patch."""
+    name, version = inputs.manifest.name, inputs.version
+    state = _load_state(site, name)
+    if state is not None:
+        todo = _revert_from_state(site, inputs, state)
+        if todo is None:
+            if not dry_run:
+                fsops.remove_tree(state_dir(site, name))
+            say("nothing to revert: vLLM is pristine; " + ("would remove" if dry_run else "removed")
+                + " the stale saved state")
+            return
+    else:
+        if not dry_run and os.path.exists(state_dir(site, name)):
+            fsops.remove_tree(state_dir(site, name))  # leftovers without a state file
+        todo = _revert_by_reverse_patch(site, inputs, say)
+        if todo is None:
+            return
+    journal, payload = todo
+    if dry_run:
+        for e in journal.entries:
+            say(f"would {'restore' if e.after is not None else 'remove'} {e.path}")
+        return
+    sweep(site, [e.path for e in journal.entries])
+    transact(site, journal, payload)
     for e in journal.entries:
         say(f"{'restored' if e.after is not None else 'removed'} {e.path}")
-    say("reverted")
-    return EXIT_OK
+    was = state.get("vllm") if state is not None else version
+    say("reverted" if was == version else
+        f"reverted what the apply to vLLM {was} left; run `./run.sh` to apply to vLLM {version}")
 
 
 def run(action: str, mod_dir: StrPath, site: Optional[StrPath], workspace: StrPath, dry_run: bool, say: Printer) -> int:
@@ -620,12 +682,12 @@ def run(action: str, mod_dir: StrPath, site: Optional[StrPath], workspace: StrPa
             site = site or find_vllm().site
             base = os.environ.get(BASE_ENV, "").strip() or None
             if action == "revert":
-                return revert_mod(mod_dir, site, dry_run, say, base)
+                return revert_mod(mod_dir, site, dry_run, say, base, workspace)
             return apply_mod(mod_dir, site, workspace, dry_run or action == "check", say, base)
     except (LocateError, ManifestError, UnsafePath, ValueError) as exc:
         say(f"ERROR: {exc}")
         return EXIT_USAGE
-    except (JournalError, LockTimeout) as exc:
+    except (JournalError, LockTimeout, UntrustedState) as exc:
         say(f"ERROR: {exc}")
         return EXIT_FAIL
     except ReadOnlyTree as exc:
@@ -723,6 +785,8 @@ run.sh's apply.
            Records are not hashable, like mutable dataclasses.
   sha256   the interpreter's own SHA-256 module: hashlib loads OpenSSL's (`_hashlib`), a
            heavier import for the few hundred KB an apply hashes.
+
+And `say_to`, the one way run.sh writes what it says.
 """
 
 try:
@@ -733,7 +797,25 @@ except ImportError:
     except ImportError:  # an interpreter built without its own hashes
         from hashlib import sha256  # type: ignore[no-redef]
 
-__all__ = ["Record", "sha256"]
+__all__ = ["Record", "sha256", "say_to"]
+
+
+def say_to(stream: object, text: str) -> None:
+    """Write and flush text; never raise. What run.sh says comes after or between changes it
+    has made or settled, so output that cannot be written (stdout closed, a reader gone with
+    `| head -1`, a full device) is dropped rather than turned into a failure, and characters
+    the stream cannot encode (an ASCII locale, a non-ASCII path) are written as escapes."""
+    if stream is None:  # started with stdout closed
+        return
+    try:
+        try:
+            stream.write(text)  # type: ignore[attr-defined]
+        except UnicodeEncodeError:  # raised before anything is written
+            encoding = getattr(stream, "encoding", None) or "ascii"
+            stream.write(text.encode(encoding, "backslashreplace").decode(encoding))  # type: ignore[attr-defined]
+        stream.flush()  # type: ignore[attr-defined]
+    except (OSError, ValueError):
+        pass
 
 
 class Record:
@@ -771,6 +853,7 @@ spliced in one pass. Writing is separate (journal.transact) and all-or-nothing a
 from __future__ import annotations
 
 import os
+import stat
 
 from .basics import Record
 
@@ -787,7 +870,7 @@ __all__ = [
     "EXACT", "OFFSET", "APPLIED", "CONFLICT",
     "OK", "OK_OFFSET", "MISSING_FILE",
     "PACKAGE", "TMP_SUFFIX", "UnsafePath", "HunkResult", "FileResult", "check_relpath", "confine", "plan_file", "plan",
-    "safe_target",
+    "safe_target", "plain_path",
 ]
 
 # Hunk outcomes.
@@ -1158,6 +1241,45 @@ def safe_target(root: StrPath, rel: str) -> str:
     if target != base and not target.startswith(base.rstrip("/") + "/"):
         raise UnsafePath(f"refusing {rel!r}: it resolves outside {base} (symlink?)")
     return target
+
+
+_KINDS = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a device",
+          stat.S_IFBLK: "a device"}
+
+
+def plain_path(root: StrPath, rel: str, leaf: bool = False) -> str:
+    """root/rel, refused (UnsafePath, one line) unless it is reached through real folders only.
+
+    The runtime's policy for links inside the tree: none is followed. A link (to another file
+    in vllm/, dangling, or where a mod creates a file) would make the file read, the file
+    written, its temp name and its saved copy different places; vLLM's wheels contain none.
+    With `leaf`, what is at rel must also be a regular file or nothing (a folder or a FIFO
+    where a mod writes a file is refused, never replaced).
+    """
+    rel = check_relpath(rel)
+    base = os.path.realpath(root)
+    path = base
+    parts = rel.split("/") if rel else []
+    for i, part in enumerate(parts):
+        path = os.path.join(path, part)
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            break  # nothing below it exists either
+        where = "/".join(parts[:i + 1])
+        if stat.S_ISLNK(mode):
+            raise UnsafePath(f"{path}: {where} is a symbolic link (to {os.readlink(path)}); a mod changes only "
+                             f"real files inside {PACKAGE}/, never through a link: replace the link with the file or "
+                             "folder it points to (or reinstall vLLM); nothing was changed")
+        last = i == len(parts) - 1
+        if not last and not stat.S_ISDIR(mode):
+            raise UnsafePath(f"{path}: {where} is not a folder, but {rel} is meant to be inside it; "
+                             "move it away and run again; nothing was changed")
+        if last and leaf and not stat.S_ISREG(mode):
+            kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+            raise UnsafePath(f"{path}: {where} is {kind}, not a regular file, where the mod reads or writes a "
+                             "file; move it away and run again; nothing was changed")
+    return os.path.join(base, *parts) if parts else base
 ''',
     'fsops': r'''"""The runtime's changes to the disk, each one a counted step so a test can stop it at any of them.
 
@@ -1307,14 +1429,15 @@ def _named(exc: OSError, path: StrPath) -> OSError:
 
 
 def make_dirs(path: StrPath) -> None:
-    """mkdir -p, one step per folder it creates."""
+    """mkdir -p, one step per folder it creates; 0755 at most, whatever the umask (the state
+    folder must not be writable by others: lock.trust)."""
     path = os.fspath(path)
     if os.path.isdir(path):
         return
     make_dirs(os.path.dirname(path))
     step()
     try:
-        os.mkdir(path)
+        os.mkdir(path, 0o755)
     except FileExistsError:
         if not os.path.isdir(path):
             raise
@@ -1525,11 +1648,13 @@ pristine files are never lost. Settling is idempotent: it can itself be killed a
 from __future__ import annotations
 
 import os
+import stat
 
 from . import fsops
 from .basics import Record, sha256
-from .engine import check_relpath, safe_target
+from .engine import confine, plain_path
 from .interrupts import Interrupted, shielded
+from .manifest import _NAME as _MOD_NAME
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -1538,7 +1663,8 @@ if TYPE_CHECKING:
     from .fsops import StrPath
 
 __all__ = ["STATE_DIR", "JOURNAL_NAME", "STATE_FILE", "FORWARD", "BACK", "Entry", "Journal", "JournalError",
-           "state_dir", "orig_rel", "applied_rel", "temp_rel", "transact", "recover", "sweep", "drop_bytecode"]
+           "state_dir", "orig_rel", "applied_rel", "temp_rel", "check_state", "transact", "recover", "sweep",
+           "drop_bytecode"]
 
 STATE_DIR = ".sparkmods"
 JOURNAL_NAME = ".journal.json"
@@ -1595,16 +1721,49 @@ class Journal(Record):
                 doc = json.load(fh)
             entries = [Entry(**e) for e in doc.pop("entries")]
             journal = cls(entries=entries, **doc)
-            for e in journal.entries:
-                for rel in (e.path, e.new, e.old):
-                    if rel is not None:
-                        check_relpath(rel)
-        except (ValueError, TypeError, KeyError, RecursionError) as exc:
-            raise JournalError(f"{path}: unreadable journal ({exc}); move it away and reinstall vLLM "
-                               "if its files are half-patched") from None
-        if journal.op not in (APPLY, REVERT) or journal.direction not in (None, FORWARD, BACK):
-            raise JournalError(f"{path}: unknown op {journal.op!r} or direction {journal.direction!r}")
+            journal.confine()
+            if journal.op == APPLY:
+                check_state(journal.state)
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+            raise JournalError(f"{path}: refusing this journal ({exc}); nothing was changed: move it away, and "
+                               "reinstall vLLM if its files are half-patched") from None
         return journal
+
+    def confine(self) -> None:
+        """Refuse (ValueError) a journal this runtime would not have written: every file a mod's
+        target inside vllm/ (as apply confines them), each copy and temp at the one name the
+        runtime gives it, sha256 sums and modes well formed."""
+        if self.op not in (APPLY, REVERT) or self.direction not in (None, FORWARD, BACK):
+            raise ValueError(f"unknown op {self.op!r} or direction {self.direction!r}")
+        if not (isinstance(self.mod, str) and _MOD_NAME.matches(self.mod)):
+            raise ValueError(f"mod {self.mod!r} is no mod name")
+        saved = orig_rel if self.op == APPLY else applied_rel
+        for e in self.entries:
+            if not isinstance(e.path, str) or confine(e.path) != e.path:
+                raise ValueError(f"{e.path!r} is not a mod's file inside vllm/")
+            news = (temp_rel(e.path),) if self.op == APPLY else (temp_rel(e.path), orig_rel(self.mod, e.path))
+            for sha, copy, allowed in ((e.after, e.new, news), (e.before, e.old, (saved(self.mod, e.path),))):
+                if not _is_sha(sha) or (copy is None) != (sha is None) or (copy is not None and copy not in allowed):
+                    raise ValueError(f"{e.path}: copy {copy!r} of sha256 {sha!r} is not where this runtime keeps it")
+            if not isinstance(e.mode, int) or isinstance(e.mode, bool) or not 0 <= e.mode <= 0o7777:
+                raise ValueError(f"{e.path}: mode {e.mode!r}")
+
+
+def _is_sha(value: object) -> bool:
+    """None or 64 lowercase hex digits (a sha256 as the journal writes it)."""
+    return value is None or (isinstance(value, str) and len(value) == 64 and not value.strip("0123456789abcdef"))
+
+
+def check_state(state: object) -> dict:
+    """A mod's saved state (state.json, or the one an apply's journal will write), refused
+    (ValueError) unless every file it names is a mod's file inside vllm/ with well-formed sums."""
+    files = state["files"]  # type: ignore[index]
+    for rel, sums in files.items():
+        if not isinstance(rel, str) or confine(rel) != rel:
+            raise ValueError(f"{rel!r} is not a mod's file inside vllm/")
+        if set(sums) != {"before", "after"} or not all(_is_sha(v) for v in sums.values()):
+            raise ValueError(f"{rel}: bad sums {sums!r}")
+    return state  # type: ignore[return-value]
 
 
 _CONSTANTS = {None: "null", True: "true", False: "false"}
@@ -1682,7 +1841,7 @@ def _holds(site: StrPath, rel: Optional[str], sha: Optional[str]) -> bool:
     """Does site/rel hold bytes with this sha256 (None: must be absent)?"""
     if rel is None:
         return sha is None
-    path = safe_target(site, rel)
+    path = plain_path(site, rel)
     if sha is None:
         return not os.path.lexists(path)
     return fsops.digest(path) == sha
@@ -1727,7 +1886,8 @@ def _bytes_to_write(site: StrPath, journal: Journal, direction: str
     for e in journal.entries:
         sha, copy = _side(e, direction)
         if sha is not None and not _holds(site, e.path, sha):
-            out.append((safe_target(site, e.path), sha, lambda c=copy: _read(os.path.join(site, c)), e.mode))
+            target = plain_path(site, e.path)
+            out.append((target, sha, lambda c=copy: _read(plain_path(site, c)), _mode(target, e.mode)))
     if journal.op == APPLY and direction == FORWARD:
         data = dump_json(journal.state)
         target = os.path.join(state_dir(site, journal.mod), STATE_FILE)
@@ -1735,15 +1895,27 @@ def _bytes_to_write(site: StrPath, journal: Journal, direction: str
     return out
 
 
+def _mode(target: str, mode: int) -> int:
+    """The mode the journal names, never more than the file has now (a patched file keeps its
+    mode, a revert gives back the one the apply kept) or, where there is none, than a new file
+    gets: a journal cannot make a file setuid or world-writable that was not."""
+    try:
+        return mode & stat.S_IMODE(os.lstat(target).st_mode)
+    except FileNotFoundError:
+        return mode & fsops.umasked(0o777)
+
+
 def _stage(target: str, sha: str, data: Callable[[], bytes], mode: int) -> None:
-    """Stage target's new bytes beside it, unless its temp already holds them (an apply's)."""
-    if fsops.digest(fsops.temp_path(target)) != sha:
+    """Stage target's new bytes beside it, unless its temp already holds them with that mode
+    (an apply's)."""
+    temp = fsops.temp_path(target)
+    if fsops.digest(temp) != sha or stat.S_IMODE(os.lstat(temp).st_mode) != mode:
         fsops.stage(target, data(), mode)
 
 
 def _put(site: StrPath, e: Entry, direction: str) -> None:
     sha, _ = _side(e, direction)
-    target = safe_target(site, e.path)
+    target = plain_path(site, e.path)
     if _holds(site, e.path, sha):
         return
     if sha is None:
@@ -1773,17 +1945,20 @@ def _finish(site: StrPath, journal: Journal, direction: str) -> None:
 
 def sweep(site: StrPath, rels: List[str]) -> None:
     """Remove our temp files beside these vLLM files and anywhere in the state folder."""
-    folders = {os.path.dirname(safe_target(site, r)) for r in rels}
+    folders = {os.path.dirname(plain_path(site, r)) for r in rels}
     found = [p for folder in sorted(folders) for p in fsops.stray_temps(folder)]
     found += fsops.stray_temps(os.path.join(site, STATE_DIR), recursive=True)
     for path in found:
         fsops.remove(path)
 
 
-def settle(site: StrPath, journal: Journal, prefer: str) -> str:
-    """Bring the tree to one side of the journal (prefer, else the other); returns the side."""
+def settle(site: StrPath, journal: Journal, prefer: str, fallback: bool = True) -> str:
+    """Bring the tree to one side of the journal (prefer, else, with fallback, the other);
+    returns the side."""
     other = BACK if prefer == FORWARD else FORWARD
     blocked = {prefer: _blockers(site, journal, prefer)}
+    if blocked[prefer] and not fallback:
+        raise JournalError(f"the {journal.op} of {journal.mod} could not be completed: {blocked[prefer][0]}")
     if blocked[prefer]:  # the other side is looked at only when this one cannot be reached
         blocked[other] = _blockers(site, journal, other)
     choice = next((d for d in (prefer, other) if not blocked[d]), None)
@@ -1811,23 +1986,24 @@ def transact(site: StrPath, journal: Journal, payload: Dict[str, bytes]) -> None
 
     Copies of old bytes are written first, then new bytes are staged beside their
     targets, then `settle` renames them into place. Any failure, Ctrl-C and SIGTERM
-    included, rolls the tree back before it propagates.
+    included, rolls the tree back before it propagates; so does a change that cannot be
+    finished (its new bytes are not where settling looks), which is an error, never silence.
     """
     staged = {e.new: e for e in journal.entries if e.new is not None and e.new == temp_rel(e.path)}
     journal.direction = FORWARD  # how a run killed from here on is settled (what recover prefers anyway)
     try:
         journal.save(site)
         for rel in sorted(r for r in payload if r not in staged):
-            fsops.write_file(safe_target(site, rel), payload[rel])
+            fsops.write_file(plain_path(site, rel), payload[rel])
         for rel in sorted(r for r in payload if r in staged):
-            fsops.stage(safe_target(site, staged[rel].path), payload[rel], staged[rel].mode)
-        settle(site, journal, FORWARD)
+            fsops.stage(plain_path(site, staged[rel].path), payload[rel], staged[rel].mode)
+        settle(site, journal, FORWARD, fallback=False)
     except BaseException as exc:
         with shielded():
             side = BACK
             try:
                 if os.path.exists(_journal_path(site)):
-                    side = settle(site, Journal.load(site), BACK)
+                    side = settle(site, journal, BACK)  # the journal as saved (settle saves its direction)
                 else:
                     sweep(site, [e.path for e in journal.entries])
             except (OSError, JournalError) as failed:
@@ -1988,6 +2164,10 @@ Without it a revert and an apply started together both succeed and the tree ends
 although the apply said "already applied". The lock is an flock on
 `<site-packages>/.sparkmods/.lock`: the kernel drops it when its holder dies, so a killed run
 never leaves it held. A waiting run says so once and gives up after a bounded time.
+
+Before the lock is taken, the state folder is checked (`trust`): what it holds (a journal,
+saved originals, state.json) decides what is written into vLLM, so state another user could
+have written is never read. The runtime creates it with modes no umask widens (fsops).
 """
 
 from __future__ import annotations
@@ -1995,6 +2175,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import time
 
 from . import fsops
@@ -2005,7 +2186,8 @@ if TYPE_CHECKING:
 
     from .fsops import StrPath
 
-__all__ = ["LOCK_NAME", "LOCK_TIMEOUT", "DEFAULT_TIMEOUT_S", "LockTimeout", "ReadOnlyTree", "tree_lock", "timeout_s"]
+__all__ = ["LOCK_NAME", "LOCK_TIMEOUT", "DEFAULT_TIMEOUT_S", "LockTimeout", "ReadOnlyTree", "UntrustedState",
+           "tree_lock", "timeout_s", "trust"]
 
 LOCK_NAME = ".lock"
 LOCK_TIMEOUT = "SPARKMODS_LOCK_TIMEOUT"
@@ -2019,6 +2201,45 @@ class LockTimeout(RuntimeError):
 
 class ReadOnlyTree(RuntimeError):
     """The state folder cannot be created or written (a read-only vLLM)."""
+
+
+class UntrustedState(RuntimeError):
+    """Something in the state folder could have been written by another user."""
+
+
+def trust(state_root: StrPath) -> None:
+    """Refuse (UntrustedState, one line) a state folder holding a symbolic link, anything
+    writable by its group or by others, or anything owned by someone other than this user or
+    the owner of the folder it is in (site-packages: who installed vLLM)."""
+    root = os.fspath(state_root)
+    try:
+        owners = {os.getuid(), os.stat(os.path.dirname(root)).st_uid}
+        _trusted(root, os.lstat(root), owners)
+    except FileNotFoundError:
+        return
+    for top, folders, files in os.walk(root):
+        for name in folders + files:
+            path = os.path.join(top, name)
+            try:
+                _trusted(root, os.lstat(path), owners, path)
+            except FileNotFoundError:
+                continue
+
+
+def _trusted(root: str, st: os.stat_result, owners: "set[int]", path: Optional[str] = None) -> None:
+    mode = st.st_mode
+    if stat.S_ISLNK(mode):
+        why = "a symbolic link"
+    elif st.st_uid not in owners:
+        why = f"owned by uid {st.st_uid}, neither this user nor the owner of {os.path.dirname(root)}"
+    elif mode & 0o022:
+        why = f"writable by {'all users' if mode & 0o002 else 'its group'} (mode {stat.S_IMODE(mode):04o})"
+    else:
+        return
+    raise UntrustedState(
+        f"{path or root} is {why}: another user could have planted a journal or saved files in {root}, so "
+        f"nothing is read from it and nothing was changed; if you trust it, make it yours and not writable "
+        f"by others (chown -R {os.getuid()} {root}; chmod -R go-w {root}), else reinstall vLLM and delete it")
 
 
 def timeout_s() -> float:
@@ -2049,6 +2270,7 @@ class tree_lock:
 
     def __enter__(self) -> None:
         path = os.path.join(self.state_root, LOCK_NAME)
+        trust(self.state_root)
         try:
             fsops.make_dirs(self.state_root)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
@@ -3149,7 +3371,7 @@ import marshal
 import os
 import sys
 
-from .basics import sha256
+from .basics import say_to, sha256
 
 STAMP_NAME = "stamp"
 _VERSION = 2
@@ -3233,7 +3455,9 @@ def record(mod_dir: str, site: str, variant: str, version: str, mod_files: "list
     target = os.path.join(site, _STATE_DIR, name, STAMP_NAME)
     tmp = os.path.join(os.path.dirname(target), f".{STAMP_NAME}{_TMP_SUFFIX}")
     try:
-        with open(tmp, "wb") as fh:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with open(fd, "wb") as fh:
+            os.fchmod(fd, 0o644)  # not what the umask leaves: the state folder stays others' to read only
             fh.write(marshal.dumps(stamp))
         os.replace(tmp, target)
     finally:
@@ -3304,8 +3528,7 @@ def quick(argv: "list[str]", mod_dir: str) -> "int | None":
     lines += [f"{dest} already installed in {workspace}" for dest, _ in stamp["installs"]]
     if stamp["notes"]:
         lines.append(stamp["notes"])
-    sys.stdout.write("".join(f"[{name}] {line}\n" for line in lines))
-    sys.stdout.flush()
+    say_to(sys.stdout, "".join(f"[{name}] {line}\n" for line in lines))
     return 0
 ''',
     'udiff': r'''"""Unified diff parser, stdlib only.

@@ -33,8 +33,8 @@ try:  # first: a SIGINT at any later line is caught
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (OSError, ValueError):
-            pass  # a reader that went away, or a closed stream: nothing more can reach it
+        except (OSError, ValueError, AttributeError):
+            pass  # a reader that went away, a closed stream, or none (started with it closed)
     os._exit(code)
 except KeyboardInterrupt:
     import os

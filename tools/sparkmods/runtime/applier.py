@@ -20,13 +20,13 @@ import os
 import sys
 
 from . import fsops, stamp
-from .basics import sha256
-from .engine import APPLIED, CONFLICT, OK, OK_OFFSET, UnsafePath, plan, safe_target
+from .basics import say_to, sha256
+from .engine import APPLIED, CONFLICT, OK, OK_OFFSET, UnsafePath, plain_path, plan
 from .interrupts import Interrupted, deferred, exit_code, handled
-from .journal import (JOURNAL_NAME, STATE_DIR, STATE_FILE, Entry, Journal, JournalError, applied_rel, orig_rel, recover,
-                      state_dir, sweep, temp_rel, transact)
+from .journal import (JOURNAL_NAME, STATE_DIR, STATE_FILE, Entry, Journal, JournalError, applied_rel, check_state,
+                      orig_rel, recover, state_dir, sweep, temp_rel, transact)
 from .locate import LocateError, find_vllm, read_version
-from .lock import LockTimeout, ReadOnlyTree, tree_lock
+from .lock import LockTimeout, ReadOnlyTree, UntrustedState, tree_lock
 from .manifest import ManifestError, Variant, load_manifest
 from .modcheck import BASE_ENV, GREEN, NO_VARIANT, UPSTREAM, ModInputs, decide, mod_inputs, settle
 from .udiff import reverse
@@ -45,14 +45,15 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
 class Printer:
-    """Every line goes out prefixed with `[<mod>]` so cluster logs show who said it."""
+    """Every line goes out prefixed with `[<mod>]` so cluster logs show who said it; a line
+    that cannot be written never fails the run (basics.say_to)."""
 
     def __init__(self, mod: str, stream=None) -> None:
         self.prefix = f"[{mod}]"
         self.stream = stream or sys.stdout
 
     def __call__(self, message: str) -> None:
-        print(f"{self.prefix} {message}", file=self.stream, flush=True)
+        say_to(self.stream, f"{self.prefix} {message}\n")
 
 
 def _sha256(data: Optional[bytes]) -> Optional[str]:
@@ -61,7 +62,7 @@ def _sha256(data: Optional[bytes]) -> Optional[str]:
 
 def _reader(site: StrPath):
     def read(rel: str) -> Optional[bytes]:
-        return fsops.read_regular(safe_target(site, rel))
+        return fsops.read_regular(plain_path(site, rel, leaf=True))
     return read
 
 
@@ -129,35 +130,58 @@ def _load_state(site: StrPath, mod: str) -> Optional[dict]:
 
     try:
         with open(path, encoding="utf-8") as fh:
-            state = json.load(fh)
-        files = state["files"]
-        if not all(isinstance(k, str) and set(v) == {"before", "after"} for k, v in files.items()):
-            raise ValueError("bad files table")
-        return state
+            return check_state(json.load(fh))
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        raise JournalError(f"{path}: unreadable saved state ({exc}); the originals are in "
+        raise JournalError(f"{path}: refusing this saved state ({exc}); nothing was changed; the originals are in "
                            f"{os.path.join(state_dir(site, mod), 'orig')}") from None
 
 
-def _drop_stale_state(site: StrPath, manifest: Manifest, say: Printer) -> None:
-    """Before applying to a tree the mod is not on, forget an earlier apply's leftover state.
-
-    Only when none of its files still holds what that apply wrote (vLLM was reinstalled or
-    reverted by other means); its originals are then copies of files no longer there.
-    """
+def _drop_stale_state(site: StrPath, manifest: Manifest, state: Optional[dict], say: Printer) -> None:
+    """Before applying to a tree the mod is not on, forget an earlier apply's leftover state:
+    none of its files still holds what that apply wrote (`_refuse_earlier_apply` saw to it),
+    so its originals are copies of files no longer there."""
     folder = state_dir(site, manifest.name)
     if not os.path.exists(folder):
         return
-    state = _load_state(site, manifest.name)
     if state is not None:
-        current = {rel: fsops.digest(safe_target(site, rel)) for rel in state["files"]}
-        kept = [rel for rel, sums in state["files"].items()
-                if sums["after"] is not None and current[rel] == sums["after"]]
-        if kept:
-            raise JournalError(f"{kept[0]} still holds what an earlier apply of {manifest.name} wrote, but the "
-                               f"rest of that apply is gone; run `./run.sh revert` first")
         say("removed the saved state of an earlier apply that this vLLM no longer has")
     fsops.remove_tree(folder)
+
+
+def _held(site: StrPath, state: dict) -> "tuple[List[str], List[str], Dict[str, Optional[bytes]]]":
+    """Of the files an earlier apply wrote (its state.json): those still holding what it wrote,
+    those holding neither that nor the original (changed since), and each one's bytes now."""
+    sums = state["files"]
+    current = {rel: fsops.read_regular(plain_path(site, rel, leaf=True)) for rel in sorted(sums)}
+    ours = [rel for rel in current if _sha256(current[rel]) == sums[rel]["after"]]
+    foreign = [rel for rel in current if _sha256(current[rel]) not in (sums[rel]["before"], sums[rel]["after"])]
+    return ours, foreign, current
+
+
+def _refuse_earlier_apply(site: StrPath, state: dict, version: str, result: ModResult) -> None:
+    """Say it (JournalError, one line) when this mod's earlier apply is on the tree but not as
+    it left it: a vLLM installed over it (pip leaves the files a mod created: they are in no
+    RECORD), one of its files changed since, or the mod changed since (a newer version of it).
+    A green answer there would be wrong, and a refusal without the way out no better."""
+    ours, foreign, _ = _held(site, state)
+    was = state.get("vllm")
+    if was == version and foreign:
+        raise JournalError(f"{foreign[0]} changed since this mod was applied (it holds neither what the apply wrote "
+                           f"nor vLLM's original): undo that change, or reinstall vLLM {version} and run "
+                           "`./run.sh revert`, then `./run.sh`; nothing was changed")
+    if not ours:
+        return  # nothing of it is left: stale state, dropped by the next apply
+    named = ours[0] + (f" and {len(ours) - 1} more file(s)" if len(ours) > 1 else "")
+    if len(ours) < len(state["files"]):
+        still = "is" if len(ours) == 1 else "are"
+        raise JournalError(f"vLLM {version} was installed over this mod's apply to vLLM {was} (variant "
+                           f"{state.get('variant')}): {named} that it wrote {still} still there; run `./run.sh "
+                           f"revert` to remove what it left, then `./run.sh` to apply to vLLM {version}; nothing was "
+                           "changed")
+    if result.status != APPLIED or {f.path for f in result.files} != set(state["files"]):
+        raise JournalError(f"vLLM {version} holds an earlier version of this mod (variant {state.get('variant')}, "
+                           f"{named}): run `./run.sh revert` to restore vLLM's files, then `./run.sh` to apply "
+                           "this version; nothing was changed")
 
 
 def _apply_journal(manifest: Manifest, result: ModResult, site: StrPath, mod_dir: StrPath, variant: Variant
@@ -167,7 +191,7 @@ def _apply_journal(manifest: Manifest, result: ModResult, site: StrPath, mod_dir
     for f in result.files:
         if not f.changes:
             continue
-        target = safe_target(site, f.path)
+        target = plain_path(site, f.path)
         mode = os.stat(target).st_mode & 0o7777 if f.before is not None else _new_file_mode(mod_dir, variant, f.path)
         old = orig_rel(manifest.name, f.path) if f.before is not None else None
         new = temp_rel(f.path) if f.after is not None else None
@@ -190,13 +214,16 @@ def apply_mod(mod_dir: StrPath, site: StrPath, workspace: StrPath, dry_run: bool
     say = say or Printer(manifest.name)
     version = read_version(site)
     # Bad input is an error before anything is written: the mod's (read once here, for every
-    # decision below) and a vLLM path that a symlink leads out of the tree.
+    # decision below) and a vLLM path reached through a link, or that is no regular file.
     weighed = mod_inputs(manifest, mod_dir, version, base)
     for rel in weighed.paths():
-        safe_target(site, rel)
+        plain_path(site, rel, leaf=True)
     with _lock(site, say, dry_run), deferred():
         recover(site, say)
         inputs, result = settle(weighed, _reader(site))
+        state = _load_state(site, manifest.name)
+        if state is not None:
+            _refuse_earlier_apply(site, state, version, result)
         if result.how:
             say(f"chose variant {result.variant} {result.how}" if result.green and result.variant else result.how)
         if result.status not in GREEN:
@@ -215,7 +242,7 @@ def apply_mod(mod_dir: StrPath, site: StrPath, workspace: StrPath, dry_run: bool
                 say(f"would patch {f.path}: {f.status}")
             say(f"dry run: variant {variant.label} applies cleanly to vLLM {version}; nothing written")
         elif result.changes():
-            _drop_stale_state(site, manifest, say)
+            _drop_stale_state(site, manifest, state, say)
             transact(site, *_apply_journal(manifest, result, site, mod_dir, variant))
             for f in result.files:
                 if f.changes:
@@ -265,13 +292,15 @@ def _revert_from_state(site: StrPath, inputs: ModInputs, state: dict) -> "Option
 
     Files still holding what the apply wrote are restored; files already back at their
     pristine bytes (vLLM reinstalled over the mod) are left alone; any other content is
-    someone else's change and stops the revert.
+    someone else's change and stops the revert. Where another vLLM release was installed over
+    the apply, the files the mod created are removed and every other file is the new
+    release's own, left alone.
     """
     name = inputs.manifest.name
     sums = state["files"]
-    current = {rel: fsops.read_regular(safe_target(site, rel)) for rel in sorted(sums)}
-    patched = [rel for rel, s in sums.items() if _sha256(current[rel]) == s["after"]]
-    foreign = [rel for rel, s in sums.items() if _sha256(current[rel]) not in (s["before"], s["after"])]
+    patched, foreign, current = _held(site, state)
+    if state.get("vllm") != inputs.version and len(patched) < len(sums):  # another release installed over it
+        patched, foreign = [rel for rel in patched if sums[rel]["before"] is None], []
     if foreign:
         if decide(inputs, _reader(site)).status in (OK, OK_OFFSET):
             return None  # another vLLM is installed and the mod is not on it: the state is stale
@@ -289,7 +318,7 @@ def _revert_from_state(site: StrPath, inputs: ModInputs, state: dict) -> "Option
         old = applied_rel(name, rel) if s["after"] is not None else None
         if old is not None:
             payload[old] = current[rel]  # type: ignore[assignment]
-        mode = os.stat(safe_target(site, rel)).st_mode & 0o7777 if current[rel] is not None else 0o644
+        mode = os.stat(plain_path(site, rel)).st_mode & 0o7777 if current[rel] is not None else 0o644
         entries.append(Entry(rel, s["after"], s["before"], new, old, mode))
     return Journal("revert", name, entries), payload
 
@@ -323,45 +352,78 @@ def _revert_by_reverse_patch(site: StrPath, inputs: ModInputs, say: Printer
         payload[old] = before  # type: ignore[assignment]
         if new is not None:
             payload[new] = after
-        mode = os.stat(safe_target(site, rel)).st_mode & 0o7777
+        mode = os.stat(plain_path(site, rel)).st_mode & 0o7777
         entries.append(Entry(rel, _sha256(before), _sha256(after), new, old, mode))
     return Journal("revert", manifest.name, entries), payload
 
 
+def _remove_installs(say: Printer, inputs: ModInputs, workspace: StrPath, dry_run: bool) -> None:
+    """A revert takes back what the apply put into the workspace (a chat template), where it
+    is still byte for byte what the mod installs: an edited copy is the user's and stays."""
+    sources: Dict[str, List[bytes]] = {}
+    for option in inputs.options or [inputs]:  # a choice by content: what any variant installs
+        if isinstance(option.chosen, Variant):
+            for item, data in zip(option.chosen.install, option.sources):
+                if not item.site:
+                    sources.setdefault(item.name, []).append(data)
+    for name, datas in sources.items():
+        dest = os.path.join(workspace, name)
+        current = fsops.read_regular(dest)
+        if current is None:
+            continue
+        if current not in datas:
+            say(f"kept {name} in {workspace}: it differs from what this mod installs")
+        elif dry_run:
+            say(f"would remove {name} from {workspace}")
+        else:
+            fsops.remove(dest)
+            say(f"removed {name} from {workspace}")
+
+
 def revert_mod(mod_dir: StrPath, site: StrPath, dry_run: bool = False, say: Optional[Printer] = None,
-               base: Optional[str] = None) -> int:
-    """Restore the pristine files of a mod applied to site."""
+               base: Optional[str] = None, workspace: Optional[StrPath] = None) -> int:
+    """Restore the pristine files of a mod applied to site, and remove its workspace installs."""
     manifest = load_manifest(mod_dir)
     say = say or Printer(manifest.name)
     inputs = mod_inputs(manifest, mod_dir, read_version(site), base)  # bad mod input: an error before any write
     with _lock(site, say, dry_run), deferred():
         recover(site, say)
-        state = _load_state(site, manifest.name)
-        if state is not None:
-            todo = _revert_from_state(site, inputs, state)
-            if todo is None:
-                if not dry_run:
-                    fsops.remove_tree(state_dir(site, manifest.name))
-                say("nothing to revert: vLLM is pristine; " + ("would remove" if dry_run else "removed")
-                    + " the stale saved state")
-                return EXIT_OK
-        else:
-            if not dry_run and os.path.exists(state_dir(site, manifest.name)):
-                fsops.remove_tree(state_dir(site, manifest.name))  # leftovers without a state file
-            todo = _revert_by_reverse_patch(site, inputs, say)
-            if todo is None:
-                return EXIT_OK
-        journal, payload = todo
-        if dry_run:
-            for e in journal.entries:
-                say(f"would restore {e.path}")
-            return EXIT_OK
-        sweep(site, [e.path for e in journal.entries])
-        transact(site, journal, payload)
+        _revert_vllm(site, inputs, dry_run, say)
+        if workspace is not None:
+            _remove_installs(say, inputs, workspace, dry_run)
+    return EXIT_OK
+
+
+def _revert_vllm(site: StrPath, inputs: ModInputs, dry_run: bool, say: Printer) -> None:
+    """Restore vLLM's files: from the saved originals, else with the reverse patch."""
+    name, version = inputs.manifest.name, inputs.version
+    state = _load_state(site, name)
+    if state is not None:
+        todo = _revert_from_state(site, inputs, state)
+        if todo is None:
+            if not dry_run:
+                fsops.remove_tree(state_dir(site, name))
+            say("nothing to revert: vLLM is pristine; " + ("would remove" if dry_run else "removed")
+                + " the stale saved state")
+            return
+    else:
+        if not dry_run and os.path.exists(state_dir(site, name)):
+            fsops.remove_tree(state_dir(site, name))  # leftovers without a state file
+        todo = _revert_by_reverse_patch(site, inputs, say)
+        if todo is None:
+            return
+    journal, payload = todo
+    if dry_run:
+        for e in journal.entries:
+            say(f"would {'restore' if e.after is not None else 'remove'} {e.path}")
+        return
+    sweep(site, [e.path for e in journal.entries])
+    transact(site, journal, payload)
     for e in journal.entries:
         say(f"{'restored' if e.after is not None else 'removed'} {e.path}")
-    say("reverted")
-    return EXIT_OK
+    was = state.get("vllm") if state is not None else version
+    say("reverted" if was == version else
+        f"reverted what the apply to vLLM {was} left; run `./run.sh` to apply to vLLM {version}")
 
 
 def run(action: str, mod_dir: StrPath, site: Optional[StrPath], workspace: StrPath, dry_run: bool, say: Printer) -> int:
@@ -371,12 +433,12 @@ def run(action: str, mod_dir: StrPath, site: Optional[StrPath], workspace: StrPa
             site = site or find_vllm().site
             base = os.environ.get(BASE_ENV, "").strip() or None
             if action == "revert":
-                return revert_mod(mod_dir, site, dry_run, say, base)
+                return revert_mod(mod_dir, site, dry_run, say, base, workspace)
             return apply_mod(mod_dir, site, workspace, dry_run or action == "check", say, base)
     except (LocateError, ManifestError, UnsafePath, ValueError) as exc:
         say(f"ERROR: {exc}")
         return EXIT_USAGE
-    except (JournalError, LockTimeout) as exc:
+    except (JournalError, LockTimeout, UntrustedState) as exc:
         say(f"ERROR: {exc}")
         return EXIT_FAIL
     except ReadOnlyTree as exc:

@@ -13,6 +13,8 @@ run.sh's apply.
            Records are not hashable, like mutable dataclasses.
   sha256   the interpreter's own SHA-256 module: hashlib loads OpenSSL's (`_hashlib`), a
            heavier import for the few hundred KB an apply hashes.
+
+And `say_to`, the one way run.sh writes what it says.
 """
 
 try:
@@ -23,7 +25,25 @@ except ImportError:
     except ImportError:  # an interpreter built without its own hashes
         from hashlib import sha256  # type: ignore[no-redef]
 
-__all__ = ["Record", "sha256"]
+__all__ = ["Record", "sha256", "say_to"]
+
+
+def say_to(stream: object, text: str) -> None:
+    """Write and flush text; never raise. What run.sh says comes after or between changes it
+    has made or settled, so output that cannot be written (stdout closed, a reader gone with
+    `| head -1`, a full device) is dropped rather than turned into a failure, and characters
+    the stream cannot encode (an ASCII locale, a non-ASCII path) are written as escapes."""
+    if stream is None:  # started with stdout closed
+        return
+    try:
+        try:
+            stream.write(text)  # type: ignore[attr-defined]
+        except UnicodeEncodeError:  # raised before anything is written
+            encoding = getattr(stream, "encoding", None) or "ascii"
+            stream.write(text.encode(encoding, "backslashreplace").decode(encoding))  # type: ignore[attr-defined]
+        stream.flush()  # type: ignore[attr-defined]
+    except (OSError, ValueError):
+        pass
 
 
 class Record:

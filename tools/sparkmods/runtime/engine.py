@@ -15,6 +15,7 @@ spliced in one pass. Writing is separate (journal.transact) and all-or-nothing a
 from __future__ import annotations
 
 import os
+import stat
 
 from .basics import Record
 
@@ -31,7 +32,7 @@ __all__ = [
     "EXACT", "OFFSET", "APPLIED", "CONFLICT",
     "OK", "OK_OFFSET", "MISSING_FILE",
     "PACKAGE", "TMP_SUFFIX", "UnsafePath", "HunkResult", "FileResult", "check_relpath", "confine", "plan_file", "plan",
-    "safe_target",
+    "safe_target", "plain_path",
 ]
 
 # Hunk outcomes.
@@ -402,3 +403,42 @@ def safe_target(root: StrPath, rel: str) -> str:
     if target != base and not target.startswith(base.rstrip("/") + "/"):
         raise UnsafePath(f"refusing {rel!r}: it resolves outside {base} (symlink?)")
     return target
+
+
+_KINDS = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a device",
+          stat.S_IFBLK: "a device"}
+
+
+def plain_path(root: StrPath, rel: str, leaf: bool = False) -> str:
+    """root/rel, refused (UnsafePath, one line) unless it is reached through real folders only.
+
+    The runtime's policy for links inside the tree: none is followed. A link (to another file
+    in vllm/, dangling, or where a mod creates a file) would make the file read, the file
+    written, its temp name and its saved copy different places; vLLM's wheels contain none.
+    With `leaf`, what is at rel must also be a regular file or nothing (a folder or a FIFO
+    where a mod writes a file is refused, never replaced).
+    """
+    rel = check_relpath(rel)
+    base = os.path.realpath(root)
+    path = base
+    parts = rel.split("/") if rel else []
+    for i, part in enumerate(parts):
+        path = os.path.join(path, part)
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            break  # nothing below it exists either
+        where = "/".join(parts[:i + 1])
+        if stat.S_ISLNK(mode):
+            raise UnsafePath(f"{path}: {where} is a symbolic link (to {os.readlink(path)}); a mod changes only "
+                             f"real files inside {PACKAGE}/, never through a link: replace the link with the file or "
+                             "folder it points to (or reinstall vLLM); nothing was changed")
+        last = i == len(parts) - 1
+        if not last and not stat.S_ISDIR(mode):
+            raise UnsafePath(f"{path}: {where} is not a folder, but {rel} is meant to be inside it; "
+                             "move it away and run again; nothing was changed")
+        if last and leaf and not stat.S_ISREG(mode):
+            kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+            raise UnsafePath(f"{path}: {where} is {kind}, not a regular file, where the mod reads or writes a "
+                             "file; move it away and run again; nothing was changed")
+    return os.path.join(base, *parts) if parts else base

@@ -146,14 +146,15 @@ def _named(exc: OSError, path: StrPath) -> OSError:
 
 
 def make_dirs(path: StrPath) -> None:
-    """mkdir -p, one step per folder it creates."""
+    """mkdir -p, one step per folder it creates; 0755 at most, whatever the umask (the state
+    folder must not be writable by others: lock.trust)."""
     path = os.fspath(path)
     if os.path.isdir(path):
         return
     make_dirs(os.path.dirname(path))
     step()
     try:
-        os.mkdir(path)
+        os.mkdir(path, 0o755)
     except FileExistsError:
         if not os.path.isdir(path):
             raise

@@ -19,11 +19,13 @@ pristine files are never lost. Settling is idempotent: it can itself be killed a
 from __future__ import annotations
 
 import os
+import stat
 
 from . import fsops
 from .basics import Record, sha256
-from .engine import check_relpath, safe_target
+from .engine import confine, plain_path
 from .interrupts import Interrupted, shielded
+from .manifest import _NAME as _MOD_NAME
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -32,7 +34,8 @@ if TYPE_CHECKING:
     from .fsops import StrPath
 
 __all__ = ["STATE_DIR", "JOURNAL_NAME", "STATE_FILE", "FORWARD", "BACK", "Entry", "Journal", "JournalError",
-           "state_dir", "orig_rel", "applied_rel", "temp_rel", "transact", "recover", "sweep", "drop_bytecode"]
+           "state_dir", "orig_rel", "applied_rel", "temp_rel", "check_state", "transact", "recover", "sweep",
+           "drop_bytecode"]
 
 STATE_DIR = ".sparkmods"
 JOURNAL_NAME = ".journal.json"
@@ -89,16 +92,49 @@ class Journal(Record):
                 doc = json.load(fh)
             entries = [Entry(**e) for e in doc.pop("entries")]
             journal = cls(entries=entries, **doc)
-            for e in journal.entries:
-                for rel in (e.path, e.new, e.old):
-                    if rel is not None:
-                        check_relpath(rel)
-        except (ValueError, TypeError, KeyError, RecursionError) as exc:
-            raise JournalError(f"{path}: unreadable journal ({exc}); move it away and reinstall vLLM "
-                               "if its files are half-patched") from None
-        if journal.op not in (APPLY, REVERT) or journal.direction not in (None, FORWARD, BACK):
-            raise JournalError(f"{path}: unknown op {journal.op!r} or direction {journal.direction!r}")
+            journal.confine()
+            if journal.op == APPLY:
+                check_state(journal.state)
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+            raise JournalError(f"{path}: refusing this journal ({exc}); nothing was changed: move it away, and "
+                               "reinstall vLLM if its files are half-patched") from None
         return journal
+
+    def confine(self) -> None:
+        """Refuse (ValueError) a journal this runtime would not have written: every file a mod's
+        target inside vllm/ (as apply confines them), each copy and temp at the one name the
+        runtime gives it, sha256 sums and modes well formed."""
+        if self.op not in (APPLY, REVERT) or self.direction not in (None, FORWARD, BACK):
+            raise ValueError(f"unknown op {self.op!r} or direction {self.direction!r}")
+        if not (isinstance(self.mod, str) and _MOD_NAME.matches(self.mod)):
+            raise ValueError(f"mod {self.mod!r} is no mod name")
+        saved = orig_rel if self.op == APPLY else applied_rel
+        for e in self.entries:
+            if not isinstance(e.path, str) or confine(e.path) != e.path:
+                raise ValueError(f"{e.path!r} is not a mod's file inside vllm/")
+            news = (temp_rel(e.path),) if self.op == APPLY else (temp_rel(e.path), orig_rel(self.mod, e.path))
+            for sha, copy, allowed in ((e.after, e.new, news), (e.before, e.old, (saved(self.mod, e.path),))):
+                if not _is_sha(sha) or (copy is None) != (sha is None) or (copy is not None and copy not in allowed):
+                    raise ValueError(f"{e.path}: copy {copy!r} of sha256 {sha!r} is not where this runtime keeps it")
+            if not isinstance(e.mode, int) or isinstance(e.mode, bool) or not 0 <= e.mode <= 0o7777:
+                raise ValueError(f"{e.path}: mode {e.mode!r}")
+
+
+def _is_sha(value: object) -> bool:
+    """None or 64 lowercase hex digits (a sha256 as the journal writes it)."""
+    return value is None or (isinstance(value, str) and len(value) == 64 and not value.strip("0123456789abcdef"))
+
+
+def check_state(state: object) -> dict:
+    """A mod's saved state (state.json, or the one an apply's journal will write), refused
+    (ValueError) unless every file it names is a mod's file inside vllm/ with well-formed sums."""
+    files = state["files"]  # type: ignore[index]
+    for rel, sums in files.items():
+        if not isinstance(rel, str) or confine(rel) != rel:
+            raise ValueError(f"{rel!r} is not a mod's file inside vllm/")
+        if set(sums) != {"before", "after"} or not all(_is_sha(v) for v in sums.values()):
+            raise ValueError(f"{rel}: bad sums {sums!r}")
+    return state  # type: ignore[return-value]
 
 
 _CONSTANTS = {None: "null", True: "true", False: "false"}
@@ -176,7 +212,7 @@ def _holds(site: StrPath, rel: Optional[str], sha: Optional[str]) -> bool:
     """Does site/rel hold bytes with this sha256 (None: must be absent)?"""
     if rel is None:
         return sha is None
-    path = safe_target(site, rel)
+    path = plain_path(site, rel)
     if sha is None:
         return not os.path.lexists(path)
     return fsops.digest(path) == sha
@@ -221,7 +257,8 @@ def _bytes_to_write(site: StrPath, journal: Journal, direction: str
     for e in journal.entries:
         sha, copy = _side(e, direction)
         if sha is not None and not _holds(site, e.path, sha):
-            out.append((safe_target(site, e.path), sha, lambda c=copy: _read(os.path.join(site, c)), e.mode))
+            target = plain_path(site, e.path)
+            out.append((target, sha, lambda c=copy: _read(plain_path(site, c)), _mode(target, e.mode)))
     if journal.op == APPLY and direction == FORWARD:
         data = dump_json(journal.state)
         target = os.path.join(state_dir(site, journal.mod), STATE_FILE)
@@ -229,15 +266,27 @@ def _bytes_to_write(site: StrPath, journal: Journal, direction: str
     return out
 
 
+def _mode(target: str, mode: int) -> int:
+    """The mode the journal names, never more than the file has now (a patched file keeps its
+    mode, a revert gives back the one the apply kept) or, where there is none, than a new file
+    gets: a journal cannot make a file setuid or world-writable that was not."""
+    try:
+        return mode & stat.S_IMODE(os.lstat(target).st_mode)
+    except FileNotFoundError:
+        return mode & fsops.umasked(0o777)
+
+
 def _stage(target: str, sha: str, data: Callable[[], bytes], mode: int) -> None:
-    """Stage target's new bytes beside it, unless its temp already holds them (an apply's)."""
-    if fsops.digest(fsops.temp_path(target)) != sha:
+    """Stage target's new bytes beside it, unless its temp already holds them with that mode
+    (an apply's)."""
+    temp = fsops.temp_path(target)
+    if fsops.digest(temp) != sha or stat.S_IMODE(os.lstat(temp).st_mode) != mode:
         fsops.stage(target, data(), mode)
 
 
 def _put(site: StrPath, e: Entry, direction: str) -> None:
     sha, _ = _side(e, direction)
-    target = safe_target(site, e.path)
+    target = plain_path(site, e.path)
     if _holds(site, e.path, sha):
         return
     if sha is None:
@@ -267,17 +316,20 @@ def _finish(site: StrPath, journal: Journal, direction: str) -> None:
 
 def sweep(site: StrPath, rels: List[str]) -> None:
     """Remove our temp files beside these vLLM files and anywhere in the state folder."""
-    folders = {os.path.dirname(safe_target(site, r)) for r in rels}
+    folders = {os.path.dirname(plain_path(site, r)) for r in rels}
     found = [p for folder in sorted(folders) for p in fsops.stray_temps(folder)]
     found += fsops.stray_temps(os.path.join(site, STATE_DIR), recursive=True)
     for path in found:
         fsops.remove(path)
 
 
-def settle(site: StrPath, journal: Journal, prefer: str) -> str:
-    """Bring the tree to one side of the journal (prefer, else the other); returns the side."""
+def settle(site: StrPath, journal: Journal, prefer: str, fallback: bool = True) -> str:
+    """Bring the tree to one side of the journal (prefer, else, with fallback, the other);
+    returns the side."""
     other = BACK if prefer == FORWARD else FORWARD
     blocked = {prefer: _blockers(site, journal, prefer)}
+    if blocked[prefer] and not fallback:
+        raise JournalError(f"the {journal.op} of {journal.mod} could not be completed: {blocked[prefer][0]}")
     if blocked[prefer]:  # the other side is looked at only when this one cannot be reached
         blocked[other] = _blockers(site, journal, other)
     choice = next((d for d in (prefer, other) if not blocked[d]), None)
@@ -305,23 +357,24 @@ def transact(site: StrPath, journal: Journal, payload: Dict[str, bytes]) -> None
 
     Copies of old bytes are written first, then new bytes are staged beside their
     targets, then `settle` renames them into place. Any failure, Ctrl-C and SIGTERM
-    included, rolls the tree back before it propagates.
+    included, rolls the tree back before it propagates; so does a change that cannot be
+    finished (its new bytes are not where settling looks), which is an error, never silence.
     """
     staged = {e.new: e for e in journal.entries if e.new is not None and e.new == temp_rel(e.path)}
     journal.direction = FORWARD  # how a run killed from here on is settled (what recover prefers anyway)
     try:
         journal.save(site)
         for rel in sorted(r for r in payload if r not in staged):
-            fsops.write_file(safe_target(site, rel), payload[rel])
+            fsops.write_file(plain_path(site, rel), payload[rel])
         for rel in sorted(r for r in payload if r in staged):
-            fsops.stage(safe_target(site, staged[rel].path), payload[rel], staged[rel].mode)
-        settle(site, journal, FORWARD)
+            fsops.stage(plain_path(site, staged[rel].path), payload[rel], staged[rel].mode)
+        settle(site, journal, FORWARD, fallback=False)
     except BaseException as exc:
         with shielded():
             side = BACK
             try:
                 if os.path.exists(_journal_path(site)):
-                    side = settle(site, Journal.load(site), BACK)
+                    side = settle(site, journal, BACK)  # the journal as saved (settle saves its direction)
                 else:
                     sweep(site, [e.path for e in journal.entries])
             except (OSError, JournalError) as failed:

@@ -4,6 +4,10 @@ Without it a revert and an apply started together both succeed and the tree ends
 although the apply said "already applied". The lock is an flock on
 `<site-packages>/.sparkmods/.lock`: the kernel drops it when its holder dies, so a killed run
 never leaves it held. A waiting run says so once and gives up after a bounded time.
+
+Before the lock is taken, the state folder is checked (`trust`): what it holds (a journal,
+saved originals, state.json) decides what is written into vLLM, so state another user could
+have written is never read. The runtime creates it with modes no umask widens (fsops).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import time
 
 from . import fsops
@@ -21,7 +26,8 @@ if TYPE_CHECKING:
 
     from .fsops import StrPath
 
-__all__ = ["LOCK_NAME", "LOCK_TIMEOUT", "DEFAULT_TIMEOUT_S", "LockTimeout", "ReadOnlyTree", "tree_lock", "timeout_s"]
+__all__ = ["LOCK_NAME", "LOCK_TIMEOUT", "DEFAULT_TIMEOUT_S", "LockTimeout", "ReadOnlyTree", "UntrustedState",
+           "tree_lock", "timeout_s", "trust"]
 
 LOCK_NAME = ".lock"
 LOCK_TIMEOUT = "SPARKMODS_LOCK_TIMEOUT"
@@ -35,6 +41,45 @@ class LockTimeout(RuntimeError):
 
 class ReadOnlyTree(RuntimeError):
     """The state folder cannot be created or written (a read-only vLLM)."""
+
+
+class UntrustedState(RuntimeError):
+    """Something in the state folder could have been written by another user."""
+
+
+def trust(state_root: StrPath) -> None:
+    """Refuse (UntrustedState, one line) a state folder holding a symbolic link, anything
+    writable by its group or by others, or anything owned by someone other than this user or
+    the owner of the folder it is in (site-packages: who installed vLLM)."""
+    root = os.fspath(state_root)
+    try:
+        owners = {os.getuid(), os.stat(os.path.dirname(root)).st_uid}
+        _trusted(root, os.lstat(root), owners)
+    except FileNotFoundError:
+        return
+    for top, folders, files in os.walk(root):
+        for name in folders + files:
+            path = os.path.join(top, name)
+            try:
+                _trusted(root, os.lstat(path), owners, path)
+            except FileNotFoundError:
+                continue
+
+
+def _trusted(root: str, st: os.stat_result, owners: "set[int]", path: Optional[str] = None) -> None:
+    mode = st.st_mode
+    if stat.S_ISLNK(mode):
+        why = "a symbolic link"
+    elif st.st_uid not in owners:
+        why = f"owned by uid {st.st_uid}, neither this user nor the owner of {os.path.dirname(root)}"
+    elif mode & 0o022:
+        why = f"writable by {'all users' if mode & 0o002 else 'its group'} (mode {stat.S_IMODE(mode):04o})"
+    else:
+        return
+    raise UntrustedState(
+        f"{path or root} is {why}: another user could have planted a journal or saved files in {root}, so "
+        f"nothing is read from it and nothing was changed; if you trust it, make it yours and not writable "
+        f"by others (chown -R {os.getuid()} {root}; chmod -R go-w {root}), else reinstall vLLM and delete it")
 
 
 def timeout_s() -> float:
@@ -65,6 +110,7 @@ class tree_lock:
 
     def __enter__(self) -> None:
         path = os.path.join(self.state_root, LOCK_NAME)
+        trust(self.state_root)
         try:
             fsops.make_dirs(self.state_root)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)

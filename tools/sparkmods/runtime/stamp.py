@@ -21,7 +21,7 @@ import marshal
 import os
 import sys
 
-from .basics import sha256
+from .basics import say_to, sha256
 
 STAMP_NAME = "stamp"
 _VERSION = 2
@@ -105,7 +105,9 @@ def record(mod_dir: str, site: str, variant: str, version: str, mod_files: "list
     target = os.path.join(site, _STATE_DIR, name, STAMP_NAME)
     tmp = os.path.join(os.path.dirname(target), f".{STAMP_NAME}{_TMP_SUFFIX}")
     try:
-        with open(tmp, "wb") as fh:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with open(fd, "wb") as fh:
+            os.fchmod(fd, 0o644)  # not what the umask leaves: the state folder stays others' to read only
             fh.write(marshal.dumps(stamp))
         os.replace(tmp, target)
     finally:
@@ -176,6 +178,5 @@ def quick(argv: "list[str]", mod_dir: str) -> "int | None":
     lines += [f"{dest} already installed in {workspace}" for dest, _ in stamp["installs"]]
     if stamp["notes"]:
         lines.append(stamp["notes"])
-    sys.stdout.write("".join(f"[{name}] {line}\n" for line in lines))
-    sys.stdout.flush()
+    say_to(sys.stdout, "".join(f"[{name}] {line}\n" for line in lines))
     return 0
