@@ -4,6 +4,8 @@ serves files with or without HTTP Range support."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import gzip
 import hashlib
 import json
@@ -41,32 +43,51 @@ def wheel_files(version: str) -> Dict[str, bytes]:
             B: module_text(version, B)}
 
 
+def record_line(name: str, data: bytes) -> str:
+    """A RECORD row as bdist_wheel writes it: path, sha256 (urlsafe base64, no padding), size."""
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{name},sha256={digest},{len(data)}\n"
+
+
 def make_wheel(path: Path, version: str, *, zip64: bool = False, stored: bool = False,
-               extra: Optional[Dict[str, bytes]] = None) -> Path:
+               extra: Optional[Dict[str, bytes]] = None, record: Optional[Dict[str, bytes]] = None) -> Path:
     """A real wheel zip: vllm files, a binary filler, FAR, dist-info (METADATA, WHEEL, RECORD).
 
     zip64=True adds 70 000 empty entries, past the 65 535 a classic end record can count, so
     zipfile writes the zip64 end of central directory; the vllm files then also carry zip64
     local headers. stored=True keeps members uncompressed (so a flipped byte reaches the CRC).
+    RECORD lists every file's sha256 as a real wheel's does; `record` overrides what it says
+    a file holds (a lying RECORD), and a None value leaves the file out of it.
     """
     compression = zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED
     rng = random.Random(version)
     dist = f"vllm-{version}.dist-info"
+    written: Dict[str, bytes] = {}
     with zipfile.ZipFile(path, "w", compression=compression) as zf:
+        def put(info: zipfile.ZipInfo, data: bytes, **kw) -> None:
+            zf.writestr(info, data, **kw)
+            written[info.filename] = data
+
         for name, data in wheel_files(version).items():
             with zf.open(zipfile.ZipInfo(name, (2026, 1, 1, 0, 0, 0)), "w", force_zip64=zip64) as out:
                 out.write(data)
-        zf.writestr(zipfile.ZipInfo(FILLER), rng.randbytes(3 << 20), compress_type=zipfile.ZIP_STORED)
-        zf.writestr(FAR, module_text(version, FAR))
+            written[name] = data
+        put(zipfile.ZipInfo(FILLER), rng.randbytes(3 << 20), compress_type=zipfile.ZIP_STORED)
+        put(zipfile.ZipInfo(FAR, (1980, 1, 1, 0, 0, 0)), module_text(version, FAR), compress_type=compression)
         for name, data in (extra or {}).items():
-            zf.writestr(zipfile.ZipInfo(name), data)
+            put(zipfile.ZipInfo(name), data)
         if zip64:
             for i in range(70_000):
                 zf.writestr(zipfile.ZipInfo(f"vllm/_many/m{i:05d}.txt"), b"", compress_type=zipfile.ZIP_STORED)
-        zf.writestr(f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n\nA test wheel.\n")
-        zf.writestr(f"{dist}/WHEEL",
-                    "Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: cp38-abi3-manylinux_2_28_x86_64\n")
-        zf.writestr(f"{dist}/RECORD", "")
+        put(zipfile.ZipInfo(f"{dist}/METADATA"),
+            f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n\nA test wheel.\n".encode(),
+            compress_type=compression)
+        put(zipfile.ZipInfo(f"{dist}/WHEEL"),
+            b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: cp38-abi3-manylinux_2_28_x86_64\n",
+            compress_type=compression)
+        claimed = {**written, **(record or {})}
+        rows = "".join(record_line(n, d) for n, d in claimed.items() if d is not None)
+        zf.writestr(f"{dist}/RECORD", rows + f"{dist}/RECORD,,\n")
     return path
 
 
@@ -189,7 +210,14 @@ def _range(header: Optional[str], size: int) -> Optional[Tuple[int, int]]:
 
 @pytest.fixture
 def loopback_index() -> Iterator[LoopbackIndex]:
-    index = LoopbackIndex()
+    with serving(LoopbackIndex()) as index:
+        yield index
+
+
+@contextlib.contextmanager
+def serving(index: LoopbackIndex) -> Iterator[LoopbackIndex]:
+    """index served on 127.0.0.1 (index.url set) until the block ends: a second server beside
+    the fixture's, e.g. a hostile index and the real one."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(index))
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)

@@ -1,4 +1,4 @@
-"""What the wheels of one run share: members stored by what the central directory says they hold
+"""What the wheels of one run share: members stored by the sha256 their wheel's RECORD lists
 (memberstore.py), the paths siblings were asked for (siblings.py), and the check slots
 (slots.py)."""
 
@@ -52,17 +52,17 @@ def test_a_member_whose_bytes_differ_is_never_taken_from_another_wheel(loopback_
 def test_a_stored_member_that_fails_its_check_is_fetched_again(loopback_index, tmp_path):  # noqa: F811
     old, new = two_releases(loopback_index, tmp_path)
     old.read(SHARED)
-    cid = old.layout().content_id(SHARED)
-    memberstore.save(cid, b"SHARED = 2\n" * 50)  # same size, another CRC-32: a damaged store
+    key = old._key(SHARED)
+    memberstore._path(key).write_bytes(b"SHARED = 2\n" * 50)  # same size, other bytes: a damaged store
     assert new.read(SHARED) == b"SHARED = 1\n" * 50 and len(member_requests(loopback_index, "0.19.1")) == 1
-    assert memberstore.load(cid) == b"SHARED = 1\n" * 50  # stored again, verified
+    assert memberstore.load(key) == b"SHARED = 1\n" * 50  # stored again, verified
 
 
 def _claimed_elsewhere(wheel, path: str):
     """Claim path's bytes as another wheel fetching them would; (claim, set once a reader waits)."""
-    cid = wheel.layout().content_id(path)
-    mine, _ = memberstore.claim([cid])
-    event, reached = memberstore._claims[cid], threading.Event()
+    key = wheel._key(path)
+    mine, _ = memberstore.claim([key])
+    event, reached = memberstore._claims[key.name], threading.Event()
     wait = event.wait
     event.wait = lambda timeout=None: (reached.set(), wait(timeout))[1]  # type: ignore[method-assign]
     return mine, reached

@@ -1,66 +1,123 @@
-"""Wheel members kept on disk by what a central directory says they hold, shared by every wheel.
+"""Wheel members kept on disk by the sha256 their own wheel's RECORD lists, shared by every wheel.
 
-A member is named by its ContentId (zipread.py: path, size, CRC-32), not by the wheel it came
-from: releases keep most of vLLM's files byte for byte (and nightly builds of one commit
-all of them), so a file is fetched and written once and every wheel that lists the same id
-reads it from here. Nothing stored is trusted: the reader checks the bytes against its own
-central directory (zipread.ZipMembers.matches, the check a download of them passes) and
-treats a file that fails it as absent, and the central directory itself is only used under
-the identity its wheel recorded (wheelentry.py).
+Releases keep most of vLLM's files byte for byte (and nightly builds of one commit all of
+them), so a file is fetched and written once and every wheel that needs the same bytes reads
+it from here. What says "the same bytes" must be a cryptographic hash: a central directory
+only gives size and CRC-32, and four chosen bytes force any CRC-32, so an index serving a
+forged file of the right path, size and CRC-32 would otherwise answer for the real wheel's
+file later, online and offline. A wheel's `*.dist-info/RECORD` (read from that wheel, checked
+against its own central directory like any member) lists every file's sha256, so:
 
-Within a process, a wheel claims the ids it is about to fetch (claim/settle): a wheel that
+- a member its RECORD gives a sha256 is stored under that hash (`shared`) once its bytes hash
+  to it, and read back only by a wheel whose own RECORD names the same hash, after the
+  stored bytes are hashed again (and matched against the reader's central directory);
+- any other member (no RECORD, not listed, or bytes that contradict it) and the RECORD itself
+  are stored under a key `scoped` to their wheel: its cache entry and the central directory
+  that entry recorded (wheelentry.py), so no other wheel ever reads them.
+
+Within a process, a wheel claims the keys it is about to fetch (claim/settle): a wheel that
 needs the same bytes meanwhile waits for that fetch instead of making its own, as a release
 and its patch release (which share most files) are read at the same time.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import csv
+import hashlib
 import threading
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from sparkmods.sources.cache import cache_root, digest, read_bytes, write_atomic
 from sparkmods.sources.zipread import ContentId
 
 
-def _path(cid: ContentId) -> Path:
+class Key(NamedTuple):
+    """Where a member's bytes are stored, and the sha256 they must have (None: scoped, no hash)."""
+
+    name: str
+    sha256: Optional[str]
+
+
+def shared(sha256: str) -> Key:
+    return Key("sha256-" + sha256, sha256)
+
+
+def scoped(scope: str, cid: ContentId) -> Key:
+    """A key only the wheel `scope` names can reach (see the module docstring)."""
+    return Key("wheel-" + digest("%s\0%s\0%d\0%d" % (scope, *cid)), None)
+
+
+def record_name(names: Iterable[str]) -> Optional[str]:
+    """The wheel's `NAME.dist-info/RECORD` when it has exactly one."""
+    found = [n for n in names if n.endswith(".dist-info/RECORD") and n.count("/") == 1]
+    return found[0] if len(found) == 1 else None
+
+
+def record_hashes(data: bytes) -> Dict[str, str]:
+    """path -> hex sha256 for every RECORD row with a well-formed sha256 (others are left out:
+    those members are simply not shared)."""
+    hashes: Dict[str, str] = {}
+    for row in csv.reader(data.decode("utf-8", errors="replace").splitlines()):
+        if len(row) < 2 or not row[1].startswith("sha256="):
+            continue
+        value = row[1][len("sha256="):]
+        try:
+            raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+        except (binascii.Error, ValueError):
+            continue
+        if len(raw) == 32:
+            hashes[row[0]] = raw.hex()
+    return hashes
+
+
+def _path(key: Key) -> Path:
     """One flat folder, as the result cache's (resultcache.py says why)."""
-    return cache_root() / "members-v1" / digest("%s\0%d\0%d" % cid)
+    return cache_root() / "members-v2" / key.name
 
 
-def load(cid: ContentId) -> Optional[bytes]:
-    """The stored bytes for cid (unverified: see the module docstring), or None."""
-    return read_bytes(_path(cid))
+def load(key: Key) -> Optional[bytes]:
+    """The stored bytes for key, or None; a shared entry whose bytes no longer hash to its
+    name is as good as absent (the caller still checks size and CRC-32 against its own wheel)."""
+    data = read_bytes(_path(key))
+    if data is not None and key.sha256 is not None and hashlib.sha256(data).hexdigest() != key.sha256:
+        return None
+    return data
 
 
-def save(cid: ContentId, data: bytes) -> None:
-    """Store verified bytes under their id (atomically; a second writer writes the same)."""
-    write_atomic(_path(cid), data)
+def save(key: Key, data: bytes) -> None:
+    """Store bytes read from the wheel the key came from (atomically; a second writer writes the
+    same). Bytes that do not hash to a shared key's sha256 are never stored under it."""
+    if key.sha256 is not None and hashlib.sha256(data).hexdigest() != key.sha256:
+        return
+    write_atomic(_path(key), data)
 
 
-_claims: Dict[ContentId, threading.Event] = {}
+_claims: Dict[str, threading.Event] = {}
 _claims_lock = threading.Lock()
 
 
-def claim(cids: Iterable[ContentId]) -> Tuple[List[ContentId], List[threading.Event]]:
-    """(the ids now claimed by the caller, who must settle them; the events of the others'
+def claim(keys: Iterable[Key]) -> Tuple[List[Key], List[threading.Event]]:
+    """(the keys now claimed by the caller, who must settle them; the events of the others'
     claims, set once those fetches ended, stored or not)."""
-    mine: List[ContentId] = []
+    mine: List[Key] = []
     theirs: List[threading.Event] = []
     with _claims_lock:
-        for cid in cids:
-            event = _claims.get(cid)
+        for key in keys:
+            event = _claims.get(key.name)
             if event is None:
-                _claims[cid] = threading.Event()
-                mine.append(cid)
+                _claims[key.name] = threading.Event()
+                mine.append(key)
             else:
                 theirs.append(event)
     return mine, theirs
 
 
-def settle(cids: Iterable[ContentId]) -> None:
+def settle(keys: Iterable[Key]) -> None:
     """End the caller's claims (after its fetch stored the bytes, or failed)."""
     with _claims_lock:
-        events = [_claims.pop(cid) for cid in cids]
+        events = [_claims.pop(key.name) for key in keys]
     for event in events:
         event.set()

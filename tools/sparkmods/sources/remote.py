@@ -3,8 +3,8 @@
 Nothing is downloaded whole: the tail of the file (end of central directory, zip64 records,
 central directory) comes first, then exactly the byte spans of the members asked for,
 coalesced and fetched in parallel. Each member is CRC-checked (zipread.py), then kept in the
-member store (memberstore.py), where any wheel listing the same path, size and CRC-32 finds
-it; the central directory is cached under the wheel's sha256. A second run reads nothing
+member store (memberstore.py), where any wheel whose RECORD lists the same sha256 finds it;
+the central directory is cached under the wheel's sha256. A second run reads nothing
 from the network and `offline=True` works. A server that ignores Range gets one full
 download instead, verified against the index sha256 and kept in the cache.
 
@@ -21,7 +21,7 @@ import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import TYPE_CHECKING, BinaryIO, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from sparkmods import slots
 from sparkmods.errors import SparkmodsError
@@ -93,6 +93,8 @@ class RemoteWheel(VllmSource):
         self._opened = False
         self._central_checked = False  # the cached central directory compared with the server's
         self._members: Dict[str, bytes] = {}
+        self._hashes: Optional[Dict[str, str]] = None  # path -> sha256, from this wheel's RECORD
+        self._record: Optional[Tuple[Optional[str]]] = None  # (the RECORD's path, if it has one)
         self._zip: Optional[ZipMembers] = None
         self._file: Optional[BinaryIO] = None
         self._lock = threading.RLock()
@@ -121,6 +123,8 @@ class RemoteWheel(VllmSource):
         self._siblings.done(self._place)
         with self._lock:
             self._members.clear()
+            self._hashes = None
+            self._record = None
             self._zip = None
             self._file = None
 
@@ -161,7 +165,7 @@ class RemoteWheel(VllmSource):
                                                  p not in missing and p not in self._members and not self._from_store(p)])
                         self._with_fallback(lambda: self._fetch_members(fetch, hinted))
                 finally:
-                    memberstore.settle(layout.content_id(p) for p in [*fetch, *hinted])  # type: ignore[misc]
+                    memberstore.settle(self._key(p) for p in [*fetch, *hinted])
                 for event in others:
                     event.wait()
             left = [p for p in missing if p not in self._members and not self._from_store(p)]
@@ -171,10 +175,34 @@ class RemoteWheel(VllmSource):
     def _claim(self, paths: List[str]) -> "tuple[List[str], List[threading.Event]]":
         """(the paths whose bytes this wheel now fetches, the fetches of other wheels to wait
         for): see memberstore.claim."""
+        keys = {self._key(p): p for p in paths}
+        mine, theirs = memberstore.claim(keys)
+        return [keys[key] for key in mine], theirs
+
+    def _key(self, path: str) -> memberstore.Key:
+        """Where the member store keeps path's bytes for this wheel: under the sha256 this
+        wheel's RECORD lists for it, else under a key no other wheel reaches."""
         layout = self.layout()
-        ids = {layout.content_id(p): p for p in paths}
-        mine, theirs = memberstore.claim(ids)  # type: ignore[arg-type]
-        return [ids[cid] for cid in mine], theirs
+        sha256 = self._record_hashes().get(path) if path != self._record_path() else None
+        if sha256 is not None:
+            return memberstore.shared(sha256)
+        ident = self._entry.identity
+        scope = f"{self._entry.dir.name}:{ident.central_sha256 if ident else self.url}"
+        return memberstore.scoped(scope, layout.content_id(path))  # type: ignore[arg-type]
+
+    def _record_path(self) -> Optional[str]:
+        if self._record is None:
+            self._record = (memberstore.record_name(self.layout().names()),)
+        return self._record[0]
+
+    def _record_hashes(self) -> Dict[str, str]:
+        """This wheel's RECORD as path -> sha256 (read once, like any member; empty without one)."""
+        if self._hashes is None:
+            name = self._record_path()
+            if name is not None and name not in self._members and not self._from_store(name):
+                self._with_fallback(lambda: self._fetch_members([name]))  # no hints: not for other wheels
+            self._hashes = memberstore.record_hashes(self._members[name]) if name is not None else {}
+        return self._hashes
 
     def _fetch_members(self, paths: List[str], hinted: Sequence[str] = ()) -> None:
         """Fetch the members' byte spans in one parallel batch (the asked ones read ahead,
@@ -189,7 +217,7 @@ class RemoteWheel(VllmSource):
                 self._file.ensure(spans, COALESCE_GAP)
         for path in [*paths, *hinted]:
             data = layout.read(path)
-            memberstore.save(layout.content_id(path), data)  # type: ignore[arg-type]
+            memberstore.save(self._key(path), data)
             self._members[path] = data
 
     def layout(self) -> ZipMembers:
@@ -209,9 +237,9 @@ class RemoteWheel(VllmSource):
 
     def _from_store(self, path: str) -> bool:
         """Serve a member of the layout from the member store (memberstore.py) when the bytes
-        stored under its id pass its size and CRC-32 check."""
+        stored under its key pass its size and CRC-32 check."""
         layout = self.layout()
-        data = memberstore.load(layout.content_id(path))  # type: ignore[arg-type]
+        data = memberstore.load(self._key(path))
         if data is None or not layout.matches(path, data):
             return False
         self._members[path] = data

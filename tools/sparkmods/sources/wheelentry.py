@@ -16,9 +16,9 @@ would hand those bytes to every later run. The rule:
   a cached central directory that does not match the record, or a verified full download
   that does not match, is a conflict. The folder then gets `conflict.txt` and is refused
   from then on, offline too, until it is deleted: a poisoned entry is never used.
-- Members are not kept here but in the member store (memberstore.py), by what the central
-  directory lists for them, and are read back only when they match the central directory
-  the recorded identity vouches for.
+- Members are not kept here but in the member store (memberstore.py), by the sha256 the
+  wheel's own RECORD lists for them (or under a key scoped to this entry and its recorded
+  central directory), and are read back only when they also match that central directory.
 - What this cannot see: an answer served wholly from the cache makes no request, so with an
   index that lists no sizes (PEP 503 HTML) a server that lied on the first read is caught
   only once a member must be fetched. PEP 691 indexes (PyPI) list sizes: checked every run.

@@ -130,8 +130,7 @@ class ZipMembers:
 
     def content_id(self, name: str) -> Optional[ContentId]:
         """(name, size, CRC-32) as the central directory lists the member; None when absent.
-        Bytes that another wheel's member of the same id held pass this member's check
-        (matches) exactly as its own bytes would."""
+        Not an identity of the content: four chosen bytes give any CRC-32 (memberstore.py)."""
         member = self._members.get(name)
         return None if member is None else (name, member.size, member.crc)
 
