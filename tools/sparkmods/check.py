@@ -18,7 +18,7 @@ import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set
 
 from sparkmods import gcpause, resultcache, slots
 from sparkmods.modsdir import load
@@ -26,6 +26,9 @@ from sparkmods.runtime.manifest import Manifest, Upstream, Variant
 from sparkmods.runtime.modcheck import ModResult, aggregate, by_version, check_mod, variant_patches
 from sparkmods.runtime.pep440 import InvalidVersion
 from sparkmods.runtime.udiff import FilePatch
+
+if TYPE_CHECKING:
+    from sparkmods.gitdiff import Change
 
 
 # Host code that can change a row's status beyond the mod's own files (whose runtime copy is
@@ -140,21 +143,22 @@ def _parsed_patches(mod_dir: Path, label: str, content: str) -> "tuple[FilePatch
     return tuple(variant_patches(mod_dir, chosen))
 
 
-def check_patch_source(name: str, subject: str, patches: Sequence[FilePatch], source) -> CheckRow:
-    """A loose patch (no manifest) on one source: the plan, then the drift checks; reused
-    from the result cache under `subject` (resultcache.patch_hash) when stored."""
+def check_patch_source(name: str, subject: str, changes: Sequence["Change"], source) -> CheckRow:
+    """A loose diff (no manifest; git's renames, modes and binary changes read as `git apply`
+    reads them, gitdiff.py) on one source: the plan, then the drift checks; reused from the
+    result cache under `subject` (resultcache.patch_hash) when stored."""
     cache = resultcache.active()
     result = cache.get(subject, source, name)
     if result is None:
         from sparkmods.drift import drift_status
-        from sparkmods.runtime.engine import plan
+        from sparkmods.gitdiff import plan_changes
 
         try:
-            source.prefetch(sorted({fp.path for fp in patches}))
-            files = plan(patches, source.read)
+            source.prefetch(sorted({path for c in changes for path in c.paths}))
+            files = plan_changes(list(changes), source.read)
             status, reason = aggregate(files)
             result = ModResult(name, source.version, status, None, reason, files)
-            verdict = drift_status(source, result, patches)
+            verdict = drift_status(source, result, [c.patch for c in changes if c.patch is not None])
             if verdict is not None:
                 result.status, result.reason = verdict
             cache.put(subject, source, _without_bytes(result))

@@ -7,11 +7,14 @@ non-UTF-8 or oversized file is one line naming it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List
+from typing import TYPE_CHECKING, List
 
 from sparkmods.errors import SparkmodsError
 from sparkmods.inputfile import read_text_file
 from sparkmods.runtime.udiff import FilePatch, PatchParseError, parse_patch, reverse
+
+if TYPE_CHECKING:
+    from sparkmods.gitdiff import Change
 
 MAX_PATCH_BYTES = 64 * 1024 * 1024  # the largest real mod patch is a few hundred KB
 
@@ -20,11 +23,29 @@ def read_patch_file(path: Path, strip: int = 1, reversed_: bool = False) -> List
     """The file's patches (-p N as GNU patch strips; reversed_: as `patch -R` / `git apply -R`
     apply it, each diff undone, in the file's order); an unreadable, non-regular, binary or
     malformed file is one line naming it."""
-    if strip < 0:
-        raise SparkmodsError(f"{path}: -p {strip}: the strip level is a count of path components (0 or more)")
-    text = read_text_file(path, MAX_PATCH_BYTES, "want a unified diff")
+    text = _text(path, strip)
     try:
         patches = parse_patch(text, strip=strip)
     except PatchParseError as exc:
         raise SparkmodsError(f"{path}: {exc}") from None
     return [reverse(fp) for fp in patches] if reversed_ else patches
+
+
+def read_diff_file(path: Path, strip: int = 1, reversed_: bool = False) -> "List[Change]":
+    """The file's changes, git's extended headers included (renames, copies, modes, binary
+    changes, index lines: what `git apply --binary` reads, gitdiff.py); otherwise as
+    read_patch_file."""
+    from sparkmods.gitdiff import parse_git_diff, reverse_change
+
+    text = _text(path, strip)
+    try:
+        changes = parse_git_diff(text, strip=strip)
+    except PatchParseError as exc:
+        raise SparkmodsError(f"{path}: {exc}") from None
+    return [reverse_change(c) for c in changes] if reversed_ else changes
+
+
+def _text(path: Path, strip: int) -> str:
+    if strip < 0:
+        raise SparkmodsError(f"{path}: -p {strip}: the strip level is a count of path components (0 or more)")
+    return read_text_file(path, MAX_PATCH_BYTES, "want a unified diff")

@@ -95,7 +95,7 @@ def run_check_patch(args: argparse.Namespace) -> int:
     from sparkmods import resultcache
     from sparkmods.check import check_patch_source
     from sparkmods.errors import SparkmodsError
-    from sparkmods.patchfile import read_patch_file
+    from sparkmods.patchfile import read_diff_file
     from sparkmods.targets import open_sources
 
     started = time.monotonic()
@@ -103,8 +103,8 @@ def run_check_patch(args: argparse.Namespace) -> int:
     if not args.vllm:
         raise SparkmodsError("check-patch needs at least one --vllm SPEC")
     path = Path(args.patch)
-    patches = read_patch_file(path, args.strip, args.reverse)
+    changes = read_diff_file(path, args.strip, args.reverse)
     name = path.name + (" -R" if args.reverse else "")
     subject = resultcache.patch_hash(name, args.strip, path.read_bytes())
-    rows = [check_patch_source(name, subject, patches, source) for source in open_sources(args)]
+    rows = [check_patch_source(name, subject, changes, source) for source in open_sources(args)]
     return _finish(args, rows, started)
