@@ -48,6 +48,10 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--launch-cluster", metavar="PATH",
                    help="launch-cluster.sh to call (default: on PATH, else beside the recipe repository)")
     p.add_argument("--gpus-per-node", type=int, default=1, metavar="N", help="GPUs per node (DGX Spark: 1)")
+    p.add_argument("--vllm-pr", action="append", default=[], metavar="FILE",
+                   help="a pull request's diff the launcher also applies (its --apply-vllm-pr; save "
+                        "https://github.com/vllm-project/vllm/pull/N.diff): refused where it and a mod of the "
+                        "recipe change the same file and cannot both apply (repeatable; not passed on)")
     p.add_argument("-o", "--output", metavar="FILE", help="script to write (default: standard output)")
     p.add_argument("--json", action="store_true", help="print the plan, checks and problems as JSON")
     p.set_defaults(func=run_launch)
@@ -77,7 +81,7 @@ def options_from(args: argparse.Namespace) -> "LaunchOptions":
         nodes=nodes, ray=True if args.ray is None else args.ray, form=STANDALONE if args.standalone else CLUSTER,
         image=args.image, sets=_sets(args.sets),
         pass_env=("HF_TOKEN", *args.pass_env),
-        gpus_per_node=args.gpus_per_node,
+        gpus_per_node=args.gpus_per_node, vllm_prs=tuple(Path(p) for p in args.vllm_pr),
     )
 
 

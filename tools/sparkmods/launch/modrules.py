@@ -49,11 +49,16 @@ def _workspace_files(ctx: Context) -> Optional[set]:
     if ctx.facts is None:
         return None
     names = set()
+    results = {r.mod: r for r in ctx.mod_results}
     for folder in ctx.plan.mod_dirs:
         if not (folder / MANIFEST_TOML).is_file():
             return None
         try:
-            chosen = load_manifest(folder).select(ctx.facts.source.version)
+            manifest = load_manifest(folder)
+            result = results.get(manifest.name)
+            # the variant the check chose (by content for a non-release build), else the version's
+            chosen = (next((v for v in manifest.variants if v.label == result.variant), None) if result is not None
+                      else manifest.select(ctx.facts.source.version))
         except (ManifestError, ValueError):
             return None
         if isinstance(chosen, Variant):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from sparkmods.errors import SparkmodsError
+from sparkmods.launch.prdiff import PrDiff, read_pr_diff
 from sparkmods.launch.recipe import Recipe, Scalar, find_repo_root, format_value, placeholders
 from sparkmods.launch.servecmd import ServeCommand, ServeCommandError
 from sparkmods.modsdir import mods_root
@@ -36,6 +37,7 @@ class LaunchOptions:
     sets: Tuple[Tuple[str, str], ...] = ()
     pass_env: Tuple[str, ...] = ("HF_TOKEN",)
     gpus_per_node: int = 1
+    vllm_prs: Tuple[Path, ...] = ()  # PR diffs the launcher also applies (--vllm-pr)
 
 
 @dataclass
@@ -51,6 +53,7 @@ class LaunchPlan:
     pass_env: Tuple[str, ...]
     mod_dirs: List[Path]
     gpus_per_node: int
+    vllm_prs: Tuple[PrDiff, ...] = ()
 
     @property
     def solo(self) -> bool:
@@ -117,7 +120,7 @@ def build_plan(recipe: Recipe, opts: LaunchOptions, root: Optional[Path] = None,
         recipe=recipe, root=repo, form=opts.form, image=opts.image or recipe.container,
         nodes=tuple(opts.nodes), ray=bool(opts.nodes) and opts.ray, serve=serve,
         env=recipe.env_map, pass_env=tuple(dict.fromkeys(opts.pass_env)), mod_dirs=recipe.mod_dirs(repo, mods),
-        gpus_per_node=opts.gpus_per_node,
+        gpus_per_node=opts.gpus_per_node, vllm_prs=tuple(read_pr_diff(p) for p in opts.vllm_prs),
     )
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
-from sparkmods.launch import flagrules, modrules
+from sparkmods.launch import flagrules, modrules, prrules
 from sparkmods.launch.plan import LaunchPlan
 from sparkmods.launch.problem import ERROR, WARNING, Context, Problem
 from sparkmods.launch.target import TargetFacts
@@ -24,7 +24,7 @@ __all__ = ["Problem", "Validation", "validate", "CheckMods", "ERROR", "WARNING",
 
 # (mod folders, the target source) -> one ModResult per folder, in order.
 CheckMods = Callable[[Sequence[Path], object], Sequence[ModResult]]
-RULES = modrules.RULES + flagrules.RULES
+RULES = modrules.RULES + prrules.RULES + flagrules.RULES
 
 
 @dataclass
