@@ -163,13 +163,19 @@ def test_run_sh_says_why_and_refuses_a_wrong_base_without_writing(tmp_path: Path
     assert realtree.snapshot(site) == before
 
 
+def _host_check(mod: Path, site: Path) -> dict:
+    """`sparkmods check --json`'s row for the mod on the tree."""
+    out = subprocess.run([sys.executable, "-m", "sparkmods", "check", mod.name, "--mods-dir", str(mod.parent),
+                          "--vllm", f"dir:{site}", "--json", "--no-cache"], capture_output=True, text=True, check=False)
+    assert out.returncode in (0, 1), out.stderr
+    [row] = json.loads(out.stdout)["results"]
+    return row
+
+
 def test_host_check_makes_the_same_choice_as_run_sh(tmp_path: Path) -> None:
     mod = _two_variant_mod(tmp_path / "mods", unified(TARGET, ORIGINAL, PATCHED))
     site = make_site(tmp_path / "site", FORK)
-    out = subprocess.run([sys.executable, "-m", "sparkmods", "check", "two", "--mods-dir", str(mod.parent),
-                          "--vllm", f"dir:{site}", "--json", "--no-cache"], capture_output=True, text=True, check=False)
-    assert out.returncode == 0, out.stderr
-    [row] = json.loads(out.stdout)["results"]
+    row = _host_check(mod, site)
     assert (row["variant"], row["chosen_by"]) == ("v2", _check(mod, site, FORK).how)
 
 
@@ -228,3 +234,13 @@ def test_the_base_override_on_a_real_fork_tree(fork_trees, tmp_path: Path, monke
     assert f"ERROR: {BASE_ENV}=0.26.0 selects variant v0.26.0, which does not apply to this vLLM (it reports {FORK})" \
         in wrong.stdout
     assert realtree.snapshot(site) == before
+
+
+def test_a_content_choice_that_drifts_names_the_override_of_one_that_does_not(tmp_path: Path) -> None:
+    drifting = PATCHED.replace("        y = y + 1  # demo mod\n",
+                               "        from vllm.model_executor.layers.nothing import helper\n        y = helper(y)\n")
+    mod = _two_variant_mod(tmp_path / "mods", unified(TARGET, ORIGINAL, drifting))  # v2, the newest, drifts
+    site = make_site(tmp_path / "site", FORK)
+    row = _host_check(mod, site)
+    assert (row["variant"], row["status"]) == ("v2", "drift")
+    assert row["reason"].endswith(f"; variant v1 applies without drift: set {BASE_ENV}=0.19.1 for run.sh to choose it")

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Opti
 from sparkmods import gcpause, resultcache, slots
 from sparkmods.modsdir import load
 from sparkmods.runtime.manifest import Manifest, Upstream, Variant
-from sparkmods.runtime.modcheck import ModResult, aggregate, by_version, check_mod, variant_patches
+from sparkmods.runtime.modcheck import (BASE_ENV, BaseMismatch, ModResult, aggregate, by_version, check_mod,
+                                       variant_patches)
 from sparkmods.runtime.pep440 import InvalidVersion
 from sparkmods.runtime.udiff import FilePatch
 
@@ -123,7 +124,26 @@ def _checked(manifest: Manifest, mod_dir: Path, source, content: str, drift_stat
         verdict = drift_status(source, result, _patches(mod_dir, chosen, content))
         if verdict is not None:
             result.status, result.reason = verdict
+            if result.how:
+                result.reason += _drift_free(manifest, mod_dir, source, content, chosen, drift_status)
     return result
+
+
+def _drift_free(manifest: Manifest, mod_dir: Path, source, content: str, chosen: Variant,
+                drift_status: Callable) -> str:
+    """For a variant chosen by content that drifts: another variant that applies without drift,
+    as the override that makes run.sh choose it (run.sh cannot run the drift checks)."""
+    for variant in reversed(manifest.variants):
+        if variant is chosen or not variant.verified:
+            continue
+        base = variant.verified[-1]
+        try:
+            other = check_mod(manifest, mod_dir, source.version, source.read, base)
+        except BaseMismatch:
+            continue
+        if drift_status(source, other, _patches(mod_dir, variant, content)) is None:
+            return f"; variant {variant.label} applies without drift: set {BASE_ENV}={base} for run.sh to choose it"
+    return ""
 
 
 def _patches(mod_dir: Path, variant: Variant, content: Optional[str]) -> List[FilePatch]:
