@@ -31,6 +31,12 @@ _LOCAL = struct.Struct("<4s2B4HL2L2H")  # one local file header
 _MAX_COMMENT = 0xFFFF
 _UTF8_FLAG, _ENCRYPTED_FLAG = 0x800, 0x1
 _STORED, _DEFLATED = 0, 8
+# What a wheel may claim before anything is read or inflated: a vLLM file is at most a few
+# hundred KB (its RECORD under 1 MB), a central directory under 1 MB. Past these a member,
+# its byte span or the directory is refused in one line, never read into memory.
+MAX_MEMBER_BYTES = 64 << 20
+MAX_CENTRAL_BYTES = 64 << 20
+_SPAN_SLACK = 1 << 17  # a member's span beyond its data: local header, name, extra, data descriptor
 ContentId = Tuple[str, int, int]  # name, size, CRC-32: what the central directory says a member holds
 
 
@@ -107,7 +113,11 @@ class ZipMembers:
         """Bytes [start, end) holding the member: local header, data, data descriptor."""
         start = self._members[name].header_offset
         i = bisect.bisect_right(self._bounds, start)
-        return start, self._bounds[i] if i < len(self._bounds) else self.central_offset
+        end = self._bounds[i] if i < len(self._bounds) else self.central_offset
+        if end - start > MAX_MEMBER_BYTES + _SPAN_SLACK:
+            raise SparkmodsError(f"{self.label}: member {name} spans {end - start} bytes of the wheel, more than "
+                                 f"the {MAX_MEMBER_BYTES} a vLLM file may take; refusing the wheel")
+        return start, end
 
     def spans(self, names: Iterable[str]) -> List[Span]:
         return [self.span(n) for n in names if n in self._members]
@@ -159,6 +169,9 @@ class ZipMembers:
         if member.method not in (_STORED, _DEFLATED):
             raise SparkmodsError(f"{self.label}: member {name} uses zip compression method {member.method}; "
                                  "wheels use stored or deflate")
+        if max(member.size, member.compressed) > MAX_MEMBER_BYTES:
+            raise SparkmodsError(f"{self.label}: member {name} lists {max(member.size, member.compressed)} bytes, "
+                                 f"more than the {MAX_MEMBER_BYTES} a vLLM file may have; refusing to read it")
         header = _LOCAL.unpack(self._read_at(member.header_offset, _LOCAL.size))
         if header[0] != b"PK\x03\x04":
             raise SparkmodsError(f"{self.label}: member {name} is damaged (no local header at its offset); "
@@ -172,7 +185,11 @@ class ZipMembers:
         if member.method == _STORED:
             return body
         inflate = zlib.decompressobj(-15)
-        return inflate.decompress(body) + inflate.flush()
+        data = inflate.decompress(body, member.size + 1)  # never more than it lists, plus one to tell
+        if len(data) > member.size:
+            raise SparkmodsError(f"{self.label}: member {name} inflates past the {member.size} bytes its entry "
+                                 "lists; the wheel is corrupt or hostile")
+        return data + inflate.flush()  # the input is used up (the limit was not hit): no more than a window
 
 
 _UNREADABLE = (struct.error, ValueError, IndexError, EOFError, UnicodeDecodeError)
@@ -213,6 +230,9 @@ def _locate(fileobj: BinaryIO) -> Tuple[int, int, int]:
             raise ValueError("zip64 end of central directory record not where its locator says")
         cd_size, cd_offset = rec[8], rec[9]
         end_record -= _LOCATOR.size + _EOCD64.size
+    if cd_size > MAX_CENTRAL_BYTES:
+        raise ValueError(f"its central directory claims {cd_size} bytes, more than the {MAX_CENTRAL_BYTES} "
+                         "a vLLM wheel's needs")
     concat = end_record - cd_size - cd_offset  # bytes prepended to the archive (as zipfile allows)
     if concat < 0:
         raise ValueError("the central directory lies outside the file")
