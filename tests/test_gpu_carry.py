@@ -296,3 +296,17 @@ def test_install_links_the_machines_cuda_libraries_beside_a_carried_torch(tmp_pa
     assert (site / "torch" / "__init__.py").is_file()
     assert (site / "nvidia").is_symlink() and (site / "nvidia").resolve() == (machine / "nvidia").resolve()
     assert "torch uses the machine's CUDA libraries" in capsys.readouterr().out
+
+
+def test_a_pin_on_what_is_left_behind_never_holds_a_requirement_back(tmp_path, monkeypatch):
+    """vLLM 0.32 pins nvidia-cutlass-dsl, which is not carried (SKIP): the newest
+    nvidia-cudnn-frontend, which asks for a newer cutlass, is still the one carried."""
+    carry = _carry()
+    index = tmp_path / "index"
+    index.mkdir()
+    _wheel(index, "vllm", ["kernels==1.0", "front>=1"])
+    _wheel(index, "front", ["kernels>=2"], version="2.0")
+    _wheel(index, "front", ["kernels>=1"], version="1.0")
+    monkeypatch.setattr(carry, "_SKIPPED", {"kernels"})
+    got = [p.name for p in _resolve_against(carry, index, monkeypatch)]
+    assert got == ["front-2.0-py3-none-any.whl"]

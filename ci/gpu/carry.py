@@ -142,12 +142,13 @@ def _version(wheel: Path) -> str:
 
 
 def _clashes(wheel: Path, pins: Dict[str, str]) -> Optional[str]:
-    """The first requirement of `wheel` that refuses a version vLLM pins (`==`), or None."""
+    """The first requirement of `wheel` that refuses a version vLLM pins (`==`), or None; pins of
+    what is left behind (SKIP) never clash, since that is not carried."""
     from packaging.requirements import Requirement
 
     for line in _requirements(wheel):
         req = Requirement(line)
-        pinned = pins.get(_norm(req.name))
+        pinned = None if _norm(req.name) in _SKIPPED else pins.get(_norm(req.name))
         if pinned is not None and not req.specifier.contains(pinned, prereleases=True):
             return line
     return None
@@ -178,6 +179,7 @@ SKIP = {"flashinfer-python", "flashinfer-cubin", "tilelang", "nvidia-cutlass-dsl
         "nvidia-cuda-nvcc", "nvidia-nvvm"}
 
 
+_SKIPPED = {_norm(n) for n in SKIP}
 # CUDA libraries: a carried torch asks for exact versions of these; the machine's own CUDA 13 ones
 # are tried first (`prepare --cuda-libs` carries them instead).
 CUDA_LIB = re.compile(r"^(nvidia-(?!ml-py$)|cuda-toolkit$)")
@@ -186,7 +188,7 @@ CUDA_LIB = re.compile(r"^(nvidia-(?!ml-py$)|cuda-toolkit$)")
 def _machine() -> Dict[str, Optional[str]]:
     """What the machine has: name -> version where the file gives one (`name==X`), else None."""
     lines = (HERE / "device_packages.txt").read_text(encoding="utf-8").splitlines()
-    have: Dict[str, Optional[str]] = {_norm(n): None for n in SKIP}
+    have: Dict[str, Optional[str]] = {}
     for line in lines:
         if line.strip() and not line.startswith("#"):
             name, _, version = line.strip().partition("==")
@@ -206,6 +208,8 @@ class _Closure:
 def _machine_keeps(req, have: Dict[str, Optional[str]], cuda_libs: bool, by: str, closure: _Closure) -> bool:
     """True when the machine's own package serves `req` (so nothing is carried for it)."""
     name = _norm(req.name)
+    if name in _SKIPPED:
+        return True
     if name not in have:
         return False
     version = have[name]
