@@ -58,6 +58,7 @@ def test_mod_flow_in_container(tmp_path, docker_engine, base_image, real_file):
     with running_container(docker_engine, image) as container:
         first = run_mod_like_launch_cluster(container, mod)
         assert first.exit_code == 0, first.output
+        assert f"[flow-test] chose variant v1 by content: the v1 patches apply exactly; vLLM reports {DEV}" in first.output
         assert f"[flow-test] applied variant v1 to vLLM {DEV}" in first.output
         patched = _file_in(container)
         assert b"# patched by the flow test\nclass LogitsProcessor" in patched
