@@ -168,6 +168,18 @@ def test_numpy_is_named_before_the_block_that_needs_it() -> None:
                 assert "pip install numpy" in "\n".join(lines[previous:block.line]), block.name
 
 
+def test_the_launch_synopsis_lists_every_option_launch_has() -> None:
+    """launch/README.md's synopsis names every option of `sparkmods launch`, and none it lacks."""
+    from sparkmods.cli import build_parser
+
+    parser = build_parser(["launch"])
+    [launch] = [a.choices["launch"] for a in parser._actions if getattr(a, "choices", None) and "launch" in a.choices]
+    options = {o for a in launch._actions for o in a.option_strings if o not in ("-h", "--help", "--output")}
+    [synopsis] = [b for b in ALL if b.doc == DOCS[1] and b.lines and b.lines[0].startswith("sparkmods launch ")]
+    shown = set(re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", "\n".join(synopsis.lines)))
+    assert shown == options, f"{synopsis.name}: missing {sorted(options - shown)}, unknown {sorted(shown - options)}"
+
+
 def test_transcripts_are_found() -> None:
     tiers = {t for b in RUN for t in b.tiers()}
     assert {"fast", "network", "docker"} <= tiers, tiers

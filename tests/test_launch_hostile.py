@@ -189,3 +189,32 @@ def test_the_script_with_hostile_values_passes_shellcheck(tmp_path):
     # quotes", SC1003) are about the hostile values, which are meant literally here.
     done = subprocess.run(["shellcheck", "--severity=warning", str(script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
+
+
+# What OpenSSH prints when a node's host key changed (BatchMode: it refuses), with its CRLFs.
+CHANGED_HOST_KEY = "\r\n".join([
+    "@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@",
+    "@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @",
+    "@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@",
+    "IT IS POSSIBLE THAT SOMEONE IS DOING SOMETHING NASTY!",
+    "Someone could be eavesdropping on you right now (man-in-the-middle attack)!",
+    "Host key for {node} has changed and you have requested strict checking.",
+    "Host key verification failed.", ""])
+
+
+def test_a_failed_ssh_login_is_one_readable_line(tmp_path):
+    """ssh's banner and warnings stay out of the error; its verdict, the last line, is kept."""
+    plan, _ = _hostile_plan(tmp_path)
+    script = tmp_path / "launch.sh"
+    script.write_text(render_standalone(plan, ["hostile values"]))
+    bin_dir = _stand_ins(tmp_path / "bin")
+    (bin_dir / "ssh").write_text("#!/bin/sh\nprintf '%s' \"$BANNER\" >&2\nexit 255\n")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(tmp_path), "HOME": str(tmp_path),
+           "BANNER": CHANGED_HOST_KEY.format(node=NODES[0])}
+    env.pop("SPARKMODS_SSH", None)
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and not (tmp_path / "n").exists(), done.stderr  # no docker call anywhere
+    assert done.stderr == (
+        f"sparkmods-launch: error: cannot log in to node {NODES[0]} with ssh -o BatchMode=yes -o ConnectTimeout=10 "
+        "(Host key verification failed.): the head needs key login there without a prompt and the node's host key "
+        f"in known_hosts (run ssh {NODES[0]} true once by hand), or set SPARKMODS_SSH; nothing was started\n")

@@ -108,13 +108,13 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
 
-# check_login IP: one ssh login to a worker before anything starts. ssh's own complaint (no
-# route, host key not in known_hosts, key refused), joined into the one line, says which it was.
+# check_login IP: one ssh login to a worker before anything starts. ssh's verdict, its last
+# line (no route, host key verification failed, key refused), says which it was; the lines
+# before it (a changed-host-key banner, warnings) would not fit on the one line.
 check_login() {
     local ip=$1 why
     if why=$("${ssh_cmd[@]}" -- "$ip" true 2>&1 </dev/null); then return 0; fi
-    why=$(printf '%s' "$why" | tr -s '\r\n' ' ')
-    why=${why% }
+    why=$(printf '%s\n' "$why" | tr -d '\r' | grep -v '^[[:space:]]*$' | tail -n 1 || true)
     die "cannot log in to node $ip with ${ssh_cmd[*]} (${why:-ssh failed}): the head needs key login there" \
         "without a prompt and the node's host key in known_hosts (run ssh $ip true once by hand)," \
         "or set SPARKMODS_SSH; nothing was started"
