@@ -19,15 +19,55 @@ the local Docker network NET whose address is the node's IP (no ssh): a stand-in
 from __future__ import annotations
 
 import re
+import string
 from typing import List, Sequence
 
 from sparkmods.launch.plan import LaunchPlan
-from sparkmods.launch.shell import array, assign, header, rows
+from sparkmods.launch.shell import array, assign, header, q, rows
 
-__all__ = ["render_standalone", "serve_argv", "container_prefix", "RAY_PORT", "MASTER_PORT"]
+__all__ = ["render_standalone", "serve_argv", "container_prefix", "fill", "RAY_PORT", "MASTER_PORT", "RAY_HEAD",
+           "RAY_WORKER", "RAY_ALIVE_NODES", "RAY_EXECUTOR", "RANK_FLAGS", "FOLLOWER", "NODE_ENV"]
 
 RAY_PORT = 6379
 MASTER_PORT = 29501
+
+# What the script runs in each node's container to join the nodes, as word templates. The
+# script fills them with its shell variables (_SHELL_VALUES); ci/gpu/e2e_nodes.py fills them
+# with loopback addresses, so the two-GPU test forms its nodes with these very words.
+# {head}: the head's address, {node}: this node's, {rank}: its index, {nnodes}: how many.
+NODE_ENV = ("VLLM_HOST_IP={node}",)  # vLLM binds its distributed traffic here (Sparks have several interfaces)
+RAY_HEAD = ("ray", "start", "--head", "--node-ip-address={head}", "--port={ray_port}", "--disable-usage-stats")
+RAY_WORKER = ("ray", "start", "--address={head}:{ray_port}", "--node-ip-address={node}", "--disable-usage-stats")
+# Run with `python3 -c` on the head: how many Ray nodes are alive.
+RAY_ALIVE_NODES = ('import ray; ray.init(address="auto", logging_level="ERROR"); '
+                   'print(sum(1 for n in ray.nodes() if n["Alive"]))')
+RAY_EXECUTOR = ("--distributed-executor-backend", "ray")  # appended to the head's serve argv (Ray mode)
+RANK_FLAGS = ("--nnodes", "{nnodes}", "--node-rank", "{rank}", "--master-addr", "{head}", "--master-port",
+              "{master_port}")  # appended to every node's serve argv (no-Ray mode)
+FOLLOWER = ("--headless",)  # appended after RANK_FLAGS on every node but the head
+
+# The shell expression of each placeholder inside the script's functions.
+_SHELL_VALUES = {"head": "${nodes[0]}", "node": "$ip", "ray_port": "$ray_port", "nnodes": "${#nodes[@]}",
+                 "rank": "$i", "master_port": "$master_port"}
+
+
+def fill(template: Sequence[str], **values: object) -> List[str]:
+    """The words of `template` with its placeholders replaced by values."""
+    return [word.format(**values) for word in template]
+
+
+def _shell_words(template: Sequence[str]) -> str:
+    """`template` as script text: literal parts quoted, each placeholder its double-quoted variable."""
+    words = []
+    for word in template:
+        parts = []
+        for literal, field, _, _ in string.Formatter().parse(word):
+            if literal:
+                parts.append(q(literal))
+            if field is not None:
+                parts.append(f'"{_SHELL_VALUES[field]}"')
+        words.append("".join(parts))
+    return " ".join(words)
 
 _BODY = r'''
 container=${SPARKMODS_CONTAINER:-$container}
@@ -139,7 +179,7 @@ start_node() {
         -v "$hf_cache:/root/.cache/huggingface" --env-file /dev/stdin)
     if [[ -n "$gpus" ]]; then run+=(--gpus "$gpus"); fi
     # vLLM binds its distributed traffic to this address (Sparks have several interfaces).
-    if [[ "$mode" != solo ]]; then run+=(-e "VLLM_HOST_IP=$ip"); fi
+    if [[ "$mode" != solo ]]; then run+=(-e @NODE_ENV@); fi
     if [[ -n "$network" ]]; then
         run+=(--network "$network" --ip "$ip" --hostname "node-$i")
     else
@@ -174,19 +214,16 @@ apply_mod() {
 }
 
 alive_ray_nodes() {
-    on_node "${nodes[0]}" docker exec "$(ctr 0)" python3 -c \
-        'import ray; ray.init(address="auto", logging_level="ERROR"); print(sum(1 for n in ray.nodes() if n["Alive"]))' \
-        2>/dev/null | tail -n 1
+    on_node "${nodes[0]}" docker exec "$(ctr 0)" python3 -c @RAY_ALIVE_NODES@ 2>/dev/null | tail -n 1
 }
 
 start_ray() {
-    local head=${nodes[0]} i deadline count
-    on_node "$head" docker exec "$(ctr 0)" ray start --head --node-ip-address="$head" --port="$ray_port" \
-        --disable-usage-stats >/dev/null || die "ray start --head failed on $head"
+    local head=${nodes[0]} i ip deadline count
+    on_node "$head" docker exec "$(ctr 0)" @RAY_HEAD@ >/dev/null || die "ray start --head failed on $head"
     for i in "${!nodes[@]}"; do
         if [[ "$i" -eq 0 ]]; then continue; fi
-        on_node "${nodes[$i]}" docker exec "$(ctr "$i")" ray start --address="$head:$ray_port" \
-            --node-ip-address="${nodes[$i]}" --disable-usage-stats >/dev/null \
+        ip=${nodes[$i]}
+        on_node "$ip" docker exec "$(ctr "$i")" @RAY_WORKER@ >/dev/null \
             || die "node ${nodes[$i]} could not join the Ray head at $head:$ray_port"
     done
     deadline=$((SECONDS + ray_timeout))
@@ -212,20 +249,19 @@ foreground() {
 }
 
 serve() {
-    local i rank_args
+    local i
     case "$mode" in
         solo | ray)
             foreground on_node "${nodes[0]}" docker exec "$(ctr 0)" "${serve_argv[@]}"
             ;;
         no-ray)
             for i in "${!nodes[@]}"; do
-                rank_args=(--nnodes "${#nodes[@]}" --node-rank "$i" --master-addr "${nodes[0]}" --master-port "$master_port")
                 if [[ "$i" -ne 0 ]]; then
-                    on_node "${nodes[$i]}" docker exec -d "$(ctr "$i")" "${serve_argv[@]}" "${rank_args[@]}" --headless
+                    on_node "${nodes[$i]}" docker exec -d "$(ctr "$i")" "${serve_argv[@]}" @RANK_FLAGS@ @FOLLOWER@
                 fi
             done
-            foreground on_node "${nodes[0]}" docker exec "$(ctr 0)" "${serve_argv[@]}" --nnodes "${#nodes[@]}" --node-rank 0 \
-                --master-addr "${nodes[0]}" --master-port "$master_port"
+            i=0
+            foreground on_node "${nodes[0]}" docker exec "$(ctr 0)" "${serve_argv[@]}" @RANK_FLAGS@
             ;;
     esac
 }
@@ -248,6 +284,13 @@ main() {
 main "$@"
 '''
 
+_SCRIPT_BODY = (_BODY.replace("@NODE_ENV@", _shell_words(NODE_ENV))
+                .replace("@RAY_ALIVE_NODES@", q(RAY_ALIVE_NODES))
+                .replace("@RAY_HEAD@", _shell_words(RAY_HEAD))
+                .replace("@RAY_WORKER@", _shell_words(RAY_WORKER))
+                .replace("@RANK_FLAGS@", _shell_words(RANK_FLAGS))
+                .replace("@FOLLOWER@", _shell_words(FOLLOWER)))
+
 
 def container_prefix(plan: LaunchPlan) -> str:
     """`sparkmods-<recipe file stem>`: one name per recipe, suffixed -0 (head), -1, ... per node."""
@@ -257,8 +300,7 @@ def container_prefix(plan: LaunchPlan) -> str:
 
 def serve_argv(plan: LaunchPlan) -> List[str]:
     """The head's serve argv; Ray mode names the executor (launch-cluster.sh would add it too)."""
-    extra = ["--distributed-executor-backend", "ray"] if plan.mode == "ray" else []
-    return plan.serve.argv(extra)
+    return plan.serve.argv(RAY_EXECUTOR if plan.mode == "ray" else ())
 
 
 def render_standalone(plan: LaunchPlan, about: Sequence[str]) -> str:
@@ -275,4 +317,4 @@ def render_standalone(plan: LaunchPlan, about: Sequence[str]) -> str:
         assign("ray_port", RAY_PORT),
         assign("master_port", MASTER_PORT),
     ]
-    return "\n".join(lines) + "\n" + _BODY
+    return "\n".join(lines) + "\n" + _SCRIPT_BODY
