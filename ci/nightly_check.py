@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sparkmods.errors import SparkmodsError
+from sparkmods.errors import SparkmodsError, Unreachable
 from sparkmods.modsdir import resolve_mods
 from sparkmods.nightly import (DEFAULT_NIGHTLY_URL, Report, break_lines, community_broke, newer_releases,
                                resolve_nightly, run_job)
@@ -82,6 +82,10 @@ def main() -> int:
         specs += newer_releases(matrix, args.index_url, args.offline)
         report = run_job(resolve_mods([], args.mods_dir), specs, args.index_url, args.offline)
         heal_text = heal_all(report, args) if args.heal else ""
+    except Unreachable as exc:  # --offline alone is refused here: say the combination that works
+        print(f"nightly_check: error: {exc.reason} (without the network, --no-nightly --offline checks the new "
+              "releases from the cache; the nightly needs the network)", file=sys.stderr)
+        return 2
     except SparkmodsError as exc:
         print(f"nightly_check: error: {exc}", file=sys.stderr)
         return 2

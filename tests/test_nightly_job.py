@@ -1,6 +1,7 @@
 """ci/nightly_check.py on the paths that need no nightly server (fast tier; the nightly itself is
 in test_nightly.py): nothing new to check is a plain sentence, not a malformed table that
-claims every mod applies; and the `--offline` that a network error recommends is accepted.
+claims every mod applies; and the flags a network error recommends (`--no-nightly --offline`)
+are accepted.
 A real package index on loopback and the real script in a subprocess.
 """
 
@@ -68,10 +69,29 @@ def test_offline_works_from_the_cache_as_the_network_error_says(job):
 
     job.index.routes["/simple/vllm/"] = hang_up
     failed, _ = job()
-    assert failed.returncode == 2 and "(use --offline to work from the cache)" in failed.stderr
-    offline, report = job("--offline")
+    assert failed.returncode == 2 and failed.stderr.endswith(
+        " (without the network, --no-nightly --offline checks the new releases from the cache; the nightly "
+        "needs the network)\n"), failed.stderr
+    offline, report = job("--offline")  # job() passes --no-nightly: the two flags the error names
     assert offline.returncode == 0, offline.stderr
     assert "| demo | ✅ ok |" in report
+
+
+def test_an_unreachable_nightly_names_the_flags_that_work_offline(job):
+    """Without --no-nightly, the flags the error names are a command line the job accepts offline."""
+    job.index.add(make_wheel(job.tmp / WHEEL.format(v="0.20.0"), "0.20.0", extra={TARGET: ORIGINAL.encode()}))
+    assert job()[0].returncode == 0  # online once
+    script = [sys.executable, str(REPO / "ci" / "nightly_check.py"), "--nightly-url", "http://127.0.0.1:9",
+              "--index-url", f"{job.index.url}/simple", "--matrix", str(job.tmp / "matrix.json"),
+              "--mods-dir", str(job.tmp / "mods"), "--report", str(job.tmp / "report.md")]
+    failed = subprocess.run(script, capture_output=True, text=True, timeout=120)
+    assert failed.returncode == 2 and len(failed.stderr.splitlines()) == 1, failed.stderr
+    assert failed.stderr.startswith("nightly_check: error: cannot fetch http://127.0.0.1:9/nightly/vllm/metadata.json")
+    assert "--offline to work" not in failed.stderr  # --offline alone is refused without --no-nightly
+    flags = failed.stderr.split("without the network, ", 1)[1].split(" checks", 1)[0].split()
+    assert flags == ["--no-nightly", "--offline"]
+    offline = subprocess.run(script + flags, capture_output=True, text=True, timeout=120)
+    assert offline.returncode == 0, offline.stderr
 
 
 def test_offline_with_the_nightly_is_refused_in_one_line(job, tmp_path):

@@ -32,7 +32,7 @@ from typing import Dict, List, Optional, Tuple
 from urllib.parse import urljoin, urlsplit
 
 from sparkmods import __version__
-from sparkmods.errors import SparkmodsError
+from sparkmods.errors import SparkmodsError, Unreachable
 from sparkmods.sources.fetchstats import stats
 
 USER_AGENT = f"sparkmods/{__version__}"
@@ -339,8 +339,7 @@ def _send(url: str, headers: Dict[str, str], deadline: float, seconds: float) ->
                 continue  # the server closed an idle kept-alive connection: not a real failure
             attempt += 1
             if attempt > RETRIES:
-                raise SparkmodsError(f"cannot fetch {url}: {exc or type(exc).__name__} "
-                                     f"(use --offline to work from the cache)") from None
+                raise Unreachable(f"cannot fetch {url}: {exc or type(exc).__name__}") from None
             continue
         stats.add(requests=1, seconds=time.monotonic() - started)
         answer = _Open(url, key, conn, response, watchdog, seconds)
