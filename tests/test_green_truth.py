@@ -15,8 +15,9 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import pytest
 
@@ -501,3 +502,41 @@ def test_a_new_version_label_over_untouched_files_is_still_applied(tmp_path: Pat
     assert out.returncode == 0 and f"restored {TARGET}" in out.stdout and f"removed {NEW}" in out.stdout, out.stdout
     assert {k: v for k, v in snapshot(site).items() if "dist-info" not in k} == \
         {k: v for k, v in pristine.items() if "dist-info" not in k}
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A folder other users can reach (pytest's tmp_path is root's alone)."""
+    base = Path(tempfile.mkdtemp(prefix="sparkmods-shared-"))
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base)
+
+
+def test_state_written_by_root_or_the_tree_s_owner_is_trusted_by_another_user(shared_dir: Path) -> None:
+    """vLLM installed by uid 65534, applied once with sudo (state owned by root): that user's
+    own check trusts it; state of a third user is refused."""
+    base = shared_dir
+    site = make_site(base / "site")
+    mod = make_mod(base / "mods")
+    assert run_sh(mod, site, base).returncode == 0
+    for path in [site, *site.rglob("*")]:
+        if STATE_DIR not in path.relative_to(site).parts:
+            os.chown(path, 65534, 65534)
+    as_user = "setpriv --reuid=65534 --regid=65534 --clear-groups {run}"
+    env = {"SPARKMODS_PYTHON": "/usr/bin/python3", "SPARKMODS_LOCK_TIMEOUT": "5"}  # the full path
+    out = run_sh(mod, site, base, "check", env=env, shell=as_user)
+    assert "already applied" in out.stdout and out.stderr.strip().endswith("rc=0"), out.stdout + out.stderr
+    os.chown(site / STATE_DIR / "demo" / "state.json", 12345, 12345)
+    out = run_sh(mod, site, base, "check", env=env, shell=as_user)
+    assert "owned by uid 12345" in out.stdout and out.stderr.strip().endswith("rc=1"), out.stdout + out.stderr
+
+
+def test_a_workspace_install_failing_after_vllm_was_patched_says_what_was_done(tmp_path: Path) -> None:
+    site = make_site(tmp_path / "site")
+    mod = make_template_mod(tmp_path / "mods")
+    (tmp_path / "ws").write_text("a file, not a folder")
+    out = run_sh(mod, site, tmp_path, env={"WORKSPACE_DIR": str(tmp_path / "ws")})
+    assert out.returncode == 1 and "rolled back" not in out.stdout and "nothing was changed" not in out.stdout
+    assert "applied variant v1" in out.stdout and "t.jinja" in out.stdout.splitlines()[-1], out.stdout
+    assert (site / TARGET).read_text() == PATCHED

@@ -348,15 +348,18 @@ def _install_files(say: Printer, mod_dir: StrPath, inputs: ModInputs, workspace:
         if item.site:
             continue  # installed into vLLM with the patches, through the journal
         dest = os.path.join(workspace, item.name)
-        if fsops.read_regular(dest) == data:
+        try:
+            present = fsops.read_regular(dest) == data
+            if not (present or dry_run):
+                fsops.remove(fsops.temp_path(dest))  # left by a killed run
+                fsops.write_file(dest, data, _install_mode(mod_dir, item))
+        except OSError as exc:  # after vLLM's files were settled: the lines above say what was done
+            raise JournalError(f"{exc.filename or dest}: {exc.strerror or exc}; {item.name} cannot be installed "
+                               f"into {workspace}: fix that and run again") from None
+        if present:
             say(f"{item.name} already installed in {workspace}")
-            continue
-        if dry_run:
-            say(f"would install {item.name} into {workspace}")
-            continue
-        fsops.remove(fsops.temp_path(dest))  # left by a killed run
-        fsops.write_file(dest, data, _install_mode(mod_dir, item))
-        say(f"installed {item.name} into {workspace}")
+        else:
+            say(f"{'would install' if dry_run else 'installed'} {item.name} into {workspace}")
 
 
 def _install_mode(mod_dir: StrPath, item: Install) -> int:
@@ -2209,11 +2212,11 @@ class UntrustedState(RuntimeError):
 
 def trust(state_root: StrPath) -> None:
     """Refuse (UntrustedState, one line) a state folder holding a symbolic link, anything
-    writable by its group or by others, or anything owned by someone other than this user or
-    the owner of the folder it is in (site-packages: who installed vLLM)."""
+    writable by its group or by others, or anything owned by someone other than this user,
+    root, or the owner of the folder it is in (site-packages: who installed vLLM)."""
     root = os.fspath(state_root)
     try:
-        owners = {os.getuid(), os.stat(os.path.dirname(root)).st_uid}
+        owners = {0, os.getuid(), os.stat(os.path.dirname(root)).st_uid}
         _trusted(root, os.lstat(root), owners)
     except FileNotFoundError:
         return
@@ -2231,7 +2234,7 @@ def _trusted(root: str, st: os.stat_result, owners: "set[int]", path: Optional[s
     if stat.S_ISLNK(mode):
         why = "a symbolic link"
     elif st.st_uid not in owners:
-        why = f"owned by uid {st.st_uid}, neither this user nor the owner of {os.path.dirname(root)}"
+        why = f"owned by uid {st.st_uid}, neither this user, root nor the owner of {os.path.dirname(root)}"
     elif mode & 0o022:
         why = f"writable by {'all users' if mode & 0o002 else 'its group'} (mode {stat.S_IMODE(mode):04o})"
     else:

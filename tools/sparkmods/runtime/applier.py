@@ -99,15 +99,18 @@ def _install_files(say: Printer, mod_dir: StrPath, inputs: ModInputs, workspace:
         if item.site:
             continue  # installed into vLLM with the patches, through the journal
         dest = os.path.join(workspace, item.name)
-        if fsops.read_regular(dest) == data:
+        try:
+            present = fsops.read_regular(dest) == data
+            if not (present or dry_run):
+                fsops.remove(fsops.temp_path(dest))  # left by a killed run
+                fsops.write_file(dest, data, _install_mode(mod_dir, item))
+        except OSError as exc:  # after vLLM's files were settled: the lines above say what was done
+            raise JournalError(f"{exc.filename or dest}: {exc.strerror or exc}; {item.name} cannot be installed "
+                               f"into {workspace}: fix that and run again") from None
+        if present:
             say(f"{item.name} already installed in {workspace}")
-            continue
-        if dry_run:
-            say(f"would install {item.name} into {workspace}")
-            continue
-        fsops.remove(fsops.temp_path(dest))  # left by a killed run
-        fsops.write_file(dest, data, _install_mode(mod_dir, item))
-        say(f"installed {item.name} into {workspace}")
+        else:
+            say(f"{'would install' if dry_run else 'installed'} {item.name} into {workspace}")
 
 
 def _install_mode(mod_dir: StrPath, item: Install) -> int:

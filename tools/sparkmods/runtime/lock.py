@@ -49,11 +49,11 @@ class UntrustedState(RuntimeError):
 
 def trust(state_root: StrPath) -> None:
     """Refuse (UntrustedState, one line) a state folder holding a symbolic link, anything
-    writable by its group or by others, or anything owned by someone other than this user or
-    the owner of the folder it is in (site-packages: who installed vLLM)."""
+    writable by its group or by others, or anything owned by someone other than this user,
+    root, or the owner of the folder it is in (site-packages: who installed vLLM)."""
     root = os.fspath(state_root)
     try:
-        owners = {os.getuid(), os.stat(os.path.dirname(root)).st_uid}
+        owners = {0, os.getuid(), os.stat(os.path.dirname(root)).st_uid}
         _trusted(root, os.lstat(root), owners)
     except FileNotFoundError:
         return
@@ -71,7 +71,7 @@ def _trusted(root: str, st: os.stat_result, owners: "set[int]", path: Optional[s
     if stat.S_ISLNK(mode):
         why = "a symbolic link"
     elif st.st_uid not in owners:
-        why = f"owned by uid {st.st_uid}, neither this user nor the owner of {os.path.dirname(root)}"
+        why = f"owned by uid {st.st_uid}, neither this user, root nor the owner of {os.path.dirname(root)}"
     elif mode & 0o022:
         why = f"writable by {'all users' if mode & 0o002 else 'its group'} (mode {stat.S_IMODE(mode):04o})"
     else:
