@@ -19,7 +19,8 @@ def mods_root(explicit: Optional[str] = None) -> Path:
         if candidate:
             path = Path(candidate)
             if not path.is_dir():
-                raise SparkmodsError(f"mods folder {path} does not exist")
+                why = "is not a folder" if path.exists() else "does not exist"
+                raise SparkmodsError(f"mods folder {path} {why}")
             return path
     local = Path.cwd() / "mods"
     if local.is_dir():

@@ -12,7 +12,7 @@ from collections import namedtuple
 
 TYPE_CHECKING = False  # typing costs start-up time; the hints below are strings anyway
 if TYPE_CHECKING:
-    from typing import Dict
+    from typing import Dict, List
 
 # module: sparkmods.commands.<module>; help: the line `sparkmods --help` shows
 Command = namedtuple("Command", ["module", "help"])
@@ -36,3 +36,14 @@ COMMANDS: Dict[str, Command] = {
 def help_for(name: str) -> str:
     """The one-line help of a top-level command."""
     return COMMANDS[name].help
+
+
+def only_one(values: "List[str]", flag: str) -> str:
+    """The value of an option registered with action="append" that the command takes once:
+    argparse alone would keep the last one given and drop the others without a word."""
+    if len(values) > 1:
+        from sparkmods.errors import SparkmodsError
+
+        raise SparkmodsError(f"{flag} given {len(values)} times ({', '.join(values)}); this command takes one: "
+                             "run it once for each")
+    return values[0]

@@ -9,7 +9,7 @@ import argparse
 import os
 from pathlib import Path
 
-from sparkmods.commands import help_for
+from sparkmods.commands import help_for, only_one
 from sparkmods.errors import SparkmodsError
 
 TYPE_CHECKING = False
@@ -21,7 +21,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p = sub.add_parser("apply", help=help_for("apply"),
                        description="Apply a mod to an installed vLLM with the same code run.sh uses.")
     p.add_argument("mod", metavar="MOD")
-    p.add_argument("--vllm", required=True, metavar="dir:PATH",
+    p.add_argument("--vllm", required=True, action="append", metavar="dir:PATH",
                    help="site-packages (or a prefix) holding vllm/, e.g. dir:.venv/lib/python3.12/site-packages")
     p.add_argument("--mods-dir", help="folder holding the mods")
     p.add_argument("--workspace", help="where installed files go (default: $WORKSPACE_DIR, then the cwd)")
@@ -37,18 +37,19 @@ def run(args: argparse.Namespace) -> int:
     from sparkmods.runtime.applier import run as run_action
     from sparkmods.runtime.locate import LocateError, find_vllm
 
-    if not args.vllm.startswith("dir:"):
-        raise SparkmodsError(f"--vllm {args.vllm!r}: apply writes files, so it needs dir:PATH")
+    target = only_one(args.vllm, "--vllm")
+    if not target.startswith("dir:"):
+        raise SparkmodsError(f"--vllm {target!r}: apply writes files, so it needs dir:PATH")
     (mod_dir,) = resolve_mods([args.mod], args.mods_dir)
-    path, _, version = args.vllm[4:].partition("#")  # dir:PATH#VERSION, as `check` takes it
+    path, _, version = target[4:].partition("#")  # dir:PATH#VERSION, as `check` takes it
     try:
         found = find_vllm(path)
     except LocateError as exc:  # its "not installed" text speaks of PYTHON_ROOT, which run.sh users set
         detail = f"no vllm/ in {path}" if str(exc).startswith("vllm is not installed") else str(exc)
-        raise SparkmodsError(f"--vllm {args.vllm}: {detail}; name the site-packages folder (or a prefix "
+        raise SparkmodsError(f"--vllm {target}: {detail}; name the site-packages folder (or a prefix "
                              "holding one) where vllm/ is installed") from None
-    if version and _public(version, args.vllm) != _public(found.version, args.vllm):
-        raise SparkmodsError(f"--vllm {args.vllm}: {found.site} holds vLLM {found.version}, not {version}")
+    if version and _public(version, target) != _public(found.version, target):
+        raise SparkmodsError(f"--vllm {target}: {found.site} holds vLLM {found.version}, not {version}")
     site = found.site
     workspace = Path(args.workspace or os.environ.get("WORKSPACE_DIR") or os.getcwd())
     fsops.arm_from_env()

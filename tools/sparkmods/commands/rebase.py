@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
-from sparkmods.commands import help_for
+from sparkmods.commands import help_for, only_one
 from sparkmods.drift import Finding
 from sparkmods.errors import SparkmodsError
 from sparkmods.modsdir import load, resolve_mods
@@ -39,8 +39,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p = sub.add_parser("rebase-patch", help=help_for("rebase-patch"),
                        description="Three-way rebase of a patch from --base to --onto; never misplaces a change.")
     p.add_argument("patch", metavar="PATCH")
-    p.add_argument("--base", required=True, metavar="SPEC", help="the vLLM the patch was written against")
-    p.add_argument("--onto", required=True, metavar="SPEC", help="the vLLM to carry it to")
+    p.add_argument("--base", required=True, action="append", metavar="SPEC",
+                   help="the vLLM the patch was written against")
+    p.add_argument("--onto", required=True, action="append", metavar="SPEC", help="the vLLM to carry it to")
     p.add_argument("-o", "--output", metavar="OUT", help="write the rebased patch here (default: standard output)")
     p.add_argument("-p", dest="strip", type=int, default=1, help="leading path components to strip (default 1)")
     _source_args(p)
@@ -49,7 +50,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     q = sub.add_parser("rebase", help=help_for("rebase"),
                        description="Rebase the nearest variant's patches onto a vLLM; --write adds the variant.")
     q.add_argument("mod", metavar="MOD")
-    q.add_argument("--onto", required=True, metavar="SPEC", help="the vLLM the mod should work on")
+    q.add_argument("--onto", required=True, action="append", metavar="SPEC", help="the vLLM the mod should work on")
     q.add_argument("--write", action="store_true", help="add the variant to mod.toml and write its patches")
     q.add_argument("--label", help="label of the new variant (default: <source label>-<onto version>)")
     q.add_argument("--mods-dir", help="folder holding the mods")
@@ -96,8 +97,9 @@ def run_rebase_patch(args: argparse.Namespace) -> int:
     if args.output:  # before any fetch: an output that can never be written
         check_target(Path(args.output), "-o")
     patches = read_patch_file(path, args.strip)
-    base = _one(args.base, args, "--base")
-    onto = _one(args.onto, args, "--onto")
+    base_spec, onto_spec = only_one(args.base, "--base"), only_one(args.onto, "--onto")
+    base = _one(base_spec, args, "--base")
+    onto = _one(onto_spec, args, "--onto")
     try:
         result = rebase_patches(patches, base, onto)
     except BaseMismatch as exc:
@@ -134,7 +136,7 @@ def run_rebase_patch(args: argparse.Namespace) -> int:
 def run_rebase(args: argparse.Namespace) -> int:
     (mod_dir,) = resolve_mods([args.mod], args.mods_dir)
     manifest = load(mod_dir)
-    onto = _one(args.onto, args, "--onto")
+    onto = _one(only_one(args.onto, "--onto"), args, "--onto")
     now = check_mod(manifest, mod_dir, onto.version, onto.read)
     if now.status in GREEN:
         why = now.reason if isinstance(manifest.select(onto.version), Upstream) else f"variant {now.variant!r}"

@@ -103,6 +103,10 @@ def open_git(text: str, label: str) -> GitSource:
     try:
         repo = git.Repo(Path(path_text).expanduser())
     except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        head, at, after = text.rpartition("@")
+        if path_text == text and at and head and not Path(text).expanduser().exists():
+            raise SparkmodsError(f"{label}: {head} does not exist (the path before '@{after}'); "
+                                 "name a git repository as git:PATH@REF") from None
         raise SparkmodsError(f"{label}: {path_text} is not a git repository") from None
     try:
         commit = repo.commit(ref)

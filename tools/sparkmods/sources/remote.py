@@ -92,6 +92,7 @@ class RemoteWheel(VllmSource):
         self._entry = WheelEntry(label, url, sha256)
         self._opened = False
         self._central_checked = False  # the cached central directory compared with the server's
+        self._central_failed: Optional[SparkmodsError] = None  # why fetching it failed, once
         self._members: Dict[str, bytes] = {}
         self._hashes: Optional[Dict[str, str]] = None  # path -> sha256, from this wheel's RECORD
         self._record: Optional[Tuple[Optional[str]]] = None  # (the RECORD's path, if it has one)
@@ -268,8 +269,18 @@ class RemoteWheel(VllmSource):
 
     def _fetch_central(self) -> RangeFile:
         """The end of the wheel from the server, the whole central directory included, bound
-        to the cache entry's identity and cached."""
+        to the cache entry's identity and cached. A failure is kept: the check's own read after
+        a failed warm() says why at once instead of asking (and waiting out a deadline) again."""
+        if self._central_failed is not None:
+            raise self._central_failed
         self._need_network("its central directory is")
+        try:
+            return self._fetch_tail()
+        except SparkmodsError as exc:
+            self._central_failed = exc
+            raise
+
+    def _fetch_tail(self) -> RangeFile:
         from sparkmods.sources import http  # the HTTP layer (ssl, http.client) only once a request is due
 
         start, size, tail = http.get_range(self.url, None, TAIL_BYTES)

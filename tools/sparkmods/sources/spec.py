@@ -56,6 +56,8 @@ def open_targets(spec: str, *, index_url: Optional[str] = None, offline: bool = 
         return _from_index(url, selector, f"index:{url}#", offline=offline,
                            prereleases=prereleases or not selector.strip(), where=text)
     if colon and scheme == "pypi":
+        if not rest.strip():  # not silently the latest: a version was about to be named
+            raise SparkmodsError(f"vLLM target {text!r} names no version; use pypi:VERSION (or latest)")
         return _from_index(default_index(index_url), rest, "pypi:", offline=offline,
                            prereleases=prereleases, where=text)
     if colon and _SCHEME.match(scheme):
