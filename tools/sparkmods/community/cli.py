@@ -106,15 +106,16 @@ def run_cells(mods: Sequence[CommunityMod], sources: Sequence, image: str,
               timeout: float) -> Iterator[Tuple[object, CommunityMod, RunResult, Optional[CommunityResult]]]:
     """(source, mod, what its run did, the static judgment where run.sh can be read) for every
     mod on every source, one container at a time."""
-    from sparkmods.community.sandbox import _client, release_tree, run_mod
+    from sparkmods.community.sandbox import _client, release_tree, run_mod, tree_image
 
     client = _client()
     for source in sources:
         with tempfile.TemporaryDirectory(prefix="sparkmods-tree-") as tmp:
             tree = release_tree(source, Path(tmp))
+            tag = tree_image(tree, image, client)
             for mod in mods:
                 static = judge(mod, source) if mod.checkable else None
-                yield source, mod, run_mod(mod.path, tree, image, timeout, client), static
+                yield source, mod, run_mod(mod.path, tree, image, timeout, client, tree_tag=tag), static
         release = getattr(source, "release", None)
         if release is not None:
             release()

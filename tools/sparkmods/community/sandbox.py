@@ -4,30 +4,33 @@ target's vLLM files in a throwaway container, and report what it changed.
 The launcher copies the mod folder to /workspace/mods/<name> and runs
 `export WORKSPACE_DIR=$PWD && cd /workspace/mods/<name> && chmod +x run.sh && ./run.sh` as root
 from the image's WORKDIR (/workspace/vllm), with vLLM in /usr/local/lib/python3.12/dist-packages.
-Here the container has no network, a read-only root file system, a small /tmp, and two writable
-folders: that site-packages (the target's vllm/ tree and its dist-info, copied from a cache of
-release trees) and /workspace (WORKDIR plus the mod's copy). Comparing both before and after
-gives the status: `applied` (vllm/ files changed), `no-change` (exit 0, nothing written: the silent
-skip), `failed` (non-zero exit), `wrote-outside-vllm` (anything else written or tried: a read-only
-file system error counts) and `timed-out`.
+Here each target's vllm/ tree (its text files, from a cache of release trees) is baked once into
+an image on top of the sandbox image; a run is a container of it with no network, no
+capabilities beyond file ownership, bounded memory and processes, and a tmpfs /tmp, removed
+afterwards. Whatever the mod writes lands in the container's own throwaway layer, which
+`docker diff` lists: the status is `applied` (vllm/ files changed), `no-change` (exit 0, nothing
+written: the silent skip), `failed` (non-zero exit), `wrote-outside-vllm` (anything written
+outside vllm/ and the mod's own folder; bytecode caches aside) or `timed-out`.
 
-A mod's own text never leaves the container run: results carry statuses, exit codes, vLLM paths
-and the output's last line (for the terminal only; callers that commit results keep counts).
+Results carry statuses, exit codes, vLLM paths and the output's last line (the mod's own words,
+for the terminal only: callers that commit results keep counts).
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import re
 import shlex
 import shutil
 import stat
+import tarfile
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from sparkmods.errors import SparkmodsError
 from sparkmods.sources.base import check_member
@@ -44,16 +47,19 @@ WORKSPACE = "/workspace"
 WORKDIR = "/workspace/vllm"  # the image's WORKDIR: $WORKSPACE_DIR for run.sh
 MODS_DIR = "/workspace/mods"
 DEFAULT_IMAGE = "sparkmods-sandbox:latest"
+TREE_REPO = "sparkmods-sandbox-tree"  # the sandbox image with one vLLM tree in it
 IMAGE_ENV = "SPARKMODS_SANDBOX_IMAGE"
 DEFAULT_TIMEOUT = 120.0
 
-# What a release tree may hold: every member of vllm/ but compiled extensions (no mod edits
-# them, and nothing in the sandbox could load them), each file and the whole bounded.
+# What a release tree holds: the text members of vllm/ (sources, configs, templates), not its
+# binaries (compiled extensions, executables: no mod edits them, nothing in the sandbox could
+# load them, and they are most of a wheel's bytes); each file and the whole bounded.
 MAX_FILE = 8 << 20
 MAX_TREE = 512 << 20
-_SKIP_SUFFIXES = (".so", ".cubin", ".fatbin")
-_TREE_FORMAT = 1  # bump when what a cached tree holds changes
-_READ_ONLY = "Read-only file system"
+_TEXT_SUFFIXES = (".py", ".pyi", ".typed", ".json", ".jinja", ".j2", ".txt", ".md", ".yaml", ".yml", ".toml",
+                  ".cfg", ".ini", ".csv", ".sh", ".js", ".css", ".html", ".cu", ".cuh", ".h", ".hpp", ".c",
+                  ".cc", ".cpp", ".proto")
+_TREE_FORMAT = 2  # bump when what a cached tree holds changes
 
 # Static verdict -> the run statuses that agree with it (run.sh as the reader understood it).
 _AGREE = {"ok": {APPLIED}, "ok-offset": {APPLIED}, "drift": {APPLIED}, "skipped": {NO_CHANGE, APPLIED},
@@ -79,8 +85,9 @@ class RunResult:
         if self.status == TIMED_OUT:
             return f"still running after {timeout:g} s: killed"
         if self.status == OUTSIDE:
-            where = ", ".join(self.outside[:3]) if self.outside else f"tried ({_READ_ONLY})"
-            return f"wrote outside vllm/: {where}" + (f"; exit {self.exit_code}" if self.exit_code else "")
+            more = f" (+{len(self.outside) - 3} more)" if len(self.outside) > 3 else ""
+            return f"wrote outside vllm/: {', '.join(self.outside[:3])}{more}" + (
+                f"; exit {self.exit_code}" if self.exit_code else "")
         if self.status == FAILED:
             return f"exit {self.exit_code}: {self.last_line}" + (f"; after changing {files}" if files else "")
         if self.status == APPLIED:
@@ -105,7 +112,7 @@ def fingerprint(image: str) -> str:
 # --- release trees -------------------------------------------------------------------------------
 
 def _tree_members(names: List[str]) -> List[str]:
-    return [n for n in names if n.startswith("vllm/") and not n.endswith(_SKIP_SUFFIXES) and not n.endswith("/")]
+    return [n for n in names if n.startswith("vllm/") and n.endswith(_TEXT_SUFFIXES)]
 
 
 def _private_dir(path: Path) -> Path:
@@ -145,14 +152,14 @@ def release_tree(source, scratch: Optional[Path] = None) -> Path:
     """The site-packages tree of this target (vllm/ and a dist-info), cached on disk by the
     target's content key; a target without one (a folder, an image) is unpacked into scratch."""
     key = source.content_key()
-    if key is None or not re.fullmatch(r"[0-9A-Za-z._-]{1,128}", key):
+    if key is None:
         if scratch is None:
             raise SparkmodsError(f"{source.label}: no content key, and no scratch folder to unpack it into")
         dest = scratch / "tree"
         _write_tree(source, dest)
         return dest
     trees = _private_dir(cache_root() / "trees")
-    dest = trees / f"{key}-{_TREE_FORMAT}"
+    dest = trees / f"{hashlib.sha256(key.encode()).hexdigest()[:40]}-{_TREE_FORMAT}"
     if (dest / ".complete").is_file():
         return dest / "site"
     partial = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=trees))
@@ -171,50 +178,16 @@ def release_tree(source, scratch: Optional[Path] = None) -> Path:
 
 # --- one run ------------------------------------------------------------------------------------
 
-def _files(root: Path) -> Iterator[Tuple[str, os.stat_result]]:
-    """Every non-directory under root (symlinks not followed), as (relative path, lstat)."""
-    for folder, dirs, names in os.walk(root):
-        for name in names + [d for d in dirs if os.path.islink(os.path.join(folder, d))]:
-            path = os.path.join(folder, name)
-            yield os.path.relpath(path, root), os.lstat(path)
-
-
-def _same(a: Path, b: Path) -> bool:
-    if a.is_symlink() or b.is_symlink():
-        return a.is_symlink() and b.is_symlink() and os.readlink(a) == os.readlink(b)
-    return a.read_bytes() == b.read_bytes()
-
-
-def _tree_changes(pristine: Path, before: Dict[str, Tuple[int, int]], after_root: Path) -> List[Tuple[str, str]]:
-    """(added|modified|deleted, path) between the pristine tree and the run's copy; files whose
-    size and mtime did not move are not read."""
-    out: List[Tuple[str, str]] = []
-    seen = set()
-    for rel, info in _files(after_root):
-        seen.add(rel)
-        old = before.get(rel)
-        if old is None:
-            out.append(("added", rel))
-        elif old != (info.st_size, info.st_mtime_ns) and not _same(pristine / rel, after_root / rel):
-            out.append(("modified", rel))
-    out += [("deleted", rel) for rel in before if rel not in seen]
-    return sorted(out, key=lambda c: c[1])
+def _owned_by_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    return info
 
 
 def _bounded_read(path: Path) -> bytes:
     if path.stat().st_size > MAX_FILE:
-        raise SparkmodsError(f"the mod wrote {path.name}, over {MAX_FILE >> 20} MiB; refusing to read it back")
+        raise SparkmodsError(f"{path}: over {MAX_FILE >> 20} MiB; refusing to read it")
     return path.read_bytes()
-
-
-def _copy_mod(mod_dir: Path, dest: Path) -> None:
-    """The folder's content as `docker cp dir/.` brings it: everything, symlinks kept as links."""
-    dest.mkdir(parents=True)
-    for entry in sorted(mod_dir.iterdir()):
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.copytree(entry, dest / entry.name, symlinks=True)
-        else:
-            shutil.copy2(entry, dest / entry.name, follow_symlinks=False)
 
 
 def _client():
@@ -240,10 +213,98 @@ def check_image(image: str, client=None) -> None:
                              f"python3, bash, patch, git) or pass --sandbox-image IMAGE") from None
 
 
+def _tree_digest(tree: Path) -> str:
+    h = hashlib.sha256()
+    for folder, dirs, names in os.walk(tree):
+        dirs.sort()
+        for name in sorted(names):
+            path = Path(folder) / name
+            h.update(f"{path.relative_to(tree).as_posix()}\0{path.stat().st_size}\0".encode())
+            h.update(_bounded_read(path))
+    return h.hexdigest()
+
+
+def tree_image(tree: Path, image: str, client=None) -> str:
+    """An image of `image` with `tree` at SITE_DIR, built once per content: each run starts from it
+    and writes into its own throwaway layer, so no run copies the tree."""
+    import docker.errors
+    client = client or _client()
+    base = client.images.get(image).id
+    tag = f"{TREE_REPO}:{hashlib.sha256((base + _tree_digest(tree)).encode()).hexdigest()[:20]}"
+    try:
+        client.images.get(tag)
+        return tag
+    except docker.errors.ImageNotFound:
+        pass
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        dockerfile = (f"FROM {base}\nCOPY site/ {SITE_DIR}/\nCOPY mods/ {MODS_DIR}/\nWORKDIR {WORKDIR}\n"
+                      f"LABEL org.sparkmods.tree-of={image}\n").encode()
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile)
+        tar.addfile(info, io.BytesIO(dockerfile))
+        mods = tarfile.TarInfo("mods")
+        mods.type, mods.mode = tarfile.DIRTYPE, 0o755
+        tar.addfile(mods)
+        tar.add(str(tree), arcname="site")
+    buf.seek(0)
+    try:
+        client.images.build(fileobj=buf, custom_context=True, tag=tag, rm=True, forcerm=True, pull=False)
+    except docker.errors.BuildError as exc:
+        raise SparkmodsError(f"building the image of a vLLM tree on {image} failed: {exc.msg}") from None
+    return tag
+
+
+def _leaves(changes: List[dict]) -> List[dict]:
+    """docker diff's entries without the folders it lists only because something below changed."""
+    paths = sorted(c["Path"] for c in changes)
+    parents = {p for p, q in zip(paths, paths[1:]) if q.startswith(p.rstrip("/") + "/")}
+    return [c for c in changes if c["Path"] not in parents]
+
+
+def _read_back(container, path: str) -> Optional[bytes]:
+    """A regular file's bytes from the stopped container (None for anything else)."""
+    stream, info = container.get_archive(path)
+    if info.get("size", 0) > MAX_FILE:
+        raise SparkmodsError(f"the mod wrote {path}, over {MAX_FILE >> 20} MiB; refusing to read it back")
+    data = b"".join(stream)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        member = tar.next()
+        if member is None or not member.isfile():
+            return None
+        return tar.extractfile(member).read()
+
+
+def _changes(container, tree: Path, name: str, keep: bool) -> Tuple[List[Tuple[str, str]], List[str], Dict]:
+    """(vllm/ changes, paths written outside vllm/, new bytes of the changed files when keep)."""
+    own = f"{MODS_DIR}/{name}"
+    kinds = {0: "modified", 1: "added", 2: "deleted"}
+    changed, outside, after = [], [], {}
+    for entry in _leaves(container.diff() or []):
+        path, kind = entry["Path"], kinds.get(entry["Kind"], "modified")
+        if "/__pycache__" in path or path == own or path.startswith(own + "/") or path == MODS_DIR:
+            continue  # bytecode Python leaves behind, and the mod's own copy
+        if not path.startswith(f"{SITE_DIR}/vllm/"):
+            outside.append(path)
+            continue
+        rel = path[len(SITE_DIR) + 1:]
+        data = None if kind == "deleted" else _read_back(container, path)
+        if kind != "deleted" and data is None:
+            if (tree / rel).is_dir() or kind == "modified":
+                continue  # a folder whose entries came and went
+        elif kind == "modified" and (tree / rel).is_file() and data == (tree / rel).read_bytes():
+            continue  # rewritten with the same bytes
+        changed.append((kind, rel))
+        if keep and data is not None:
+            after[rel] = data
+    return sorted(changed, key=lambda c: c[1]), sorted(outside), after
+
+
 def run_mod(mod_dir: Path, tree: Path, image: str, timeout: float = DEFAULT_TIMEOUT, client=None,
-            keep: bool = False) -> RunResult:
-    """Run mod_dir's run.sh against a copy of tree (a site-packages folder) in a throwaway container;
-    keep: also return the changed vllm/ files' bytes (None: deleted)."""
+            keep: bool = False, tree_tag: Optional[str] = None) -> RunResult:
+    """Run mod_dir's run.sh against tree (a site-packages folder) in a throwaway container of the
+    tree's image (tree_tag, else built or found by tree_image); keep: also return the changed
+    vllm/ files' new bytes (None: deleted)."""
     import requests.exceptions
     name = mod_dir.name
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", name):
@@ -251,44 +312,35 @@ def run_mod(mod_dir: Path, tree: Path, image: str, timeout: float = DEFAULT_TIME
     if not (mod_dir / "run.sh").is_file():
         raise SparkmodsError(f"{mod_dir}: a community mod folder must contain run.sh")
     client = client or _client()
+    tag = tree_tag or tree_image(tree, image, client)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="sparkmods-sandbox-") as tmp:
-        site, workspace = Path(tmp) / "site", Path(tmp) / "workspace"
-        shutil.copytree(tree, site, symlinks=True)
-        before = {rel: (i.st_size, i.st_mtime_ns) for rel, i in _files(site)}
-        (workspace / "vllm").mkdir(parents=True)
-        _copy_mod(mod_dir, workspace / "mods" / name)
-        mod_path = shlex.quote(f"{MODS_DIR}/{name}")
-        container = client.containers.create(
-            image, ["bash", "-c", f"export WORKSPACE_DIR=$PWD && cd {mod_path} && chmod +x run.sh && ./run.sh"],
-            working_dir=WORKDIR, user="root", network_mode="none", read_only=True,
-            tmpfs={"/tmp": "size=256m", "/run": "size=16m"}, mem_limit="2g", pids_limit=512,
-            cap_drop=["ALL"], cap_add=["CHOWN", "DAC_OVERRIDE", "FOWNER"], security_opt=["no-new-privileges"],
-            volumes={str(site): {"bind": SITE_DIR, "mode": "rw"}, str(workspace): {"bind": WORKSPACE, "mode": "rw"}},
-            labels={"org.sparkmods.sandbox": "1"})
-        timed_out, code = False, None
+    mod_path = shlex.quote(f"{MODS_DIR}/{name}")
+    container = client.containers.create(
+        tag, ["bash", "-c", f"export WORKSPACE_DIR=$PWD && cd {mod_path} && chmod +x run.sh && ./run.sh"],
+        working_dir=WORKDIR, user="root", network_mode="none", tmpfs={"/tmp": "size=256m", "/run": "size=16m"},
+        mem_limit="2g", pids_limit=512, cap_drop=["ALL"], cap_add=["CHOWN", "DAC_OVERRIDE", "FOWNER"],
+        security_opt=["no-new-privileges"], labels={"org.sparkmods.sandbox": "1"})
+    timed_out, code = False, None
+    try:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(str(mod_dir), arcname=name, filter=_owned_by_root)
+        container.put_archive(MODS_DIR, buf.getvalue())
+        container.start()
         try:
-            container.start()
-            try:
-                code = container.wait(timeout=timeout)["StatusCode"]
-            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-                timed_out = True
-                container.kill()
-            output = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
-        finally:
-            container.remove(force=True)
-        changed = _tree_changes(tree, before, site)
-        outside = [f"{SITE_DIR}/{p}" for _, p in changed if not p.startswith("vllm/")]
-        changed = [(op, p) for op, p in changed if p.startswith("vllm/")]
-        after = {p: _bounded_read(site / p) if op != "deleted" else None
-                 for op, p in changed if not (site / p).is_symlink()} if keep else {}
-        own = f"mods/{name}/"  # the mod's copy is its own business; nothing else was there before
-        outside += sorted(f"{WORKSPACE}/{rel}" for rel, _ in _files(workspace) if not rel.startswith(own))
+            code = container.wait(timeout=timeout)["StatusCode"]
+        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+            timed_out = True
+            container.kill()
+        output = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+        changed, outside, after = _changes(container, tree, name, keep)
+    finally:
+        container.remove(force=True)
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     last = lines[-1][:300] if lines else ""
     if timed_out:
         status = TIMED_OUT
-    elif outside or (code != 0 and _READ_ONLY in output):
+    elif outside:
         status = OUTSIDE
     elif code != 0:
         status = FAILED
