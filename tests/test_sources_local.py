@@ -3,6 +3,7 @@ the one-line errors every bad target string gets."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -159,6 +160,10 @@ def test_git_errors_and_untagged_clones(vllm_repo, tmp_path):
     [source] = open_targets(f"git:{untagged.working_tree_dir}@HEAD")
     assert source.version == f"0.1.dev2+g{untagged.git.rev_parse('--short', 'HEAD')}"
     assert source.read(CONFIG) == b"y\n"
+    if os.geteuid() == 0:  # a repository another user owns (a mirror): git's safe.directory refuses it
+        shutil.chown(untagged.git_dir, user="nobody")
+        with pytest.raises(SparkmodsError, match=r"git refuses to read .*, which another user owns; clone it"):
+            open_targets(f"git:{untagged.working_tree_dir}@HEAD")
 
 
 # --- target strings ------------------------------------------------------------------------------

@@ -110,7 +110,11 @@ def open_git(text: str, label: str) -> GitSource:
         raise SparkmodsError(f"{label}: {path_text} is not a git repository") from None
     try:
         commit = repo.commit(ref)
-    except (git.BadName, ValueError, git.GitCommandError):
+    except (git.BadName, ValueError, git.GitCommandError) as exc:
+        if "dubious ownership" in str(exc):  # git's safe.directory: the repository is another user's
+            raise SparkmodsError(f"{label}: git refuses to read {path_text}, which another user owns; clone it "
+                                 f"(git -c safe.directory='*' clone --bare {path_text} COPY) or add it to git's "
+                                 "safe.directory") from None
         raise SparkmodsError(f"{label}: no commit {ref!r} in {path_text}") from None
     version = describe_version(repo, commit.hexsha, label)
     return GitSource(label, repo, commit, version)
