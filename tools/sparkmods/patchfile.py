@@ -7,7 +7,7 @@ non-UTF-8 or oversized file is one line naming it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING, Callable, List
 
 from sparkmods.errors import SparkmodsError
 from sparkmods.inputfile import read_text_file
@@ -23,11 +23,7 @@ def read_patch_file(path: Path, strip: int = 1, reversed_: bool = False) -> List
     """The file's patches (-p N as GNU patch strips; reversed_: as `patch -R` / `git apply -R`
     apply it, each diff undone, in the file's order); an unreadable, non-regular, binary or
     malformed file is one line naming it."""
-    text = _text(path, strip)
-    try:
-        patches = parse_patch(text, strip=strip)
-    except PatchParseError as exc:
-        raise SparkmodsError(f"{path}: {exc}") from None
+    patches = _parsed(path, strip, parse_patch)
     return [reverse(fp) for fp in patches] if reversed_ else patches
 
 
@@ -37,15 +33,16 @@ def read_diff_file(path: Path, strip: int = 1, reversed_: bool = False) -> "List
     read_patch_file."""
     from sparkmods.gitdiff import parse_git_diff, reverse_change
 
-    text = _text(path, strip)
-    try:
-        changes = parse_git_diff(text, strip=strip)
-    except PatchParseError as exc:
-        raise SparkmodsError(f"{path}: {exc}") from None
+    changes = _parsed(path, strip, parse_git_diff)
     return [reverse_change(c) for c in changes] if reversed_ else changes
 
 
-def _text(path: Path, strip: int) -> str:
+def _parsed(path: Path, strip: int, parse: Callable[..., list]) -> list:
+    """parse(the file's text, strip=strip); every problem one line naming the file."""
     if strip < 0:
         raise SparkmodsError(f"{path}: -p {strip}: the strip level is a count of path components (0 or more)")
-    return read_text_file(path, MAX_PATCH_BYTES, "want a unified diff")
+    text = read_text_file(path, MAX_PATCH_BYTES, "want a unified diff")
+    try:
+        return parse(text, strip=strip)
+    except PatchParseError as exc:
+        raise SparkmodsError(f"{path}: {exc}") from None
