@@ -326,7 +326,7 @@ def _by_content(inputs: ModInputs, read: Reader) -> "tuple[ModInputs, ModResult]
     carried = _check_upstream(manifest, upstream, version, read) if upstream is not None else None
     if carried is not None and carried.status == UPSTREAM:
         carried.how = f"by content: every upstream detect matches (vLLM carries it since {upstream.since}); {reports}"
-        return ModInputs(manifest, version, upstream, by=BY_CONTENT), carried
+        return ModInputs(manifest, version, upstream), carried
     decided = [(option, _decide_one(option, read)) for option in inputs.options]
     fits = [(_RANKS[r.status][0], option, r) for option, r in decided if r.status in _RANKS]
     if not fits:
