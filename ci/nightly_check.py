@@ -28,6 +28,7 @@ from sparkmods.errors import SparkmodsError, Unreachable
 from sparkmods.modsdir import resolve_mods
 from sparkmods.nightly import (DEFAULT_NIGHTLY_URL, Report, break_lines, community_broke, newer_releases,
                                resolve_nightly, run_job)
+from sparkmods.runtime.pep440 import Version
 
 REPO = Path(__file__).resolve().parents[1]
 # The vllm_runtime test files that prove each mod on one vLLM (they honour sparkmods.heal's
@@ -121,9 +122,15 @@ def heal_all(report: Report, args: argparse.Namespace) -> str:
     out_dir = Path(args.proposals).resolve().parent / "proposals"
     out_dir.mkdir(parents=True, exist_ok=True)
     proposals, lines = [], ["", "### Self-healing", ""]
-    for row in report.broken:
+    healed_mods: dict = {}
+    for row in sorted(report.broken, key=lambda r: (r.result.mod, Version(r.result.version))):
         if row.result.status not in HEALABLE:
             continue
+        if row.result.mod in healed_mods:  # one proposal per mod and night: the oldest broken vLLM first
+            lines.append(f"- **{row.result.mod}** on `{row.target}`: left for after the proposal for "
+                         f"`{healed_mods[row.result.mod]}`")
+            continue
+        healed_mods[row.result.mod] = row.target
         with tempfile.TemporaryDirectory(prefix="sparkmods-heal-") as tmp:
             tree = Path(tmp) / "tree"
             _git(repo, "worktree", "add", "--detach", "-q", str(tree), "HEAD")

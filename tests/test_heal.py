@@ -204,6 +204,16 @@ def test_a_flagged_rebase_becomes_an_issue_and_proposes_nothing(tmp_path, loopba
     assert "is already open" in again.stdout and world.gh_calls()[-1][:2] == ["issue", "list"]
 
 
+
+def test_one_proposal_per_mod_the_oldest_broken_release_first(tmp_path, loopback_index):
+    world = World(tmp_path, loopback_index, REWRITTEN, expected=7)
+    loopback_index.add(make_wheel(tmp_path / WHEEL.format(v="0.21.0"), "0.21.0", extra={TARGET: REWRITTEN.encode()}))
+    done = world.job()
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert [p["title"] for p in world.proposals()] == ["demo breaks on vLLM 0.20.0: the rebase needs a person"]
+    assert "- **demo** on `pypi:0.21.0`: left for after the proposal for `pypi:0.20.0`" in (
+        world.out / "report.md").read_text()
+
 def test_a_rebase_whose_runtime_tests_fail_is_not_proposed(tmp_path, loopback_index):
     world = World(tmp_path, loopback_index, TRIPLED, expected=7)
     done = world.job()
@@ -252,3 +262,17 @@ def test_the_workflow_opens_what_the_job_prepared_with_the_permissions_it_needs(
     opener = next(s for s in steps if "open_proposals.py" in s.get("run", ""))
     assert opener["env"]["GH_TOKEN"] == "${{ github.token }}"
     assert "proposals.json" in opener["if"] and "pull_request" in opener["if"]
+
+
+def test_set_verified_edits_one_line_and_refuses_what_it_cannot_find():
+    from sparkmods.rebase.tomledit import TomlEditError, set_verified
+
+    text = ('schema = 1\n\n[[variant]]\nlabel = "a"\nvllm = ">=0.1"\nverified = ["0.1"]\n\n'
+            '# rebased by `sparkmods rebase`\n[[variant]]\nlabel = "b"\nvllm = ">=0.2"\nverified = []  # none yet\n')
+    assert set_verified(text, "b", ["0.2"], "tested on 0.2") == text.replace(
+        "# rebased by `sparkmods rebase`\n", "# tested on 0.2\n").replace("verified = []  # none yet\n", 'verified = ["0.2"]\n')
+    with pytest.raises(TomlEditError, match="no \\[\\[variant\\]\\] table with label 'c'"):
+        set_verified(text, "c", ["0.2"], "x")
+    split = text.replace('verified = []  # none yet\n', 'verified = [\n  "0.1",\n]\n')
+    with pytest.raises(TomlEditError, match="variant 'b': no single one-line `verified = \\[...\\]`"):
+        set_verified(split, "b", ["0.2"], "x")

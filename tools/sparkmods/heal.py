@@ -132,7 +132,7 @@ def heal_break(mod_dir: Path, onto, open_release: Callable[[str], object], *, st
         return heal
     plan = heal.plan
     if not plan.clean:
-        heal.problem = "the rebase could not place every edit safely (see the report below)"
+        heal.problem = "the rebase could not place every edit safely"
         return heal
     if not plan.carried:
         heal.problem = f"vLLM {plan.onto} already has every change of the mod: consider an [upstream] section"
