@@ -197,7 +197,7 @@ def sigint_held():
 
 SOURCES = {
     '__main__': r'''"""run.sh's program: `python3 -c 'import _sparkmods.__main__' [apply|check|revert]` with the mod
-folder on PYTHONPATH (an import rather than `-m`, which would import runpy and what it
+folder first on sys.path (an import rather than `-m`, which would import runpy and what it
 imports).
 
 A SIGINT outside applier.run (which turns it into an orderly interruption) raises Python's
@@ -274,7 +274,7 @@ from .engine import APPLIED, CONFLICT, OK, OK_OFFSET, UnsafePath, plain_path, pl
 from .interrupts import Interrupted, deferred, exit_code, handled
 from .journal import (JOURNAL_NAME, STATE_DIR, STATE_FILE, Entry, Journal, JournalError, applied_rel, check_state,
                       orig_rel, recover, state_dir, sweep, temp_rel, transact)
-from .locate import LocateError, find_vllm, read_version
+from .locate import LocateError, find_vllm, named_site, read_version
 from .lock import LockTimeout, ReadOnlyTree, UntrustedState, tree_lock
 from .manifest import ManifestError, Variant, load_manifest
 from .modcheck import BASE_ENV, GREEN, NO_VARIANT, UPSTREAM, ModInputs, decide, mod_inputs, settle
@@ -682,7 +682,7 @@ def run(action: str, mod_dir: StrPath, site: Optional[StrPath], workspace: StrPa
     """One run.sh action with every failure turned into one line and an exit code."""
     try:
         with handled():
-            site = site or find_vllm().site
+            site = named_site(site) if site else find_vllm().site
             base = os.environ.get(BASE_ENV, "").strip() or None
             if action == "revert":
                 return revert_mod(mod_dir, site, dry_run, say, base, workspace)
@@ -2144,6 +2144,17 @@ def read_version(site: StrPath) -> str:
     if not version:
         raise LocateError(f"{site}: found vllm/ but no vllm-*.dist-info/METADATA or vllm/_version.py to read its version")
     return version
+
+
+def named_site(site: str) -> str:
+    """run.sh's --site: a folder that holds vllm/ itself (a prefix is searched only through
+    PYTHON_ROOT), else one line saying what it is instead."""
+    if not os.path.isdir(site):
+        what = "no such folder" if not os.path.lexists(site) else "not a folder"
+        raise LocateError(f"--site {site}: {what}; name the site-packages folder that holds vllm/")
+    if not os.path.isfile(os.path.join(site, "vllm", "__init__.py")):
+        raise LocateError(f"--site {site}: no vllm/ in it; name the site-packages folder that holds vllm/")
+    return site
 
 
 def find_vllm(python_root: Optional[str] = None) -> Installation:

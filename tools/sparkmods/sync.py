@@ -63,10 +63,14 @@ export WORKSPACE_DIR="${WORKSPACE_DIR:-$PWD}"
 # Nothing is written into this folder or vLLM's tree; the runtime's compiled code is kept in
 # the user's cache (see the top of _sparkmods.py). A SIGINT is held from the first line of the
 # `-c` code on (unless SIGINT came ignored); `-S` leaves the interpreter's own start-up (site:
-# .pth files, sitecustomize) to the runtime, which runs it under that hold (boot.py).
-PYTHONPATH="$mod_dir${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1 exec "$python" -S -c 'import _signal
+# .pth files, sitecustomize) to the runtime, which runs it under that hold (boot.py). Python
+# finds _sparkmods.py beside the real run.sh (this one may be a symbolic link to it), put first
+# on sys.path rather than on PYTHONPATH, where a ':' in the folder's path would split it.
+SPARKMODS_RUN_SH="$here" PYTHONDONTWRITEBYTECODE=1 exec "$python" -S -c 'import _signal
 held, previous = [], _signal.getsignal(_signal.SIGINT)
 if previous is _signal.default_int_handler: _signal.signal(_signal.SIGINT, lambda *_: held.append(1))
+import os, sys
+sys.path.insert(0, os.path.dirname(os.path.realpath(os.environ.pop("SPARKMODS_RUN_SH"))))
 import _sparkmods.__main__' "$@"
 """
 

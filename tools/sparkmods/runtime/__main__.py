@@ -1,5 +1,5 @@
 """run.sh's program: `python3 -c 'import _sparkmods.__main__' [apply|check|revert]` with the mod
-folder on PYTHONPATH (an import rather than `-m`, which would import runpy and what it
+folder first on sys.path (an import rather than `-m`, which would import runpy and what it
 imports).
 
 A SIGINT outside applier.run (which turns it into an orderly interruption) raises Python's

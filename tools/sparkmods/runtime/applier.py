@@ -25,7 +25,7 @@ from .engine import APPLIED, CONFLICT, OK, OK_OFFSET, UnsafePath, plain_path, pl
 from .interrupts import Interrupted, deferred, exit_code, handled
 from .journal import (JOURNAL_NAME, STATE_DIR, STATE_FILE, Entry, Journal, JournalError, applied_rel, check_state,
                       orig_rel, recover, state_dir, sweep, temp_rel, transact)
-from .locate import LocateError, find_vllm, read_version
+from .locate import LocateError, find_vllm, named_site, read_version
 from .lock import LockTimeout, ReadOnlyTree, UntrustedState, tree_lock
 from .manifest import ManifestError, Variant, load_manifest
 from .modcheck import BASE_ENV, GREEN, NO_VARIANT, UPSTREAM, ModInputs, decide, mod_inputs, settle
@@ -433,7 +433,7 @@ def run(action: str, mod_dir: StrPath, site: Optional[StrPath], workspace: StrPa
     """One run.sh action with every failure turned into one line and an exit code."""
     try:
         with handled():
-            site = site or find_vllm().site
+            site = named_site(site) if site else find_vllm().site
             base = os.environ.get(BASE_ENV, "").strip() or None
             if action == "revert":
                 return revert_mod(mod_dir, site, dry_run, say, base, workspace)

@@ -104,6 +104,17 @@ def read_version(site: StrPath) -> str:
     return version
 
 
+def named_site(site: str) -> str:
+    """run.sh's --site: a folder that holds vllm/ itself (a prefix is searched only through
+    PYTHON_ROOT), else one line saying what it is instead."""
+    if not os.path.isdir(site):
+        what = "no such folder" if not os.path.lexists(site) else "not a folder"
+        raise LocateError(f"--site {site}: {what}; name the site-packages folder that holds vllm/")
+    if not os.path.isfile(os.path.join(site, "vllm", "__init__.py")):
+        raise LocateError(f"--site {site}: no vllm/ in it; name the site-packages folder that holds vllm/")
+    return site
+
+
 def find_vllm(python_root: Optional[str] = None) -> Installation:
     """Locate vllm; python_root defaults to $PYTHON_ROOT, then the interpreter's sys.path."""
     if python_root is None:
