@@ -163,10 +163,11 @@ def test_run_sh_says_why_and_refuses_a_wrong_base_without_writing(tmp_path: Path
     assert realtree.snapshot(site) == before
 
 
-def _host_check(mod: Path, site: Path) -> dict:
-    """`sparkmods check --json`'s row for the mod on the tree."""
+def _host_check(mod: Path, site: Path, spec: str = "") -> dict:
+    """`sparkmods check --json`'s row for the mod on the tree (or the target spec)."""
     out = subprocess.run([sys.executable, "-m", "sparkmods", "check", mod.name, "--mods-dir", str(mod.parent),
-                          "--vllm", f"dir:{site}", "--json", "--no-cache"], capture_output=True, text=True, check=False)
+                          "--vllm", spec or f"dir:{site}", "--json", "--no-cache"], capture_output=True, text=True,
+                         check=False)
     assert out.returncode in (0, 1), out.stderr
     [row] = json.loads(out.stdout)["results"]
     return row
@@ -244,3 +245,16 @@ def test_a_content_choice_that_drifts_names_the_override_of_one_that_does_not(tm
     row = _host_check(mod, site)
     assert (row["variant"], row["status"]) == ("v2", "drift")
     assert row["reason"].endswith(f"; variant v1 applies without drift: set {BASE_ENV}=0.19.1 for run.sh to choose it")
+
+
+def test_a_fork_clone_without_tags_is_checked_by_content(tmp_path: Path) -> None:
+    """git: a repository with no release tag reports setuptools_scm's 0.1.dev<commits>+g<hash>."""
+    mod = _two_variant_mod(tmp_path / "mods", _NEWER_PATCH)
+    repo = tmp_path / "fork"
+    (repo / TARGET).parent.mkdir(parents=True)
+    (repo / TARGET).write_text(ORIGINAL)
+    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "x"]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True)
+    row = _host_check(mod, repo, f"git:{repo}@HEAD")
+    assert row["vllm"].startswith("0.1.dev1+g") and (row["variant"], row["status"]) == ("v1", "ok")
+    assert row["chosen_by"] == f"by content: the v1 patches apply exactly; vLLM reports {row['vllm']}"

@@ -54,6 +54,7 @@ def test_mod_flow_in_container(tmp_path, docker_engine, base_image, real_file):
     mod = _mod(tmp_path, real_file)
     (row,) = check_mods([mod], [source])
     assert (row.result.status, row.result.variant) == ("ok", "v1")  # same decision as run.sh below
+    assert row.result.how == f"by content: the v1 patches apply exactly; vLLM reports {DEV}"
 
     with running_container(docker_engine, image) as container:
         first = run_mod_like_launch_cluster(container, mod)
