@@ -6,6 +6,7 @@ incremental community matrix. No mod text of another project is used or kept her
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,6 @@ import pytest
 
 from realtree import write_site
 from sparkmods.cli import main
-from sparkmods.community.runsh import read_mod
 from sparkmods.community.sandbox import (APPLIED, FAILED, NO_CHANGE, OUTSIDE, SITE_DIR, TIMED_OUT, agrees,
                                          release_tree, run_mod)
 from sparkmods.sources import open_targets
@@ -219,3 +219,28 @@ def test_community_matrix_is_incremental(tmp_path: Path, image: str):
     for name in ("community.json", "community.md"):
         text = (tmp_path / "out" / name).read_text()
         assert "sparkmods-own-words" not in text and "echo" not in text
+
+
+MIRROR = Path(os.environ.get("SPARKMODS_COMMUNITY_MIRROR", "/work/.mirror/spark-arena+eugr-recipes/repo"))
+
+
+@pytest.mark.network
+@pytest.mark.skipif(not MIRROR.is_dir(), reason=f"no spark-arena/eugr-recipes mirror at {MIRROR} "
+                                                 "(set SPARKMODS_COMMUNITY_MIRROR to a git directory of one)")
+def test_adopt_a_community_python_patcher_keeps_its_text_out_of_the_repository(tmp_path: Path, image: str, capsys):
+    name = "kv-cache-prealloc-cleanup"  # a Python patcher of the collection: a heredoc run by python3
+    folder = tmp_path / "community" / name
+    folder.mkdir(parents=True)
+    archive = subprocess.run(["git", "--git-dir", str(MIRROR), "archive", f"HEAD:mods/{name}"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    before = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=all"],
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    out = tmp_path / "adopted" / name
+    assert main(["adopt", str(folder), "--out", str(out), "--vllm", "pypi:0.18.0", "--vllm", "pypi:0.18.1"]) == 0
+    assert "variant v0.18.0: vllm >=0.18.0" in capsys.readouterr().out
+    patch = (out / "patches" / "v0.18.0" / f"{name}.patch").read_text()
+    assert patch.startswith("--- a/vllm/") and (out / "mod.toml").is_file() and (out / "run.sh").is_file()
+    after = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=all"],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    assert not [line for line in set(after) - set(before) if name in line or "kv-cache" in line]

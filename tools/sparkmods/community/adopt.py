@@ -87,7 +87,11 @@ def _run_patch(tree: Path, ran) -> str:
     def lines(data: Optional[bytes]) -> Optional[List[str]]:
         return None if data is None else data.decode("utf-8", "surrogateescape").splitlines(True)
     return "".join(file_diff(path, lines((tree / path).read_bytes() if (tree / path).is_file() else None),
-                             lines(ran.after[path])) for _, path in ran.changed)
+                             lines(ran.after[path])) for _, path in ran.changed
+                   if not path.endswith(_LEFTOVERS))  # GNU patch's backups and rejects are not the fix
+
+
+_LEFTOVERS = (".orig", ".rej")
 
 
 def _shape(patch: str) -> str:

@@ -139,8 +139,10 @@ def _run_check(args: argparse.Namespace, mods: Sequence[CommunityMod]) -> int:
             disagree += 1
             reason += f"; DISAGREES with the static reading ({static.status}: {static.reason or 'no detail'})"
         result = CommunityResult(mod.name, source.version, ran.status, None, reason)
+        doc = result.to_dict()
+        result.how = reason  # the table's detail column shows a green row's files only as `how`
         rows.append(CheckRow(source.label, source.commit, source.sha256, result))
-        docs.append({**result.to_dict(), "target": source.label, "static": static.status if static else None,
+        docs.append({**doc, "target": source.label, "static": static.status if static else None,
                      "run": {"exit_code": ran.exit_code, "last_line": ran.last_line, "seconds": ran.seconds,
                              "changed": [{"path": p, "change": op} for op, p in ran.changed],
                              "outside": ran.outside}})
