@@ -2,7 +2,7 @@
 """GPU end-to-end proof: vLLM serves the tiny Qwen3.5-MoE with and without each mod.
 
     python3 ci/gpu/e2e.py --vllm-site SITE --out OUT [--only hybrid-int4-fp8,mtp-weights,...]
-                          [--tp 2 --executor mp|ray] [--share-gpu]
+                          [--tp 2 --executor mp|ray [--nodes 2]] [--share-gpu]
 
 SITE is a site-packages folder holding vllm/ (and its requirements, e.g. from
 `pip install --target SITE`). For every scenario the run builds the models it needs
@@ -11,7 +11,8 @@ with their own run.sh, serves with the OpenAI server, sends requests, runs `spar
 against the live server (recording the exchange under OUT/fixtures/<server>/), stops the server
 and asserts against an unmodified server of the same call. With --tp N every server, the
 baseline included, is split over N GPUs (e2e_parallel.py: vLLM's own ranks, or a Ray head on
-this host as our two-node script forms it). Writes OUT/<scenario>.json, appends
+this host as our two-node script forms it); with --nodes 2 each rank is a node of its own
+with one GPU, as on two Sparks (e2e_nodes.py). Writes OUT/<scenario>.json, appends
 to OUT/summary.md, prints one line per failed assertion; exit 1 when any failed, 2 on bad input.
 See ci/gpu/README.md.
 """
@@ -35,6 +36,7 @@ sys.path.insert(0, str(REPO / "tools"))  # sparkmods.verify: metrics and log par
 from e2e_checks import Report, rotated_absmax, summary_lines  # noqa: E402
 from e2e_scenarios import SCENARIOS, chat, greedy  # noqa: E402
 from e2e_parallel import Parallel, RayHead, gpus_visible, importable  # noqa: E402
+from e2e_nodes import node_server  # noqa: E402
 from e2e_serve import ServeError, Server, apply_mod, free_port, overlay, server_command, server_env  # noqa: E402
 
 # Model key -> builder arguments (variant, MTP head); every model is peaked, seed 0.
@@ -92,18 +94,13 @@ class Run:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         log_path = folder / "server.log"
-        paths = [self.site]
-        if mods:
-            patched = overlay(self.site, self.out / "overlays" / name)
-            paths = [patched, self.site]
-            with open(log_path, "a") as log:
-                for mod in mods:
-                    done = apply_mod(REPO / "mods" / mod, patched, self.workspace(name), self.python)
-                    log.write(done.stdout + done.stderr)
-                    said = (done.stdout + done.stderr).strip().splitlines() or ["no output"]
-                    if not report.check(f"{name}: run.sh of {mod} succeeds", done.returncode == 0, said[-1]):
-                        return None
-        server = self.server(name, model_key, paths, extra, log_path)
+        node_paths = []
+        for node in range(self.parallel.nodes):  # each node patched by run.sh in its own overlay
+            paths = self._patched(name, node, mods, log_path, report)
+            if paths is None:
+                return None
+            node_paths.append(paths)
+        server = self.server(name, model_key, node_paths[0], extra, log_path, node_paths[1:])
         self.servers[name] = server
         server.start()
         try:
@@ -128,9 +125,31 @@ class Run:
                 "command": server.command, "start_seconds": server.start_seconds, "exit_code": server.exit_code,
                 "log": str(log_path.relative_to(self.out))}
 
-    def server(self, name: str, model_key: str, paths: Sequence[Path], extra: Sequence[str], log_path: Path) -> Server:
+    def _patched(self, name: str, node: int, mods: Sequence[str], log_path: Path, report: Report) -> list[Path] | None:
+        """PYTHONPATH of node `node` of server `name`: SITE, or an overlay of it patched by each mod's
+        run.sh first (None when a run.sh failed; the check says so)."""
+        if not mods:
+            return [self.site]
+        suffix = f".node{node}" if node else ""
+        patched = overlay(self.site, self.out / "overlays" / (name + suffix))
+        with open(log_path, "a") as log:
+            for mod in mods:
+                done = apply_mod(REPO / "mods" / mod, patched, self.workspace(name + suffix), self.python)
+                log.write(done.stdout + done.stderr)
+                said = (done.stdout + done.stderr).strip().splitlines() or ["no output"]
+                where = f" on node {node}" if node else ""
+                if not report.check(f"{name}: run.sh of {mod} succeeds{where}", done.returncode == 0, said[-1]):
+                    return None
+        return [patched, self.site]
+
+    def server(self, name: str, model_key: str, paths: Sequence[Path], extra: Sequence[str], log_path: Path,
+               other_nodes: Sequence[Sequence[Path]] = ()) -> Server:
         """Server `name` (not started) on a free port: model, the run's parallel flags, then extra;
-        PYTHONPATH = paths, the run's extra environment (RAY_ADDRESS) over this process's."""
+        PYTHONPATH = paths, the run's extra environment (RAY_ADDRESS) over this process's. Over
+        several nodes (e2e_nodes.py) node r > 0 imports other_nodes[r - 1]."""
+        if self.parallel.nodes > 1:
+            return node_server(name, self.python, self.model_dir(model_key), self.parallel, extra,
+                               [paths, *other_nodes], {**os.environ, **self.extra_env}, log_path, self.shared)
         port = free_port()
         command = server_command(self.python, self.model_dir(model_key), port, [*self.parallel.flags(), *extra],
                                  self.shared)
@@ -239,9 +258,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of every server (default 1)")
     parser.add_argument("--executor", default="mp", help="with --tp > 1: mp (vLLM's own ranks) or ray (a Ray head "
                                                           "on this host, as the two-node script starts one)")
+    parser.add_argument("--nodes", type=int, default=1, help="1, or --tp: every rank a node of its own with one GPU, "
+                                                             "as on two Sparks (e2e_nodes.py)")
     args = parser.parse_args(argv)
     try:
-        parallel = Parallel(args.tp, args.executor)
+        parallel = Parallel(args.tp, args.executor, args.nodes)
     except ValueError as exc:
         print(f"e2e.py: {exc}", file=sys.stderr)
         return 2
@@ -261,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sys.path.append(str(site))  # the builder's torch/safetensors/tokenizers, after the machine's own
     args.out.mkdir(parents=True, exist_ok=True)
-    if parallel.executor != "ray" or parallel.tp == 1:
+    if parallel.executor != "ray" or parallel.tp == 1 or parallel.nodes > 1:  # nodes: Ray per server
         return _run_all(Run(site, args.out.resolve(), args.python, parallel, shared=args.share_gpu), only)
     ray = RayHead(args.python, site, free_port(), os.environ)
     try:

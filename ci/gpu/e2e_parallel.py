@@ -9,6 +9,7 @@ same two ranks run side by side: `RayHead` starts the head the way that script d
 servers RAY_ADDRESS so vLLM joins it instead of starting a private Ray; it stops Ray after.
 
 Ray is not among vLLM's requirements: carry it with `carry.py prepare --extra ray`.
+With `nodes` = tp each rank is a node of its own instead (e2e_nodes.py).
 """
 
 from __future__ import annotations
@@ -22,38 +23,48 @@ from pathlib import Path
 from typing import Mapping
 
 from e2e_serve import NVLS_OFF
+from sparkmods.launch.nodewords import RAY_ALIVE_NODES, RAY_EXECUTOR, RAY_HEAD, fill
 
 EXECUTORS = ("mp", "ray")
 RAY_START_TIMEOUT_S = 120.0
-# The Ray CLI as a module call: a site filled by `pip install --target` has no console scripts.
-_RAY_CLI = "from ray.scripts.scripts import main; main()"
-# Counted the way the generated script's alive_ray_nodes() counts them.
-_ALIVE_NODES = ("import ray; ray.init(address='auto', logging_level='ERROR'); "
-                "print(sum(1 for n in ray.nodes() if n['Alive']))")
+# The console scripts the launch script runs ("ray start", "vllm serve"), as module calls: a
+# site filled by `pip install --target` has none (the calls are the wheels' entry points).
+CONSOLE = {"ray": "from ray.scripts.scripts import main; main()",
+           "vllm": "from vllm.entrypoints.cli.main import main; main()"}
 
 
 @dataclass(frozen=True)
 class Parallel:
-    """How every server of a run is split: tp ranks, started by `executor`."""
+    """How every server of a run is split: tp ranks, started by `executor`, over `nodes`
+    (1: one process tree holding every GPU; tp: one node per rank, one GPU each)."""
 
     tp: int = 1
     executor: str = "mp"
+    nodes: int = 1
 
     def __post_init__(self) -> None:
         if self.tp < 1:
             raise ValueError(f"--tp must be at least 1, not {self.tp}")
         if self.executor not in EXECUTORS:
             raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, not {self.executor!r}")
+        if self.nodes not in (1, self.tp):
+            raise ValueError(f"--nodes must be 1 or --tp ({self.tp}: one GPU per node), not {self.nodes}")
 
     def flags(self) -> list[str]:
-        """vLLM serve flags; none for one GPU (what users run on one Spark)."""
+        """vLLM serve flags; none for one GPU (what users run on one Spark). Over several nodes,
+        the head's words of the generated launch script: the Ray executor named, mp left to
+        vLLM (its default with --nnodes), the rank flags added per node (e2e_nodes.py)."""
         if self.tp == 1:
             return []
+        if self.nodes > 1:
+            return ["--tensor-parallel-size", str(self.tp), *(RAY_EXECUTOR if self.executor == "ray" else ())]
         return ["--tensor-parallel-size", str(self.tp), "--distributed-executor-backend", self.executor]
 
     @property
     def label(self) -> str:
-        return "one GPU" if self.tp == 1 else f"TP {self.tp} ({self.executor})"
+        if self.tp == 1:
+            return "one GPU"
+        return f"TP {self.tp} ({self.executor})" if self.nodes == 1 else f"TP {self.tp}, {self.nodes} nodes ({self.executor})"
 
 
 class RayHead:
@@ -68,11 +79,10 @@ class RayHead:
         self.env["RAY_USAGE_STATS_ENABLED"] = "0"
 
     def start_command(self) -> list[str]:
-        return [self.python, "-c", _RAY_CLI, "start", "--head", "--node-ip-address=127.0.0.1",
-                f"--port={self.port}", "--disable-usage-stats"]
+        return console(self.python, fill(RAY_HEAD, head="127.0.0.1", ray_port=self.port))
 
     def stop_command(self) -> list[str]:
-        return [self.python, "-c", _RAY_CLI, "stop", "--force"]
+        return console(self.python, ["ray", "stop", "--force"])
 
     def server_env(self) -> dict[str, str]:
         """What a server needs to join this head rather than start a Ray of its own."""
@@ -87,17 +97,30 @@ class RayHead:
             raise RuntimeError(f"ray start --head failed (exit {done.returncode}): {said[-1]}")
         deadline = time.monotonic() + timeout_s
         while True:
-            alive = subprocess.run([self.python, "-c", _ALIVE_NODES], env=self.env, capture_output=True,
-                                   text=True, check=False).stdout.strip().splitlines()
-            if alive and alive[-1] == "1":
+            alive = alive_nodes(self.python, self.env)
+            if alive == "1":
                 return
             if time.monotonic() >= deadline:
                 self.stop()
-                raise RuntimeError(f"Ray shows {alive[-1] if alive else 'no'} alive node after {timeout_s:.0f} s")
+                raise RuntimeError(f"Ray shows {alive or 'no'} alive node after {timeout_s:.0f} s")
             time.sleep(2)
 
     def stop(self) -> None:
         subprocess.run(self.stop_command(), env=self.env, capture_output=True, check=False)
+
+
+def console(python: str, argv: list[str]) -> list[str]:
+    """argv of a console script (`ray ...`, `vllm ...`) as `python -c` of its entry point."""
+    return [python, "-c", CONSOLE[argv[0]], *argv[1:]]
+
+
+def alive_nodes(python: str, env: Mapping[str, str]) -> str:
+    """How many nodes Ray counts alive, asked as the generated script's alive_ray_nodes() asks
+    ('' when Ray does not answer)."""
+    done = subprocess.run([python, "-c", RAY_ALIVE_NODES], env=dict(env), capture_output=True, text=True,
+                          check=False)
+    lines = done.stdout.strip().splitlines()
+    return lines[-1] if lines else ""
 
 
 def importable(python: str, site: Path, module: str) -> bool:

@@ -142,7 +142,7 @@ class Server:
         assert self.proc is not None
         end = self.started_s + deadline_s
         while time.monotonic() < end:
-            code = self.proc.poll()
+            code = self.gone()
             if code is not None:
                 self.exit_code = code
                 return False
@@ -155,6 +155,12 @@ class Server:
                 pass
             time.sleep(1.0)
         return False
+
+    def gone(self) -> int | None:
+        """The exit code that ends the wait for health (the server's own; a two-node server
+        also ends it when its other node's processes are gone), else None."""
+        assert self.proc is not None
+        return self.proc.poll()
 
     def log_text(self) -> str:
         return self.log_path.read_bytes().decode("utf-8", errors="replace") if self.log_path.exists() else ""

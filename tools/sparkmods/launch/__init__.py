@@ -12,5 +12,6 @@ render.py    picks the form, writes the script atomically
 shell.py     bash quoting helpers shared by the two script forms
 cluster.py   the script that drives launch-cluster.sh (its options read from its --help at run time)
 standalone.py  the script that needs only docker and ssh
+nodewords.py  the words each node runs to join the others (Ray head/worker, no-Ray ranks)
 sparkrun.py  the recipes in sparkrun's format (launch/sparkrun/, generated from launch/recipes/)
 """

@@ -22,38 +22,18 @@ import re
 import string
 from typing import List, Sequence
 
+from sparkmods.launch.nodewords import FOLLOWER, NODE_ENV, RANK_FLAGS, RAY_ALIVE_NODES, RAY_EXECUTOR, RAY_HEAD, RAY_WORKER
 from sparkmods.launch.plan import LaunchPlan
 from sparkmods.launch.shell import array, assign, header, q, rows
 
-__all__ = ["render_standalone", "serve_argv", "container_prefix", "fill", "RAY_PORT", "MASTER_PORT", "RAY_HEAD",
-           "RAY_WORKER", "RAY_ALIVE_NODES", "RAY_EXECUTOR", "RANK_FLAGS", "FOLLOWER", "NODE_ENV"]
+__all__ = ["render_standalone", "serve_argv", "container_prefix", "RAY_PORT", "MASTER_PORT"]
 
 RAY_PORT = 6379
 MASTER_PORT = 29501
 
-# What the script runs in each node's container to join the nodes, as word templates. The
-# script fills them with its shell variables (_SHELL_VALUES); ci/gpu/e2e_nodes.py fills them
-# with loopback addresses, so the two-GPU test forms its nodes with these very words.
-# {head}: the head's address, {node}: this node's, {rank}: its index, {nnodes}: how many.
-NODE_ENV = ("VLLM_HOST_IP={node}",)  # vLLM binds its distributed traffic here (Sparks have several interfaces)
-RAY_HEAD = ("ray", "start", "--head", "--node-ip-address={head}", "--port={ray_port}", "--disable-usage-stats")
-RAY_WORKER = ("ray", "start", "--address={head}:{ray_port}", "--node-ip-address={node}", "--disable-usage-stats")
-# Run with `python3 -c` on the head: how many Ray nodes are alive.
-RAY_ALIVE_NODES = ('import ray; ray.init(address="auto", logging_level="ERROR"); '
-                   'print(sum(1 for n in ray.nodes() if n["Alive"]))')
-RAY_EXECUTOR = ("--distributed-executor-backend", "ray")  # appended to the head's serve argv (Ray mode)
-RANK_FLAGS = ("--nnodes", "{nnodes}", "--node-rank", "{rank}", "--master-addr", "{head}", "--master-port",
-              "{master_port}")  # appended to every node's serve argv (no-Ray mode)
-FOLLOWER = ("--headless",)  # appended after RANK_FLAGS on every node but the head
-
-# The shell expression of each placeholder inside the script's functions.
+# The shell expression of each placeholder of nodewords inside the script's functions.
 _SHELL_VALUES = {"head": "${nodes[0]}", "node": "$ip", "ray_port": "$ray_port", "nnodes": "${#nodes[@]}",
                  "rank": "$i", "master_port": "$master_port"}
-
-
-def fill(template: Sequence[str], **values: object) -> List[str]:
-    """The words of `template` with its placeholders replaced by values."""
-    return [word.format(**values) for word in template]
 
 
 def _shell_words(template: Sequence[str]) -> str:

@@ -1,0 +1,218 @@
+"""ci/gpu/e2e_nodes.py without a GPU: two Sparks as two nodes on one host, with Ray and without.
+
+The command lines and environments of both nodes for both executors; that their words are the
+ones the generated standalone script runs in its containers (the script itself, run with a
+recording docker stand-in); the refusals; a real Ray head and worker from PyPI formed on two
+loopback addresses and stopped by their process groups; a headless rank that dies ends the wait.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "ci" / "gpu"))
+
+import e2e  # noqa: E402
+import e2e_nodes as nodes  # noqa: E402
+import e2e_parallel as parallel  # noqa: E402
+import e2e_serve as serve  # noqa: E402
+from sparkmods.launch.nodewords import RANK_FLAGS, RAY_HEAD, RAY_WORKER, fill  # noqa: E402
+from sparkmods.launch.plan import STANDALONE, LaunchOptions, build_plan  # noqa: E402
+from sparkmods.launch.recipe import load_recipe  # noqa: E402
+from sparkmods.launch.standalone import MASTER_PORT, RAY_PORT, render_standalone, serve_argv  # noqa: E402
+
+PY = "/usr/bin/python3"
+VLLM_SERVE = [PY, "-c", "from vllm.entrypoints.cli.main import main; main()", "serve"]
+RAY = [PY, "-c", "from ray.scripts.scripts import main; main()"]
+
+
+def _server(tmp_path: Path, executor: str) -> nodes.NodeServer:
+    run = e2e.Run(tmp_path / "site", tmp_path / "out", PY, parallel.Parallel(2, executor, 2))
+    node_paths = [[tmp_path / f"overlay{rank}", tmp_path / "site"] for rank in (0, 1)]
+    server = run.server("int8-mod", "bf16", node_paths[0], ["--kv-cache-dtype", "fp8"],
+                        tmp_path / "out" / "servers" / "int8-mod" / "server.log", node_paths[1:])
+    assert isinstance(server, nodes.NodeServer)
+    return server
+
+
+def _option(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def _check_node_env(env: dict, tmp_path: Path, rank: int) -> None:
+    assert env["CUDA_VISIBLE_DEVICES"] == str(rank) and env["VLLM_HOST_IP"] == nodes.NODE_IPS[rank]
+    assert env["PYTHONPATH"] == os.pathsep.join([str(tmp_path / f"overlay{rank}"), str(tmp_path / "site")])
+    for name, value in serve.NVLS_OFF.items():  # NVLink multicast off on every node
+        assert env[name] == value, (rank, name)
+    assert env["VLLM_USE_DEEP_GEMM"] == "0" and env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_no_ray_nodes_are_two_ranks_of_vllm_serve_the_second_headless(tmp_path):
+    server = _server(tmp_path, "mp")
+    head, (follower,) = server.command, server.nodes
+    model = str(tmp_path / "out" / "models" / "bf16")
+    assert head[:5] == VLLM_SERVE + [model] and follower.command[:5] == VLLM_SERVE + [model]
+    master_port = int(_option(head, "--master-port"))
+    tails = [fill(RANK_FLAGS, nnodes=2, rank=rank, head="127.0.0.2", master_port=master_port) for rank in (0, 1)]
+    tails[1].append("--headless")
+    for argv, tail in zip((head, follower.command), tails):
+        assert argv[-len(tail):] == tail, argv[-12:]
+        assert _option(argv, "--tensor-parallel-size") == "2" and _option(argv, "--kv-cache-dtype") == "fp8"
+        assert "--distributed-executor-backend" not in argv  # vLLM's default with --nnodes, as the script leaves it
+        assert _option(argv, "--port") == str(server.port) and "--model" not in argv
+    assert head[:-len(tails[0])] == follower.command[:-len(tails[1])]  # the same serve argv on both nodes
+    _check_node_env(server.env, tmp_path, 0)
+    _check_node_env(follower.env, tmp_path, 1)
+    assert "RAY_ADDRESS" not in server.env and follower.log_path.name == "node1.log"
+
+
+def test_ray_nodes_are_a_head_and_a_worker_and_vllm_serve_names_the_ray_executor(tmp_path):
+    server = _server(tmp_path, "ray")
+    head, worker = server.nodes
+    ray_port = int(head.command[-2].split("=")[1])
+    assert head.command == RAY + fill(RAY_HEAD, head="127.0.0.2", ray_port=ray_port)[1:]  # `ray` is the module call
+    assert worker.command == RAY + fill(RAY_WORKER, head="127.0.0.2", ray_port=ray_port, node="127.0.0.3")[1:]
+    assert server.command[:4] == VLLM_SERVE
+    assert server.command[-4:] == ["--distributed-executor-backend", "ray", "--kv-cache-dtype", "fp8"]
+    assert "--nnodes" not in server.command and "--headless" not in server.command
+    _check_node_env(head.env, tmp_path, 0)
+    _check_node_env(worker.env, tmp_path, 1)  # Ray's workers on node 1 inherit this
+    assert server.env == head.env  # vllm serve runs on node 0, as the script runs it in the head container
+    assert {head.env["RAY_ADDRESS"], worker.env["RAY_ADDRESS"]} == {f"127.0.0.2:{ray_port}"}
+
+
+def _plan(tmp_path: Path, ray: bool, node_ips: tuple[str, str]):
+    recipe = tmp_path / "two.yaml"
+    recipe.write_text(yaml.safe_dump({"recipe_version": "1", "name": "two", "container": "img",
+                                      "command": "vllm serve /models/m --tensor-parallel-size 2"}))
+    return build_plan(load_recipe(recipe), LaunchOptions(nodes=node_ips, ray=ray, form=STANDALONE), root=tmp_path)
+
+
+DOCKER = r'''#!/bin/sh
+# Records each call's argv (NUL-separated); Ray's alive-node count answers 2.
+n=$(cat "$RECORD/n" 2>/dev/null || echo 0)
+n=$((n + 1))
+echo "$n" >"$RECORD/n"
+printf '%s\0' "$@" >"$RECORD/call-$n"
+case "$*" in
+    run\ *) cat >/dev/null; echo 0123456789ab ;;
+    *python3\ -c*) echo 2 ;;
+esac
+exit 0
+'''
+
+
+@pytest.mark.parametrize("ray", [True, False], ids=["ray", "no-ray"])
+def test_the_nodes_words_are_those_the_generated_two_node_script_runs(tmp_path, ray):
+    """The standalone script for two nodes, run against a recording docker: what it execs in the
+    containers is the nodewords templates filled with its addresses, as e2e_nodes fills them."""
+
+    ips = ("10.9.0.1", "10.9.0.2")
+    plan = _plan(tmp_path, ray, ips)
+    script = tmp_path / "launch.sh"
+    script.write_text(render_standalone(plan, ["two nodes"]))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    record = tmp_path / "record"
+    record.mkdir()
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(record),
+           "SPARKMODS_DOCKER_NETWORK": "testnet", "HOME": str(tmp_path)}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    count = int((record / "n").read_text())
+    calls = [(record / f"call-{i}").read_bytes().decode().split("\0")[:-1] for i in range(1, count + 1)]
+    execs = [c[2:] if c[1] != "-d" else c[3:] for c in calls if c[0] == "exec"]
+    runs = [c for c in calls if c[0] == "run"]
+    for rank, ip in enumerate(ips):
+        assert f"VLLM_HOST_IP={ip}" in runs[rank]  # what node_env sets per node
+    argv = serve_argv(plan)
+    if ray:
+        assert fill(RAY_HEAD, head=ips[0], ray_port=RAY_PORT) in execs
+        assert fill(RAY_WORKER, head=ips[0], ray_port=RAY_PORT, node=ips[1]) in execs
+        assert argv[-2:] == ["--distributed-executor-backend", "ray"] and argv in execs
+    else:
+        for rank in (0, 1):
+            words = fill(RANK_FLAGS, nnodes=2, rank=rank, head=ips[0], master_port=MASTER_PORT)
+            assert [*argv, *words, *(["--headless"] if rank else [])] in execs
+        assert "--distributed-executor-backend" not in argv
+
+
+def test_two_nodes_refusals(tmp_path, capsys):
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    base = ["--vllm-site", str(site), "--out", str(tmp_path / "o")]
+    for extra, said in ((["--nodes", "2"], "--nodes must be 1 or --tp (1: one GPU per node), not 2"),
+                        (["--tp", "2", "--nodes", "3"], "--nodes must be 1 or --tp (2: one GPU per node), not 3"),
+                        (["--tp", "2", "--nodes", "2", "--executor", "ray"], "--executor ray needs Ray"),
+                        (["--tp", "2", "--nodes", "2"], f"--tp 2 needs 2 GPUs; {sys.executable} sees 0")):
+        assert e2e.main(base + extra) == 2, extra
+        err = capsys.readouterr().err
+        assert err.startswith("e2e.py: ") and said in err and err.count("\n") == 1, err
+    assert not (tmp_path / "o").exists()
+    assert parallel.Parallel(2, "ray", 2).label == "TP 2, 2 nodes (ray)"
+    assert parallel.Parallel(2, "mp", 2).flags() == ["--tensor-parallel-size", "2"]
+
+
+def test_a_headless_rank_that_dies_ends_the_wait_and_stop_leaves_nothing(tmp_path):
+    """Rank 0 would wait for its peer for many minutes: the wait ends when node 1's process does."""
+    log = tmp_path / "server.log"
+    follower = nodes.NodeGroup("node 1", [sys.executable, "-c", "import sys; sys.exit(3)"], dict(os.environ),
+                               tmp_path / "node1.log")
+    server = nodes.NodeServer("s", [sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ), log,
+                              serve.free_port(), executor="mp", nodes=[follower])
+    server.start()
+    started = time.monotonic()
+    try:
+        assert server.wait_healthy(deadline_s=30) is False
+        assert time.monotonic() - started < 15 and server.gone() == 3
+    finally:
+        server.stop()
+    assert not follower.alive() and server.proc.poll() is not None
+
+
+def test_ray_that_cannot_start_is_one_line_in_the_log_and_no_server(tmp_path):
+    server = nodes.node_server("b", sys.executable, tmp_path / "m", parallel.Parallel(2, "ray", 2), [],
+                               [[tmp_path], [tmp_path]], os.environ, tmp_path / "s" / "server.log", False)
+    server.start()
+    try:
+        assert server.proc is None and server.wait_healthy() is False and server.exit_code == -1
+        assert "node 0: ray start failed (exit 1): ModuleNotFoundError: No module named 'ray'" in server.failure
+        assert server.log_text() == f"e2e_nodes: {server.failure}\n"
+    finally:
+        server.stop()
+
+
+@pytest.mark.network
+def test_a_real_ray_head_and_worker_form_two_nodes_on_loopback_and_stop(tmp_path):
+    """Ray from PyPI, started with the nodes' words and environments as a Ray server would be:
+    two alive nodes at 127.0.0.2 and .3 (a 127.0.0.1 head would be renamed to the host's
+    address), each told one GPU; stopping the groups leaves no Ray process of theirs."""
+    from test_gpu_e2e_parts import _ray_site
+
+    site = _ray_site()
+    server = nodes.node_server("b", sys.executable, tmp_path / "m", parallel.Parallel(2, "ray", 2), [],
+                               [[site], [site]], os.environ, tmp_path / "s" / "server.log", False)
+    server.log_path.parent.mkdir(parents=True)
+    try:
+        server._form_ray()
+        ask = ("import ray; ray.init(address='auto', logging_level='ERROR'); "
+               "print(sorted((n['NodeManagerAddress'], n['Resources'].get('CPU', 0) > 0) for n in ray.nodes() "
+               "if n['Alive']))")
+        said = subprocess.run([sys.executable, "-c", ask], env=server.env, capture_output=True, text=True,
+                              timeout=120).stdout.strip().splitlines()
+        assert said[-1] == "[('127.0.0.2', True), ('127.0.0.3', True)]"
+        assert all(node.alive() for node in server.nodes)
+    finally:
+        server.stop()
+    assert not any(node.alive() for node in server.nodes)  # no process of either node's group is left
