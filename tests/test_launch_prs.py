@@ -1,4 +1,5 @@
-"""`sparkmods launch --vllm-pr FILE`: a PR diff the launcher applies beside the recipe's mods.
+"""`sparkmods launch --vllm-pr FILE`: a PR diff the launcher applies beside the recipe's mods; and a
+recipe whose env names SPARKMODS_VLLM_BASE, the release run.sh then picks variants by.
 
 The demo mod changes vllm/model_executor/layers/demo.py. A PR that changes another file is no
 problem; one that changes the same file away from the mod's lines is a warning (the mod still
@@ -18,7 +19,7 @@ from sparkmods.launch.plan import LaunchOptions, build_plan
 from sparkmods.launch.recipe import load_recipe
 from sparkmods.launch.rules import validate
 from sparkmods.launch.target_open import check_with_engine
-from test_launch import Repo, launch
+from test_launch import RECIPE, Repo, launch
 
 
 def _git_diff(path: str, old: str, new: str) -> str:
@@ -70,3 +71,19 @@ def test_a_pr_diff_that_does_not_apply_or_does_not_parse(repo: Repo, tmp_path: P
     broken.write_text("diff --git a/vllm/x.py b/vllm/x.py\nindex zzz\n")
     assert launch(repo, "--solo", "--vllm-pr", str(broken)) == 2
     assert "broken.diff: line 2: bad index line" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("base, refused", [("0.21.0", False), ("0.17.0", True)])
+def test_a_recipe_naming_the_vllm_base(tmp_path: Path, base: str, refused: bool) -> None:
+    repo = Repo(tmp_path / "recipe repo", RECIPE.replace("DEMO_MODE: fast", f'SPARKMODS_VLLM_BASE: "{base}"'))
+    plan = build_plan(load_recipe(repo.recipe), LaunchOptions())
+    found = [f"{p.severity}: {p.message}" for p in validate(plan, repo.facts(), check_with_engine).problems
+             if p.rule == "vllm-base"]
+    if not refused:
+        assert found == []
+        return
+    where = f"vLLM 0.21.0 ({repo.target})"
+    assert found == [f"error: mod demo on {where}: SPARKMODS_VLLM_BASE=0.17.0: no variant covers vLLM 0.17.0; "
+                     "variants: v1 (>=0.18.0; verified on 0.21.0); vLLM reports 0.21.0",
+                     f"error: mod template on {where}: SPARKMODS_VLLM_BASE=0.17.0: no variant covers vLLM 0.17.0; "
+                     "variants: any (>=0.18.0; verified on 0.21.0); vLLM reports 0.21.0"]

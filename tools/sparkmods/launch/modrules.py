@@ -9,6 +9,7 @@ from typing import Iterator, Optional
 from sparkmods.errors import SparkmodsError
 from sparkmods.launch.problem import WARNING, Context, Problem
 from sparkmods.runtime.manifest import MANIFEST_TOML, ManifestError, Variant, load_manifest
+from sparkmods.runtime.modcheck import BASE_ENV, BaseMismatch, check_mod
 
 __all__ = ["RULES"]
 
@@ -76,4 +77,21 @@ def chat_template(ctx: Context) -> Iterator[Problem]:
                                        f"{ctx.where} (installed: {', '.join(sorted(installed)) or 'nothing'})")
 
 
-RULES = (mods, mod_files, chat_template)
+def vllm_base(ctx: Context) -> Iterator[Problem]:
+    """The recipe's env names the release the build is based on (run.sh reads it): on the
+    target, every mod's variant for that release must apply, or run.sh stops there."""
+    base = ctx.plan.env.get(BASE_ENV)
+    if base is None or ctx.facts is None:
+        return
+    for folder in ctx.plan.mod_dirs:
+        if not (folder / MANIFEST_TOML).is_file():
+            continue
+        try:
+            check_mod(load_manifest(folder), folder, ctx.facts.source.version, ctx.facts.source.read, base)
+        except BaseMismatch as exc:
+            yield Problem("vllm-base", f"mod {folder.name} on {ctx.where}: {exc}")
+        except ManifestError:
+            continue  # the mods rule reports it
+
+
+RULES = (mods, mod_files, chat_template, vllm_base)
