@@ -220,3 +220,39 @@ def test_a_cache_dir_that_is_a_file_is_one_line(tmp_path, setting):
     blocker = "" if setting == "file" else f" ({tmp_path / 'file'} is a file)"
     assert one_line_error(done) == (f"sparkmods: error: SPARKMODS_CACHE_DIR={cache}: not a folder{blocker}; "
                                     "set SPARKMODS_CACHE_DIR to a folder (it is created if missing)")
+
+
+def _special(tmp_path: Path, what: str) -> Path:
+    """A FIFO, a character device (like /dev/null, made here), or a link to the FIFO."""
+    path = tmp_path / what
+    if what == "fifo":
+        os.mkfifo(path)
+    elif what == "device":
+        try:
+            os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        except PermissionError:
+            pytest.skip("making a device node needs root")
+    else:
+        os.mkfifo(tmp_path / "fifo")
+        path.symlink_to(tmp_path / "fifo")
+    return path
+
+
+@pytest.mark.parametrize("what, kind", [("fifo", "a FIFO"), ("device", "a character device"),
+                                        ("link", "a FIFO")])
+def test_an_output_that_is_no_regular_file_is_refused_not_replaced(tmp_path, what, kind):
+    """`-o /dev/stdout` or `-o /dev/null`: a rename would put a regular file in the device's place."""
+    out = _special(tmp_path, what)
+    repo = Repo(tmp_path / "repo")
+    done, _ = sparkmods(*_launch_args(repo, str(out)))
+    assert one_line_error(done) == (f"sparkmods: error: -o {out}: {kind}, not a regular file; name a file to write "
+                                    "(without -o the output goes to standard output)")
+    assert not stat.S_ISREG(os.stat(out).st_mode)
+
+
+@pytest.mark.parametrize("what", ["fifo", "device"])
+def test_write_atomic_never_replaces_what_is_no_regular_file(tmp_path, what):
+    out = _special(tmp_path, what)
+    with pytest.raises(SparkmodsError, match=r"not a regular file; not replacing it$"):
+        write_atomic(out, "x")
+    assert not stat.S_ISREG(os.lstat(out).st_mode) and sorted(p.name for p in tmp_path.iterdir()) == [what]

@@ -19,14 +19,14 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSO
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
     """What a non-regular file is, in words."""
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
 def _check_regular(path: Path, info: os.stat_result, limit: int, want: str) -> None:
     if not stat.S_ISREG(info.st_mode):
-        raise SparkmodsError(f"{path}: {_kind(info.st_mode)}, not a regular file ({want})")
+        raise SparkmodsError(f"{path}: {file_kind(info.st_mode)}, not a regular file ({want})")
     if info.st_size > limit:
         raise SparkmodsError(f"{path}: {info.st_size} bytes, more than the {limit} allowed ({want})")
 

@@ -18,18 +18,28 @@ from pathlib import Path
 from typing import Optional, Union
 
 from sparkmods.errors import SparkmodsError
+from sparkmods.inputfile import file_kind
 
 _NEW_FILE, _NEW_EXECUTABLE = 0o666, 0o777
 _TRIES = 100
 
 
 def check_target(path: Path, flag: str) -> None:
-    """Refuse an output path no write could ever succeed at (`flag` names the option)."""
+    """Refuse an output path no write could ever succeed at, or should not (`flag` names the
+    option): a folder, a missing folder, or what is no regular file (a device, a FIFO, a
+    link to one such as /dev/stdout), which a rename would replace rather than write to."""
     if path.is_dir():
         raise SparkmodsError(f"{flag} {path}: a folder; name the file to write")
     folder = path.expanduser().absolute().parent
     if not folder.is_dir():
         raise SparkmodsError(f"{flag} {path}: folder {folder} does not exist")
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # nothing there (or a dangling link, which the rename replaces)
+    if not stat.S_ISREG(mode):
+        raise SparkmodsError(f"{flag} {path}: {file_kind(mode)}, not a regular file; name a file to write "
+                             "(without -o the output goes to standard output)")
 
 
 def _open_temp(path: Path, mode: int) -> "tuple[int, Path]":
@@ -62,6 +72,12 @@ def write_atomic(path: Path, data: Union[bytes, str], *, mode: Optional[int] = N
     git tracks, a private cache entry); without it the file keeps the mode of the one it
     replaces, or a new one follows the umask (executable: as a new script would)."""
     raw = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        there = os.lstat(path).st_mode
+    except OSError:
+        there = None
+    if there is not None and not (stat.S_ISREG(there) or stat.S_ISLNK(there) or stat.S_ISDIR(there)):
+        raise SparkmodsError(f"{path}: {file_kind(there)}, not a regular file; not replacing it")
     kept = _kept_mode(path, executable) if mode is None else mode
     tmp: Optional[Path] = None
     try:
