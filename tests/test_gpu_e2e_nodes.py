@@ -216,3 +216,31 @@ def test_a_real_ray_head_and_worker_form_two_nodes_on_loopback_and_stop(tmp_path
     finally:
         server.stop()
     assert not any(node.alive() for node in server.nodes)  # no process of either node's group is left
+
+
+FAKE_E2E = r'''#!/bin/bash
+# Stands in for `python3 e2e.py ...`: records when it ran and with which arguments.
+shift
+out=$(python3 -c 'import sys; a = sys.argv[1:]; print(a[a.index("--out") + 1])' "$@")
+printf '%s\n' "$(date +%s.%N)" "$*" > "$out/ran"
+sleep 1
+date +%s.%N >> "$out/ran"
+'''
+
+
+@pytest.mark.parametrize("serial", [True, False], ids=["serial", "together"])
+def test_lease_passes_the_two_node_arguments_and_runs_ray_groups_one_after_another(tmp_path, serial):
+    import lease
+
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_E2E)
+    fake.chmod(0o755)
+    root = tmp_path / "lease"
+    jobs = lease.start("tp2-ray-0.26.0", tmp_path / "site", ["mtp-weights,int8-lm-head", "hybrid-int4-fp8"], root,
+                       str(fake), ["--tp", "2", "--nodes", "2", "--executor", "ray"], serial=serial)
+    assert (len({j["pid"] for j in jobs}) == 1) == serial
+    assert lease.wait(30, root) == 0
+    first, second = [(Path(j["out"]) / "ran").read_text().splitlines() for j in jobs]  # start, argv, end
+    assert first[1].endswith("--only mtp-weights,int8-lm-head --share-gpu --tp 2 --nodes 2 --executor ray")
+    assert (float(second[0]) >= float(first[2])) == serial
+    assert [code for _, code in lease.status(root)] == [0, 0]

@@ -11,6 +11,12 @@ held), each with `e2e.py --share-gpu`, and later calls carry the next release, w
     python3 ci/gpu/lease.py wait --seconds 300     # until every run ended, or the time is up
     python3 ci/gpu/lease.py pack --to "$OUT"       # one archive per release, results only
 
+Two-node runs (ci/gpu/tp2_lease.sh) add e2e.py arguments to every run of a release, and Ray's
+run its groups one after another (one Ray cluster at a time):
+
+    python3 ci/gpu/lease.py start --release tp2-ray-0.26.0 --site SITE --serial \\
+        --e2e-args='--tp 2 --nodes 2 --executor ray' --group mtp-weights,int8-lm-head --group ...
+
 Runs live under ROOT/<release>/<group>/ (an e2e.py --out folder each); ROOT/jobs.json lists them.
 `wait` exits 0 once every run ended (whatever their results), 3 while some still run.
 """
@@ -26,6 +32,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+from typing import Sequence
 
 HERE = Path(__file__).resolve().parent
 ROOT = Path(os.environ.get("SPARKMODS_LEASE_ROOT", "/tmp/sparkmods-lease"))
@@ -55,21 +62,30 @@ def _exit_code(job: dict) -> int | None:
     return None if _alive(job["pid"]) else -1
 
 
-def start(release: str, site: Path, groups: list[str], root: Path = ROOT, python: str = sys.executable) -> list[dict]:
-    """One e2e.py run per group, each in a new session, logging to its own folder."""
+def start(release: str, site: Path, groups: list[str], root: Path = ROOT, python: str = sys.executable,
+          e2e_args: Sequence[str] = (), serial: bool = False) -> list[dict]:
+    """One e2e.py run per group, each in a new session, logging to its own folder; e2e_args are
+    added to every run's command line (`--tp 2 --nodes 2 --executor ray`). `serial`: the groups
+    run one after another in one session (runs that cannot share the machine), each group's
+    results written when it ends."""
     jobs = _jobs(root)
+    steps = []
     for group in groups:
         name = group.replace(",", "+")
         out = root / release / name
         out.mkdir(parents=True, exist_ok=True)
         (out / "exit-code").unlink(missing_ok=True)
-        cmd = [python, str(HERE / "e2e.py"), "--vllm-site", str(site), "--out", str(out), "--only", group, "--share-gpu"]
-        wrapper = f'{" ".join(map(shlex.quote, cmd))} > {shlex.quote(str(out / "e2e.log"))} 2>&1; echo $? > {shlex.quote(str(out / "exit-code"))}'
-        proc = subprocess.Popen(["bash", "-c", wrapper], start_new_session=True, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cmd = [python, str(HERE / "e2e.py"), "--vllm-site", str(site), "--out", str(out), "--only", group, "--share-gpu",
+               *e2e_args]
+        steps.append((group, out, f'{" ".join(map(shlex.quote, cmd))} > {shlex.quote(str(out / "e2e.log"))} 2>&1; '
+                                  f'echo $? > {shlex.quote(str(out / "exit-code"))}'))
+    for batch in ([steps] if serial else [[step] for step in steps]):
+        proc = subprocess.Popen(["bash", "-c", "; ".join(wrapper for _, _, wrapper in batch)], start_new_session=True,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        jobs.append({"release": release, "group": group, "out": str(out), "pid": proc.pid, "started": time.time()})
-        print(f"started {release} {group} (pid {proc.pid})", flush=True)
+        for group, out, _ in batch:
+            jobs.append({"release": release, "group": group, "out": str(out), "pid": proc.pid, "started": time.time()})
+            print(f"started {release} {group} (pid {proc.pid}{', after the one before' if serial else ''})", flush=True)
     root.mkdir(parents=True, exist_ok=True)
     (root / "jobs.json").write_text(json.dumps(jobs, indent=1))
     return jobs
@@ -120,13 +136,17 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--release", required=True)
     s.add_argument("--site", type=Path, required=True)
     s.add_argument("--group", action="append", required=True, help="scenarios of one run, comma-separated (repeatable)")
+    s.add_argument("--e2e-args", default="", help="more e2e.py arguments for every run, one string: "
+                                                   "--e2e-args='--tp 2 --nodes 2 --executor mp'")
+    s.add_argument("--serial", action="store_true", help="the groups one after another (two-node Ray runs: one "
+                                                          "Ray cluster at a time)")
     w = sub.add_parser("wait", help="wait for the runs, at most SECONDS")
     w.add_argument("--seconds", type=float, default=0)
     p = sub.add_parser("pack", help="archive the results, one file per release")
     p.add_argument("--to", type=Path, required=True)
     args = ap.parse_args(argv)
     if args.cmd == "start":
-        start(args.release, args.site.resolve(), args.group)
+        start(args.release, args.site.resolve(), args.group, e2e_args=shlex.split(args.e2e_args), serial=args.serial)
         return 0
     if args.cmd == "wait":
         return wait(args.seconds)
