@@ -15,7 +15,7 @@ import pytest
 from clirun import one_line_error, sparkmods
 from modfactory import ORIGINAL, PATCHED, TARGET, make_mod, make_site, unified
 from sparkmods.errors import SparkmodsError
-from sparkmods.outputfile import write_atomic
+from sparkmods.outputfile import write_atomic, write_into
 from test_launch import STAND_IN, Repo
 from test_rebase_mod import MANIFEST, ONTO, index, mod, run  # noqa: F401 (fixtures)
 from test_sources_kit import fresh_cache, loopback_index, make_wheel  # noqa: F401 (fixtures)
@@ -256,3 +256,19 @@ def test_write_atomic_never_replaces_what_is_no_regular_file(tmp_path, what):
     with pytest.raises(SparkmodsError, match=r"not a regular file; not replacing it$"):
         write_atomic(out, "x")
     assert not stat.S_ISREG(os.lstat(out).st_mode) and sorted(p.name for p in tmp_path.iterdir()) == [what]
+
+
+def test_write_into_creates_the_folders_and_keeps_modes(tmp_path, umask):
+    """What rebase --write and the nightly heal write a mod's files with."""
+    umask(0o002)
+    toml = tmp_path / "mod" / "mod.toml"
+    toml.parent.mkdir()
+    toml.write_text("old\n")
+    toml.chmod(0o644)
+    write_into(toml, "new\n")
+    write_into(tmp_path / "mod" / "patches" / "v2" / "a.patch", b"patch\n")
+    assert mode_of(toml) == 0o644 and mode_of(tmp_path / "mod" / "patches" / "v2" / "a.patch") == 0o664
+    blocker = tmp_path / "mod" / "file"
+    blocker.write_text("x")
+    with pytest.raises(SparkmodsError, match=rf"^{blocker}/sub: cannot create the folder \(Not a directory\)$"):
+        write_into(blocker / "sub" / "a.patch", b"x")

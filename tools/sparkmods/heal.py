@@ -33,7 +33,7 @@ from sparkmods.rebase.tomledit import TomlEditError, set_verified
 from sparkmods.runtime.manifest import MANIFEST_TOML, ManifestError, load_manifest
 from sparkmods.runtime.modcheck import GREEN
 from sparkmods.runtime.pep440 import Version
-from sparkmods.sources.cache import write_atomic
+from sparkmods.outputfile import write_into
 
 PROPOSED, FLAGGED, TESTS_FAILED, UNTESTED = "proposed", "flagged", "tests-failed", "no-runtime-tests"
 
@@ -151,7 +151,7 @@ def _write_and_prove(heal: Heal, mod_dir: Path, manifest, onto, run_tests: Optio
 
     plan = heal.plan
     assert plan is not None
-    heal.written = write_plan(mod_dir, manifest, plan, write_atomic, onto.read)
+    heal.written = write_plan(mod_dir, manifest, plan, write_into, onto.read)
     sync(mod_dir)
     (row,) = check_mods([mod_dir], [onto])
     heal.check = row.result.status + (f": {row.result.reason}" if row.result.reason else "")
@@ -184,7 +184,7 @@ def mark_verified(mod_dir: Path, plan: ModPlan, comment: str) -> None:
         text = set_verified(path.read_text(encoding="utf-8"), plan.label, [plan.onto], comment)
     except TomlEditError as exc:
         raise SparkmodsError(f"{path}: {exc}") from None
-    write_atomic(path, text.encode("utf-8"))
+    write_into(path, text)
     try:
         manifest = load_manifest(mod_dir)
     except ManifestError as exc:

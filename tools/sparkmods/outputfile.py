@@ -96,3 +96,12 @@ def write_atomic(path: Path, data: Union[bytes, str], *, mode: Optional[int] = N
         if tmp is not None:
             tmp.unlink(missing_ok=True)
         raise
+
+
+def write_into(path: Path, data: Union[bytes, str]) -> None:
+    """write_atomic, creating the folders path needs first (a new variant's patches/<label>/)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SparkmodsError(f"{path.parent}: cannot create the folder ({exc.strerror})") from None
+    write_atomic(path, data)

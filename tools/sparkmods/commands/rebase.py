@@ -24,7 +24,7 @@ from sparkmods.rebase.report import drift_lines, result_lines
 from sparkmods.runtime.engine import safe_target
 from sparkmods.runtime.manifest import Upstream
 from sparkmods.runtime.modcheck import GREEN, check_mod
-from sparkmods.outputfile import check_target, write_atomic
+from sparkmods.outputfile import check_target, write_atomic, write_into
 
 
 def _source_args(p: argparse.ArgumentParser) -> None:
@@ -77,19 +77,9 @@ def _write_conflicts(folder: str, results: List[RebaseResult]) -> List[str]:
             files = {p: a for p, (_, a) in result.changes().items() if a is not None}
         for rel, data in files.items():
             target = Path(safe_target(root, rel))
-            _write_file(target, data)
+            write_into(target, data)
             out.append(str(target))
     return out
-
-
-def _write_file(path: Path, data: bytes) -> None:
-    """Write one output file (its folder created): an existing file keeps its mode, a new one
-    follows the umask."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SparkmodsError(f"{path.parent}: cannot create the folder ({exc.strerror})") from None
-    write_atomic(path, data)
 
 
 def run_rebase_patch(args: argparse.Namespace) -> int:
@@ -169,7 +159,7 @@ def _report(args: argparse.Namespace, mod_dir: Path, manifest, plan: ModPlan, st
         return _done(args, dict(doc, written=False), "\n".join(lines + ["run with --write to add it"]))
     from sparkmods.sync import sync
 
-    written = write_plan(mod_dir, manifest, plan, _write_file, onto.read)
+    written = write_plan(mod_dir, manifest, plan, write_into, onto.read)
     synced = sync(mod_dir)
     lines += [f"  wrote {w}" for w in written] + [f"  synced {s}" for s in synced]
     return _done(args, dict(doc, written=True, files=written), "\n".join(lines))
