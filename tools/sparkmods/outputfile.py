@@ -98,10 +98,11 @@ def write_atomic(path: Path, data: Union[bytes, str], *, mode: Optional[int] = N
         raise
 
 
-def write_into(path: Path, data: Union[bytes, str]) -> None:
-    """write_atomic, creating the folders path needs first (a new variant's patches/<label>/)."""
+def write_into(path: Path, data: Union[bytes, str], *, mode: Optional[int] = None) -> None:
+    """write_atomic, creating the folders path needs first (a new variant's patches/<label>/,
+    a cache entry's folder)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise SparkmodsError(f"{path.parent}: cannot create the folder ({exc.strerror})") from None
-    write_atomic(path, data)
+    write_atomic(path, data, mode=mode)

@@ -51,13 +51,8 @@ def is_sha256(text: str) -> bool:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write a cache entry whole (outputfile.write_atomic), readable by this user only."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SparkmodsError(f"{path.parent}: cannot create the cache folder ({exc.strerror}); "
-                             f"set {CACHE_ENV} to a folder you can write") from None
-    outputfile.write_atomic(path, data, mode=0o600)
+    """Write a cache entry whole (outputfile.write_into), readable by this user only."""
+    outputfile.write_into(path, data, mode=0o600)
 
 
 def read_bytes(path: Path) -> Optional[bytes]:
