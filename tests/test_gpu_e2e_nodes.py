@@ -244,3 +244,75 @@ def test_lease_passes_the_two_node_arguments_and_runs_ray_groups_one_after_anoth
     assert first[1].endswith("--only mtp-weights,int8-lm-head --share-gpu --tp 2 --nodes 2 --executor ray")
     assert (float(second[0]) >= float(first[2])) == serial
     assert [code for _, code in lease.status(root)] == [0, 0]
+
+
+STUB_CLI = r'''
+"""Stands in for vLLM's CLI: records what each node's process sees; rank 0 answers HTTP."""
+import http.server, json, os, sys, time
+from pathlib import Path
+import vllm
+
+argv = sys.argv[1:]
+seen = {"argv": argv, "pid": os.getpid(), "vllm": vllm.__file__,
+        "env": {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "VLLM_HOST_IP", "NCCL_NVLS_ENABLE")}}
+mark = Path(vllm.__file__).parent / "patched-by"
+seen["patched"] = mark.read_text() if mark.is_file() else None
+
+
+def main():
+    rank = argv[argv.index("--node-rank") + 1]
+    Path(os.environ["STUB_RECORD"], f"node{rank}.json").write_text(json.dumps(seen))
+    if "--headless" in argv:
+        while True:
+            time.sleep(1)
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+    http.server.HTTPServer(("127.0.0.1", int(argv[argv.index("--port") + 1])), Answer).serve_forever()
+'''
+
+
+def test_a_two_node_server_serves_from_two_process_trees_each_with_its_own_patched_overlay(tmp_path, monkeypatch):
+    """Run.serve over two nodes with a stand-in vLLM: one overlay per node, each patched by the
+    mod step for that node alone; each node's process sees its GPU, address and overlay; after
+    the work both process trees are gone."""
+    import json
+
+    site = tmp_path / "site"
+    cli = site / "vllm" / "entrypoints" / "cli"
+    cli.mkdir(parents=True)
+    for folder in (site / "vllm", site / "vllm" / "entrypoints", cli):
+        (folder / "__init__.py").write_text("")
+    (cli / "main.py").write_text(STUB_CLI)
+    record = tmp_path / "record"
+    record.mkdir()
+    monkeypatch.setenv("STUB_RECORD", str(record))
+
+    def apply_mod(mod_dir, patched, workspace, python):  # the mod's run.sh: writes into this overlay only
+        (patched / "vllm" / "patched-by").write_text(f"{mod_dir.name} in {patched.name}")
+        return subprocess.CompletedProcess([], 0, "applied\n", "")
+
+    monkeypatch.setattr(e2e, "apply_mod", apply_mod)
+    run = e2e.Run(site, tmp_path / "out", sys.executable, parallel.Parallel(2, "mp", 2))
+    manifest = run.model_dir("bf16") / "tiny_qwen35.json"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"variant": "bf16", "mtp": "extra", "peaked": True}))
+    report = e2e.Report("int8-lm-head")
+    answer = run.serve("int8-mod", "bf16", ["int8-lm-head"], [], lambda s: s.get("/health"), report)
+    assert answer == "{}" and report.checks[:2] == [
+        {"name": "int8-mod: run.sh of int8-lm-head succeeds", "passed": True, "detail": "applied"},
+        {"name": "int8-mod: run.sh of int8-lm-head succeeds on node 1", "passed": True, "detail": "applied"}]
+    assert any(c["name"] == "int8-mod: server starts" and c["passed"] for c in report.checks)
+    seen = [json.loads((record / f"node{rank}.json").read_text()) for rank in (0, 1)]
+    for rank, overlay in enumerate(("int8-mod", "int8-mod.node1")):
+        assert seen[rank]["vllm"].startswith(str(run.out / "overlays" / overlay / "vllm"))
+        assert seen[rank]["patched"] == f"int8-lm-head in {overlay}"
+        assert seen[rank]["env"] == {"CUDA_VISIBLE_DEVICES": str(rank), "VLLM_HOST_IP": nodes.NODE_IPS[rank],
+                                     "NCCL_NVLS_ENABLE": "0"}
+        assert not Path(f"/proc/{seen[rank]['pid']}").exists(), f"node {rank} still runs"
+    assert not (site / "vllm" / "patched-by").exists()  # the site itself untouched
+    assert ("--headless" in seen[1]["argv"]) and ("--headless" not in seen[0]["argv"])

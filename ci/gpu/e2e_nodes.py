@@ -15,9 +15,10 @@ per container):
 - no Ray: `vllm serve ... --nnodes 2 --node-rank 1 ... --headless` for node 1, then rank 0,
   the one that serves the API.
 
-Node addresses are 127.0.0.2 and 127.0.0.3, not 127.0.0.1: vLLM's Ray executor wants one
-address per node, and Ray replaces a node address of 127.0.0.1 with the host's own, after which
-the placement group vLLM pins to `node:<VLLM_HOST_IP>` of the head would find no such node.
+Node addresses are 127.0.0.2 and 127.0.0.3, not 127.0.0.1: Ray replaces a node address of
+127.0.0.1 with the host's own, and vLLM's first Ray executor (the only one in 0.19.1, still
+there behind VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0 in 0.26.0) refuses two nodes with one
+VLLM_HOST_IP and pins the first bundle to `node:<VLLM_HOST_IP>`, which a renamed head lacks.
 Stopping a server ends the head's process group, then each node's (Ray's daemons ignore
 SIGTERM for a while: SIGKILL after a grace period), never Ray's host-wide `ray stop`.
 """
