@@ -193,12 +193,12 @@ def test_hidden_size_mismatch_is_one_clear_error(mod: ModuleType) -> None:
 
 def test_tiles_shrink_to_fit_a_small_shared_memory(mod: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     device = torch.device("cuda", 0)  # never touched: the budget lookup is replaced
-    monkeypatch.setattr(mod, "_shared_memory", lambda _index: 227 * 1024 - 8 * 1024)
+    monkeypatch.setattr(mod, "_cuda_tuning", lambda _index: (mod.DISPATCH, 227 * 1024))
     big = {m: mod.pick_config(m, device) for m in (1, 16, 17, 32, 33, 128, 129, 4096)}
     assert big[1] == big[16] and big[1].block_m == 16
     assert [big[m] for m in (17, 33, 129)] == [mod.table_config(m) for m in (17, 33, 129)]  # the table as shipped
     small_budget = 101376 - 8 * 1024  # 99 KiB per block, as on sm_12x parts such as GB10
-    monkeypatch.setattr(mod, "_shared_memory", lambda _index: small_budget)
+    monkeypatch.setattr(mod, "_cuda_tuning", lambda _index: (mod.DISPATCH, 101376))
     for m, cfg in big.items():
         small = mod.pick_config(m, device)
         assert small.block_m == cfg.block_m and small.block_n == cfg.block_n

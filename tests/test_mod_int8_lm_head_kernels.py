@@ -203,7 +203,7 @@ def test_dispatch_is_one_pure_table_of_row_counts(mod: ModuleType) -> None:
 
 def test_mma_tiles_shrink_to_fit_gb10_shared_memory(mod: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     small_budget = 101376 - 8 * 1024  # 99 KiB per block on sm_12x (GB10)
-    monkeypatch.setattr(mod, "_shared_memory", lambda _device: small_budget)
+    monkeypatch.setattr(mod, "_cuda_tuning", lambda _index: (mod.DISPATCH, 101376))
     for limit, cfg in mod.DISPATCH:
         got = mod.pick_config(limit or 4096, torch.device("cuda", 0))
         assert (got.kernel, got.block_m, got.block_n) == (cfg.kernel, cfg.block_m, cfg.block_n)

@@ -28,6 +28,9 @@ from types import ModuleType
 REPO = Path(__file__).resolve().parents[2]
 PATCH = REPO / "mods" / "int8-lm-head" / "patches" / "common" / "int8_lm_head.patch"
 MODULE_PATH = "vllm/model_executor/layers/int8_lm_head.py"
+# The fitting rule and tune table shared with turboquant: one source, a second new-file hunk here.
+SHARED = REPO / "mods" / "_shared" / "sparkmods_kerneltune.py"
+SHARED_PATH = "vllm/model_executor/layers/sparkmods_kerneltune.py"
 DISPATCH_OPEN, DISPATCH_CLOSE = "\nDISPATCH = (\n", "\n)\n"
 
 
@@ -41,16 +44,16 @@ def _tools_on_path() -> None:
         sys.path.insert(0, tools)
 
 
-def patch_source(patch_text: str) -> str:
-    """The module text a new-file patch creates."""
+def patch_source(patch_text: str, path: str = MODULE_PATH) -> str:
+    """The text a new-file patch creates at path (the module unless named)."""
     _tools_on_path()
     from sparkmods.runtime.engine import plan
     from sparkmods.runtime.udiff import parse_patch
 
     results = plan(parse_patch(patch_text), lambda _path: None)
-    created = [r for r in results if r.path == MODULE_PATH and r.after is not None]
+    created = [r for r in results if r.path == path and r.after is not None]
     if len(created) != 1:
-        raise RuntimeError(f"{PATCH}: expected one new-file hunk creating {MODULE_PATH}")
+        raise RuntimeError(f"{PATCH}: expected one new-file hunk creating {path}")
     return created[0].after.decode("utf-8")
 
 
@@ -60,12 +63,15 @@ def kernel_source() -> str:
 
 
 def module_patch(source: str) -> str:
-    """The new-file patch creating MODULE_PATH with source, verified to recreate it exactly."""
+    """The new-file patch creating MODULE_PATH with source and SHARED_PATH with SHARED's text,
+    verified to recreate both exactly."""
     _tools_on_path()
     from sparkmods.rebase.regen import file_diff
 
-    text = file_diff(MODULE_PATH, None, source.splitlines(keepends=True))
-    if patch_source(text) != source:
+    shared = SHARED.read_text(encoding="utf-8")
+    text = file_diff(MODULE_PATH, None, source.splitlines(keepends=True)) + file_diff(
+        SHARED_PATH, None, shared.splitlines(keepends=True))
+    if patch_source(text) != source or patch_source(text, SHARED_PATH) != shared:
         raise RuntimeError(f"{PATCH}: the regenerated patch does not recreate the module")
     return text
 
@@ -78,11 +84,17 @@ def load_kernel_module(workdir: Path, source: "str | None" = None) -> ModuleType
     """
     path = workdir / "int8_lm_head.py"
     path.write_text(kernel_source() if source is None else source, encoding="utf-8")
+    (workdir / SHARED.name).write_text(patch_source(PATCH.read_text(encoding="utf-8"), SHARED_PATH), encoding="utf-8")
     spec = importlib.util.spec_from_file_location("int8_lm_head", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["int8_lm_head"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
+    sys.modules.pop(SHARED.stem, None)  # the copy beside this module, not one imported earlier
+    sys.path.insert(0, str(workdir))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(workdir))
     return module
 
 

@@ -28,7 +28,7 @@ def _config(label: str) -> Callable[[ModuleType], Dict[str, Any]]:
     """The decode with one DecodeConfig (label as in DecodeConfig.label) at every shape."""
     def make(tq: ModuleType) -> Dict[str, Any]:
         cfg = bench.config_from_label(tq, label)
-        return {"default_decode_config": lambda head_size, batch=1, max_context=0, dtype="*": cfg}
+        return {"default_decode_config": lambda head_size, batch=1, max_context=0, dtype="*", table=None: cfg}
     return make
 
 

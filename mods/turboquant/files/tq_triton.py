@@ -32,6 +32,8 @@ the batch size, the head counts and the block table's width (shapes), never on t
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
@@ -39,10 +41,15 @@ import torch
 import triton
 import triton.language as tl
 
-try:  # installed inside vLLM next to its sibling module
+try:  # installed inside vLLM next to its sibling modules
+    from . import sparkmods_kerneltune as kt
     from . import sparkmods_tq_format as fmt
-except ImportError:  # loaded from the mod folder (tests, benchmark)
+except ImportError:  # loaded from the mod folder (tests, benchmark), with mods/_shared on sys.path
+    import sparkmods_kerneltune as kt  # type: ignore[no-redef]
     import tq_format as fmt  # type: ignore[no-redef]
+
+logger = logging.getLogger(__name__)
+TUNE_SECTION = "turboquant"
 
 @dataclass(frozen=True)
 class DecodeConfig:
@@ -100,17 +107,116 @@ def shape_band(batch: int, max_context: int) -> Tuple[str, str]:
     return ("1" if batch <= 1 else "many", "short" if max_context < 16384 else "long")
 
 
-def default_decode_config(head_size: int, batch: int = 1, max_context: int = 0, dtype: str = "*") -> DecodeConfig:
-    """The table's choice for this shape and TurboQuant dtype: the dtype's own entry for the
-    band, else the shared one, else the batch or context band's, else the head size's "*";
-    head sizes without an entry use the 256 or 128 one."""
-    table_head = head_size if any(k[0] == head_size for k in DEFAULT_DECODE) else (256 if head_size >= 256 else 128)
+def default_decode_config(head_size: int, batch: int = 1, max_context: int = 0, dtype: str = "*",
+                          table: Optional[Dict[Tuple[int, str, str, str], DecodeConfig]] = None) -> DecodeConfig:
+    """The table's choice (DEFAULT_DECODE unless given) for this shape and TurboQuant dtype: the
+    dtype's own entry for the band, else the shared one, else the batch or context band's, else
+    the head size's "*"; head sizes without an entry use the 256 or 128 one."""
+    table = DEFAULT_DECODE if table is None else table
+    table_head = head_size if any(k[0] == head_size for k in table) else (256 if head_size >= 256 else 128)
     batch_band, context_band = shape_band(batch, max_context)
     for key in ((table_head, batch_band, context_band, dtype), (table_head, batch_band, context_band, "*"),
                 (table_head, batch_band, "*", "*"), (table_head, "*", context_band, "*"), (table_head, "*", "*", "*")):
-        if key in DEFAULT_DECODE:
-            return DEFAULT_DECODE[key]
+        if key in table:
+            return table[key]
     raise KeyError(f"DEFAULT_DECODE has no entry for head size {table_head}")
+
+
+def decode_shared_bytes(cfg: DecodeConfig, spec: fmt.TQSpec, head_size: int, group: int) -> int:
+    """Byte model of the decode kernel's shared memory (an upper bound; the GB10 readiness check
+    compares it with what Triton allocates for every shipped config).
+
+    What goes through shared memory is tl.dot's operands on their way to the matrix layout: the
+    query fields once (GP x D in fp16), then per token of a tile either the key operand (fp16
+    keys from the 3-bit lookup, 4-byte words of 4-bit codes, or FP8 bytes) or the value operand
+    (the probabilities in fp16 and the value code words), which are not alive at the same time.
+    The pipeline depth adds nothing: the cache is read by gathered pointers, not async copies.
+    """
+    gp = max(16, triton.next_power_of_2(group))
+    kw = max(head_size // 8, 16)
+    vw = max(head_size // (cfg.value_fields if spec.value_bits == 3 else 4), 16)
+    if spec.key_fp8:
+        query, key = 2 * gp * head_size, head_size
+    else:
+        query, key = 2 * gp * 8 * kw, (16 * kw if spec.key_bits == 3 else 4 * kw)
+    value = 2 * gp + (4 * vw if spec.value_bits == 3 else 2 * vw)
+    return query + cfg.block_n * max(key, value)
+
+
+DECODE_FIT_STEPS = (("block_n", 32),)  # fewer tokens per tile: the per-token operands shrink
+
+
+def fitted_decode_config(cfg: DecodeConfig, spec: fmt.TQSpec, head_size: int, group: int,
+                         shared_memory_per_block: int) -> Optional[DecodeConfig]:
+    """cfg lowered by the shared fitting rule (kt.fit) to a device's shared memory, or None."""
+    return kt.fit(cfg, lambda c: decode_shared_bytes(c, spec, head_size, group), kt.budget(shared_memory_per_block),
+                  DECODE_FIT_STEPS)
+
+
+def tuned_decode_table(gpu: Dict[str, Any], path: Optional[Any] = None) -> Dict[Tuple[int, str, str, str], DecodeConfig]:
+    """DEFAULT_DECODE with the tune table's entries for this GPU on top; DEFAULT_DECODE alone
+    (and one log line saying why) when the table must not be used."""
+    where = path or kt.table_path()
+    try:
+        entries = kt.read_section(TUNE_SECTION, kt.source_digest(__file__), gpu, path)
+        if entries is None:
+            return DEFAULT_DECODE
+        tuned = decode_entries(entries)
+    except kt.TableRefused as exc:
+        logger.warning("sparkmods turboquant: tune table not used: %s", exc)
+        return DEFAULT_DECODE
+    except (TypeError, ValueError) as exc:
+        logger.warning("sparkmods turboquant: tune table not used: %s: bad entry (%s); run `sparkmods tune` again", where, exc)
+        return DEFAULT_DECODE
+    logger.info("sparkmods turboquant: decode configs from the tune table %s (%d entries)", where, len(tuned))
+    return {**DEFAULT_DECODE, **tuned}
+
+
+_BANDS = ("1", "many", "*")
+_CONTEXTS = ("short", "long", "*")
+
+
+def decode_entries(entries: Any) -> Dict[Tuple[int, str, str, str], DecodeConfig]:
+    """A tune table's turboquant entries ([head, batch band, context band, dtype, *DecodeConfig fields])
+    as DEFAULT_DECODE keys and configs; ValueError naming the first bad one."""
+    out: Dict[Tuple[int, str, str, str], DecodeConfig] = {}
+    for entry in entries:
+        if not isinstance(entry, list) or len(entry) != 11 or not all(isinstance(v, int) for v in entry[:1] + entry[4:]):
+            raise ValueError(f"{entry!r} is not [head, batch band, context band, dtype, 7 integers]")
+        head, batch_band, context_band, dtype = entry[:4]
+        if batch_band not in _BANDS or context_band not in _CONTEXTS or not (dtype == "*" or fmt.is_turboquant(dtype)):
+            raise ValueError(f"{entry!r} names no band or dtype")
+        fmt.check_head_size(head)
+        cfg = DecodeConfig(*entry[4:])
+        if (cfg.block_n > 512 or cfg.num_warps not in (1, 2, 4, 8, 16) or not 1 <= cfg.num_stages <= 8
+                or not 16 <= cfg.min_chunk <= 1 << 20 or not 1 <= cfg.programs_per_sm <= 64 or not 0 <= cfg.max_regs <= 255):
+            raise ValueError(f"{entry!r} has a value out of range")
+        out[(head, batch_band, context_band, dtype)] = cfg
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _device_tuning(index: int) -> Tuple[int, Dict[Tuple[int, str, str, str], DecodeConfig]]:
+    """A CUDA device's opt-in shared memory per block and its decode table (read once per process)."""
+    props = torch.cuda.get_device_properties(index)
+    smem = getattr(props, "shared_memory_per_block_optin", kt.SM12X_SHARED_MEMORY)
+    return smem, tuned_decode_table(kt.gpu_identity(props.name, (props.major, props.minor)))
+
+
+def decode_config(spec: fmt.TQSpec, head_size: int, group: int, batch: int, max_context: int, device: torch.device) -> DecodeConfig:
+    """The decode config tq_decode uses: the table's (the tune table's on top of DEFAULT_DECODE on
+    a GPU), fitted to the device's shared memory; the interpreter on CPU takes the table as is."""
+    if device.type != "cuda":
+        return default_decode_config(head_size, batch, max_context, spec.name)
+    smem, table = _device_tuning(device.index if device.index is not None else torch.cuda.current_device())
+    cfg = None
+    for source in (table, DEFAULT_DECODE):  # a tuned entry that cannot fit yields to the shipped one
+        cfg = cfg or fitted_decode_config(default_decode_config(head_size, batch, max_context, spec.name, source),
+                                          spec, head_size, group, smem)
+    if cfg is None:
+        raise RuntimeError(f"sparkmods turboquant: no decode tile fits {smem} bytes of shared memory at head size "
+                           f"{head_size} and {group} query heads per KV head")
+    return cfg
 
 
 @dataclass(frozen=True)
@@ -708,7 +814,8 @@ def tq_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Te
     block_size, num_kv_heads, layout = fmt.cache_geometry(kv_cache, spec, head_size)
     if num_q_heads % num_kv_heads:
         raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
-    cfg = config or default_decode_config(head_size, batch, block_table.shape[1] * block_size, spec.name)
+    group = num_q_heads // num_kv_heads
+    cfg = config or decode_config(spec, head_size, group, batch, block_table.shape[1] * block_size, query.device)
     if out is None:
         out = torch.empty_like(query)
     if batch == 0:
@@ -720,7 +827,6 @@ def tq_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Te
     splits = num_splits or num_splits_for(batch, num_kv_heads, block_table.shape[1] * block_size, query.device, cfg)
     part_o = torch.empty(batch * num_q_heads * splits, head_size, dtype=torch.float32, device=query.device)
     part_lse = torch.empty(batch * num_q_heads * splits, dtype=torch.float32, device=query.device)
-    group = num_q_heads // num_kv_heads
     _decode_split_kernel[(splits, num_kv_heads, batch)](
         q, kv_cache, block_table, seq_lens, tab.centroids_half, part_o, part_lse,
         q.stride(0), q.stride(1), block_table.stride(0), kv_cache.stride(0), splits, float(scale), *tab.byte_tables,

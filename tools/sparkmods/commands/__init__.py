@@ -29,6 +29,7 @@ COMMANDS: Dict[str, Command] = {
     "rebase": Command("rebase", "add a variant to a mod for a vLLM none of its variants works on"),
     "recipe": Command("recipe", "recipe tools (run-recipe.sh v1 YAML)"),
     "sync": Command("sync", "generate run.sh and the runtime copy inside each mod"),
+    "tune": Command("tune", "time the int8-lm-head and turboquant kernels on this GPU and write the table they read"),
     "verify": Command("verify", "check a running vLLM server: did each mod take effect?"),
 }
 
