@@ -316,3 +316,69 @@ def test_a_two_node_server_serves_from_two_process_trees_each_with_its_own_patch
         assert not Path(f"/proc/{seen[rank]['pid']}").exists(), f"node {rank} still runs"
     assert not (site / "vllm" / "patched-by").exists()  # the site itself untouched
     assert ("--headless" in seen[1]["argv"]) and ("--headless" not in seen[0]["argv"])
+
+
+RUNBOOK = REPO / "ci" / "gpu" / "tp2_lease.sh"
+
+
+def _runbook(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(RUNBOOK), *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("args, said", [
+    ((), "usage: tp2_lease.sh prepare | receive | start [both|mp|ray] | wait [SECONDS] | pack | unpack FOLDER"),
+    (("start", "nccl"), "start takes both, mp or ray, not 'nccl'"),
+    (("unpack",), "unpack needs the folder the device call's files came back in"),
+    (("pack",), "pack writes to $OUT, which the device call sets"),
+])
+def test_the_runbook_refuses_in_one_line(args, said):
+    done = _runbook(*args, env={"OUT": ""})
+    assert done.returncode == 2 and done.stderr == f"tp2_lease: {said}\n" and not done.stdout
+
+
+def test_the_runbook_refuses_a_machine_without_two_gpus_before_receiving(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)'\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    done = _runbook("receive", env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert done.returncode == 2 and "shows 1 GPU(s) in nvidia-smi -L; the two-node runs need 2" in done.stderr
+    assert "received" not in done.stdout
+
+
+def test_the_runbook_unpacks_each_executor_into_its_results_folder_and_shows_the_mtp_evidence(tmp_path):
+    """What pack returns (lease.py's archives and the device name) lands in
+    gpu-e2e-tp2-<executor>-<vLLM>-<gpu>/<group>/, and the checks that decide mtp-no-ray are shown."""
+    import json
+
+    import lease
+
+    root = tmp_path / "lease"
+    checks = [{"name": "mtp-mod: server starts", "passed": True, "detail": "healthy after 70 s"},
+              {"name": "with the mod the MTP head is loaded: acceptance >= 0.9", "passed": True, "detail": "0.95"},
+              {"name": "MTP mod greedy tokens equal the non-speculative baseline", "passed": False, "detail": "p1"},
+              {"name": "baseline follows the peaked map", "passed": True, "detail": "ok"}]
+    jobs = []
+    for executor in ("mp", "ray"):
+        group = root / f"tp2-{executor}-0.26.0" / "mtp-weights"
+        (group / "models").mkdir(parents=True)
+        (group / "mtp-weights.json").write_text(json.dumps({"scenario": "mtp-weights", "checks": checks}))
+        (group / "summary.md").write_text("| mtp-weights | MTP mod greedy tokens | FAIL | p1 |\n")
+        jobs.append({"release": f"tp2-{executor}-0.26.0", "group": "mtp-weights", "out": str(group), "pid": 0})
+    (root / "jobs.json").write_text(json.dumps(jobs))
+    out = tmp_path / "OUT"
+    lease.pack(out, root)
+    (out / "device.txt").write_text("NVIDIA H100 80GB HBM3\n")
+    results = tmp_path / "results"
+    done = _runbook("unpack", str(out), env={"TP2_RESULTS": str(results)})
+    assert done.returncode == 0, done.stderr
+    for executor in ("mp", "ray"):
+        folder = results / f"gpu-e2e-tp2-{executor}-0.26.0-h100" / "mtp-weights"
+        assert (folder / "mtp-weights.json").is_file() and not (folder / "models").exists()
+    lines = done.stdout.splitlines()
+    at = lines.index(f"mtp-no-ray evidence ({results}/gpu-e2e-tp2-mp-0.26.0-h100/mtp-weights/mtp-weights.json):")
+    assert lines[at + 1:] == ["  PASS mtp-mod: server starts: healthy after 70 s",
+                              "  PASS with the mod the MTP head is loaded: acceptance >= 0.9: 0.95",
+                              "  FAIL MTP mod greedy tokens equal the non-speculative baseline: p1"]
+    assert "| mtp-weights | MTP mod greedy tokens | FAIL | p1 |" in lines
