@@ -98,6 +98,14 @@ case ${1:-} in
     prepare)
         python3 ci/gpu/carry.py prepare --vllm "$VLLM" --extra ray --out "$CARRY"
         pieces=("$CARRY"/p*)
+        # What travels with a call: the working tree (tracked and not-ignored files) and one piece.
+        tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- | tail -n 1 | cut -f1)
+        piece=$(stat -c %s "${pieces[0]}/data")
+        if ((tree + piece > 64 * 1024 * 1024)); then
+            die "the working tree ($((tree >> 20)) MiB) and a piece ($((piece >> 20)) MiB) exceed the 64 MiB a call" \
+                "carries: commit or ignore less, or cut smaller pieces"
+        fi
+        echo "each call carries $(((tree + piece) >> 20)) MiB of 64 (working tree $((tree >> 20)) MiB)"
         echo "device calls (kind nvidia-h100-x2, consecutive, no pause in between):"
         for piece in "${pieces[@]:0:${#pieces[@]}-1}"; do
             echo "  carry [$piece]: bash ci/gpu/tp2_lease.sh receive"
