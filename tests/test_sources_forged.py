@@ -167,3 +167,17 @@ def test_check_against_the_real_index_after_a_forged_one(tmp_path, real, fresh_c
         for extra in ([], ["--offline"]):
             done, _ = sparkmods(*base, "--index-url", f"{real.url}/simple", *extra, env=env)
             assert done.returncode == 0 and " ok" in done.stdout, done.stdout + done.stderr
+
+
+def test_record_rows_that_vouch_for_nothing_share_nothing():
+    """Only a well-formed sha256 of 32 bytes makes a shared key; a quoted path (a comma in it)
+    is read as csv reads it."""
+    good = "sha256=" + "A" * 43
+    rows = (f'"vllm/a,b.py",{good},5\nvllm/c.py,sha384={"B" * 64},3\nvllm/d.py,sha256=###,1\n'
+            f"vllm/e.py,sha256={'C' * 40},1\nvllm/f.py,{good},7\nvllm-x.dist-info/RECORD,,\n")
+    fields = memberstore.record_hashes(rows.encode())
+    assert fields == {"vllm/a,b.py": good, "vllm/f.py": good, "vllm/e.py": "sha256=" + "C" * 40}
+    assert memberstore.sha256_hex(good) == "00" * 32  # 43 base64 'A's: 32 zero bytes
+    assert memberstore.sha256_hex("sha256=" + "C" * 40) is None  # 30 bytes: not a sha256
+    assert memberstore.record_name(["vllm/x.py", "vllm-1.dist-info/RECORD"]) == "vllm-1.dist-info/RECORD"
+    assert memberstore.record_name(["a-1.dist-info/RECORD", "b-1.dist-info/RECORD"]) is None

@@ -26,6 +26,7 @@ import base64
 import binascii
 import csv
 import hashlib
+import re
 import threading
 from pathlib import Path
 from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
@@ -56,21 +57,31 @@ def record_name(names: Iterable[str]) -> Optional[str]:
     return found[0] if len(found) == 1 else None
 
 
+_ROW = re.compile(r"^([^\n\r\",]+),(sha256=[A-Za-z0-9_=-]+),", re.M)
+
+
 def record_hashes(data: bytes) -> Dict[str, str]:
-    """path -> hex sha256 for every RECORD row with a well-formed sha256 (others are left out:
-    those members are simply not shared)."""
-    hashes: Dict[str, str] = {}
-    for row in csv.reader(data.decode("utf-8", errors="replace").splitlines()):
-        if len(row) < 2 or not row[1].startswith("sha256="):
-            continue
-        value = row[1][len("sha256="):]
-        try:
-            raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
-        except (binascii.Error, ValueError):
-            continue
-        if len(raw) == 32:
-            hashes[row[0]] = raw.hex()
+    """path -> the sha256 field of its RECORD row ("sha256=<urlsafe base64>"), decoded only when
+    looked up (sha256_hex): a vLLM RECORD has thousands of rows and a check needs a few. Rows
+    are matched in one pass; a quoted path (one holding a comma) goes through csv."""
+    text = data.decode("utf-8", errors="replace")
+    hashes = dict(_ROW.findall(text))
+    quoted = text.startswith('"') or '\n"' in text
+    for row in csv.reader(line for line in text.splitlines() if quoted and line.startswith('"')):
+        if len(row) == 3 and row[1].startswith("sha256="):
+            hashes[row[0]] = row[1]
     return hashes
+
+
+def sha256_hex(field: str) -> Optional[str]:
+    """The hex digest a RECORD sha256 field gives, or None when it is malformed (that member is
+    then simply not shared)."""
+    value = field[len("sha256="):]
+    try:
+        raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+    except (binascii.Error, ValueError):
+        return None
+    return raw.hex() if len(raw) == 32 else None
 
 
 def _path(key: Key) -> Path:

@@ -184,7 +184,8 @@ class RemoteWheel(VllmSource):
         """Where the member store keeps path's bytes for this wheel: under the sha256 this
         wheel's RECORD lists for it, else under a key no other wheel reaches."""
         layout = self.layout()
-        sha256 = self._record_hashes().get(path) if path != self._record_path() else None
+        field = self._record_hashes().get(path) if path != self._record_path() else None
+        sha256 = memberstore.sha256_hex(field) if field is not None else None
         if sha256 is not None:
             return memberstore.shared(sha256)
         ident = self._entry.identity
@@ -197,7 +198,7 @@ class RemoteWheel(VllmSource):
         return self._record[0]
 
     def _record_hashes(self) -> Dict[str, str]:
-        """This wheel's RECORD as path -> sha256 (read once, like any member; empty without one)."""
+        """This wheel's RECORD as path -> sha256 field (read once, like any member; empty without one)."""
         if self._hashes is None:
             name = self._record_path()
             if name is not None and name not in self._members and not self._from_store(name):
