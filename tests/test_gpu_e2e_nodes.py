@@ -315,6 +315,10 @@ def test_a_two_node_server_serves_from_two_process_trees_each_with_its_own_patch
                                      "NCCL_NVLS_ENABLE": "0"}
         assert not Path(f"/proc/{seen[rank]['pid']}").exists(), f"node {rank} still runs"
     assert not (site / "vllm" / "patched-by").exists()  # the site itself untouched
+    (node1,) = report.data["servers"]["int8-mod"]["nodes"]
+    assert node1["command"][-1] == "--headless" and node1["log"] == "servers/int8-mod/node1.log"
+    assert node1["env"]["CUDA_VISIBLE_DEVICES"] == "1" and node1["env"]["PYTHONPATH"].startswith(
+        str(run.out / "overlays" / "int8-mod.node1"))
     assert ("--headless" in seen[1]["argv"]) and ("--headless" not in seen[0]["argv"])
 
 

@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO / "tools"))  # sparkmods.verify: metrics and log par
 from e2e_checks import Report, rotated_absmax, summary_lines  # noqa: E402
 from e2e_scenarios import SCENARIOS, chat, greedy  # noqa: E402
 from e2e_parallel import Parallel, RayHead, gpus_visible, importable  # noqa: E402
-from e2e_nodes import node_server  # noqa: E402
+from e2e_nodes import NodeServer, node_server  # noqa: E402
 from e2e_serve import ServeError, Server, apply_mod, free_port, overlay, server_command, server_env  # noqa: E402
 
 # Model key -> builder arguments (variant, MTP head); every model is peaked, seed 0.
@@ -123,7 +123,8 @@ class Run:
             server.stop()
             report.data.setdefault("servers", {})[name] = {
                 "command": server.command, "start_seconds": server.start_seconds, "exit_code": server.exit_code,
-                "log": str(log_path.relative_to(self.out))}
+                "log": str(log_path.relative_to(self.out)),
+                **({"nodes": server.node_records(self.out)} if isinstance(server, NodeServer) else {})}
 
     def _patched(self, name: str, node: int, mods: Sequence[str], log_path: Path, report: Report) -> list[Path] | None:
         """PYTHONPATH of node `node` of server `name`: SITE, or an overlay of it patched by each mod's

@@ -138,6 +138,13 @@ class NodeServer(Server):
                 raise RuntimeError(f"Ray shows {count or 'no'} of 2 nodes alive after {RAY_START_TIMEOUT_S:.0f} s")
             time.sleep(2)
 
+    def node_records(self, root: Path) -> list[dict]:
+        """What the result files say of each other process group: command, environment that
+        makes it a node, log (relative to root)."""
+        keys = ("CUDA_VISIBLE_DEVICES", "VLLM_HOST_IP", "PYTHONPATH", "RAY_ADDRESS")
+        return [{"name": node.name, "command": node.command, "env": {k: node.env[k] for k in keys if k in node.env},
+                 "log": str(node.log_path.relative_to(root))} for node in self.nodes]
+
     def gone(self) -> int | None:
         if self.failure is not None:
             return -1
