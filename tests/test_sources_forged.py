@@ -181,3 +181,44 @@ def test_record_rows_that_vouch_for_nothing_share_nothing():
     assert memberstore.sha256_hex("sha256=" + "C" * 40) is None  # 30 bytes: not a sha256
     assert memberstore.record_name(["vllm/x.py", "vllm-1.dist-info/RECORD"]) == "vllm-1.dist-info/RECORD"
     assert memberstore.record_name(["a-1.dist-info/RECORD", "b-1.dist-info/RECORD"]) is None
+
+
+@pytest.fixture
+def impostor(tmp_path):
+    """A second index serving the forged wheel under the real wheel's sha256 and size (the
+    forged bytes are swapped in place, so the size is the real one)."""
+    with serving(LoopbackIndex()) as index:
+        publish(index, tmp_path / "impostor", forged=True, record={A: FORGED_A})
+        yield index
+
+
+def test_a_wheel_cached_from_another_server_under_the_real_hash_is_checked_first(impostor, real):
+    impostor.sha_override[NAME] = real.sha256(NAME)
+    assert len(impostor.wheels[NAME]) == len(real.wheels[NAME])
+    assert one(impostor).read(A) == FORGED_A  # range reads cannot see the lie
+    with pytest.raises(SparkmodsError, match="refusing the cache entry"):
+        one(real).read(A)  # the real server's central directory is not the one recorded
+    with pytest.raises(SparkmodsError, match="refusing the cache entry"):
+        one(real, offline=True).read(A)  # marked: refused offline too
+
+
+def test_offline_a_wheel_cached_from_another_server_is_not_taken_on_trust(impostor, real, tmp_path):
+    impostor.sha_override[NAME] = real.sha256(NAME)
+    one(impostor).read(A)
+    one(real)  # the real index page cached, nothing of the wheel read yet
+    [source] = open_targets("0.19.1", index_url=f"{real.url}/simple", offline=True)
+    with pytest.raises(SparkmodsError, match=r"recorded from .*/files/.*; run once online"):
+        source.read(A)
+
+
+def test_check_rows_cached_from_another_server_are_not_reused(impostor, real, tmp_path, fresh_cache):
+    """The result cache keys rows by the entry's recorded central directory: a row computed on
+    the impostor's bytes must not answer for the real index."""
+    mods = tmp_path / "mods"
+    make_mod(mods)
+    impostor.sha_override[NAME] = real.sha256(NAME)
+    env = {"SPARKMODS_CACHE_DIR": str(fresh_cache)}
+    base = ["check", "demo", "--mods-dir", str(mods), "--vllm", "0.19.1", "--json"]
+    sparkmods(*base, "--index-url", f"{impostor.url}/simple", env=env)
+    done, _ = sparkmods(*base, "--index-url", f"{real.url}/simple", env=env)
+    assert done.returncode == 2 and "refusing the cache entry" in done.stderr, done.stdout + done.stderr

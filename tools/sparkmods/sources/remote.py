@@ -232,10 +232,28 @@ class RemoteWheel(VllmSource):
 
     # -- cache ------------------------------------------------------------------------
     def _open_entry(self) -> None:
-        """Once per source: the cache entry's record, checked against the index's size."""
+        """Once per source: the cache entry's record, checked against the index's size, and
+        against this server when another one recorded it."""
         if not self._opened:
             self._entry.open(self.size)
+            ident = self._entry.identity
+            if ident is not None and ident.url != self.url and not self._entry.whole.is_file():
+                self._recorded_elsewhere(ident.url)
             self._opened = True
+
+    def _recorded_elsewhere(self, url: str) -> None:
+        """The entry holds what another server sent under this sha256, which range reads never
+        checked: before it answers for this server (result rows included), this server's own
+        central directory must be the recorded one (a mismatch marks the entry conflicting)."""
+        from sparkmods.sources.http import RangeIgnored
+
+        if self.offline:
+            raise SparkmodsError(f"{self.label}: the cache entry {self._entry.dir} was recorded from {url}, not "
+                                 f"{self.url}; run once online so this server is checked against it")
+        try:
+            self._check_cached_central()
+        except RangeIgnored as exc:
+            self._download_whole(exc)  # verified against the index sha256, and bound to the record
 
     def _from_store(self, path: str) -> bool:
         """Serve a member of the layout from the member store (memberstore.py) when the bytes

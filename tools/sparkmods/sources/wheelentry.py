@@ -19,6 +19,9 @@ would hand those bytes to every later run. The rule:
 - Members are not kept here but in the member store (memberstore.py), by the sha256 the
   wheel's own RECORD lists for them (or under a key scoped to this entry and its recorded
   central directory), and are read back only when they also match that central directory.
+- An entry recorded from one server answers for another (the same sha256 on another index)
+  only once that server's own central directory was fetched and matched the record, one
+  request per run (remote.py); offline it is refused until a run online has checked it.
 - What this cannot see: an answer served wholly from the cache makes no request, so with an
   index that lists no sizes (PEP 503 HTML) a server that lied on the first read is caught
   only once a member must be fetched. PEP 691 indexes (PyPI) list sizes: checked every run.
