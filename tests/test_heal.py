@@ -20,6 +20,7 @@ from typing import Dict, List
 import pytest
 
 from modfactory import ORIGINAL, TARGET, make_mod
+from nightlyrepo import add_commit, serve
 from test_sources_kit import fresh_cache, loopback_index, make_wheel  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,8 +106,9 @@ class World:
         git(self.repo, "remote", "add", "origin", str(self.bare))
         index.add(make_wheel(tmp / WHEEL.format(v="0.20.0"), "0.20.0", extra={TARGET: new_text.encode()}))
 
-    def job(self, tests: str = "demo=tests/test_demo_runtime.py") -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(REPO / "ci" / "nightly_check.py"), "--no-nightly", "--heal",
+    def job(self, tests: str = "demo=tests/test_demo_runtime.py", nightly: str = "") -> subprocess.CompletedProcess:
+        where = ["--nightly-url", nightly] if nightly else ["--no-nightly"]
+        return subprocess.run([sys.executable, str(REPO / "ci" / "nightly_check.py"), *where, "--heal",
                                "--index-url", f"{self.index.url}/simple", "--repo", str(self.repo),
                                "--matrix", str(self.repo / "matrix" / "matrix.json"),
                                "--mods-dir", str(self.repo / "mods"), "--report", str(self.out / "report.md"),
@@ -180,6 +182,27 @@ def test_an_exact_rebase_that_passes_its_tests_becomes_a_pull_request(tmp_path, 
     assert again.returncode == 0 and "already on origin: proposed before, left alone" in again.stdout
     assert len(world.gh_calls()) == 1
 
+
+
+def test_a_nightly_that_breaks_the_mod_is_healed_from_its_own_wheel(tmp_path, loopback_index):
+    """The newest nightly of a per-commit wheel repository (tests/nightlyrepo.py) instead of a
+    release: the variant starts at the dev build, and the runtime test gets that nightly's wheel."""
+    world = World(tmp_path, loopback_index, RENAMED, expected=7)
+    del loopback_index.wheels[WHEEL.format(v="0.20.0")]  # no new release: only the nightly breaks
+    version, commit = "0.20.1.dev3+gabc1234", "abc1234def5678901234567890abcdef12345678"
+    wheel = make_wheel(tmp_path / WHEEL.format(v=version), version, extra={TARGET: RENAMED.encode()})
+    add_commit(tmp_path / "nightly", commit, wheel, version, nightly=True)
+    with serve(tmp_path / "nightly") as base:
+        done = world.job(nightly=base)
+    assert done.returncode == 1, done.stdout + done.stderr
+    (pr,) = world.proposals()
+    assert pr["branch"] == "sparkmods-heal/demo-0.20.1.dev3-gabc1234", pr
+    toml = git(world.repo, "show", f"{pr['branch']}:mods/demo/mod.toml")
+    assert 'vllm = ">=0.19.0, <0.20.1.dev3"' in toml
+    assert 'vllm = ">=0.20.1.dev3"' in toml and f'verified = ["{version}"]' in toml
+    body = Path(pr["body_file"]).read_text()
+    assert f"(vLLM {version}, commit abc1234" in body and "Runtime tests on vLLM 0.20.1.dev3+gabc1234: 1 passed" in body
+    assert "- cells re-checked: 1, reused: 0" in body  # the mod's cell on the matrix's one release; no nightly column
 
 def test_a_flagged_rebase_becomes_an_issue_and_proposes_nothing(tmp_path, loopback_index):
     world = World(tmp_path, loopback_index, REWRITTEN, expected=7)

@@ -279,7 +279,7 @@ def regenerate_matrix(matrix_dir: Path, mods_root: Path, onto, index_url: Option
               for c in built.doc["cells"] if c["vllm"] in diff.new_releases]
     lines += [f"fixed: {x}" for x in diff.fixes] + [f"changed: {x}" for x in diff.changed]
     lines += [f"REGRESSION: {x}" for x in diff.regressions]
-    lines.append(f"{built.rechecked} cells re-checked, {built.reused} reused")
+    lines.append(f"cells re-checked: {built.rechecked}, reused: {built.reused}")
     return lines
 
 
