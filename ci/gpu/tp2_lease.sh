@@ -124,7 +124,7 @@ case ${1:-} in
         if [[ ! -d "$SITE/vllm" ]]; then python3 ci/gpu/carry.py install --release "$VLLM" --site "$SITE"; fi
         check_machine
         start_runs "$which"
-        python3 ci/gpu/lease.py wait --seconds "${TP2_WAIT_S:-420}" || true
+        python3 ci/gpu/lease.py wait --seconds "${TP2_WAIT_S:-360}" || true
         ;;
     wait)
         python3 ci/gpu/lease.py wait --seconds "${2:-540}"
