@@ -222,3 +222,15 @@ def test_check_rows_cached_from_another_server_are_not_reused(impostor, real, tm
     sparkmods(*base, "--index-url", f"{impostor.url}/simple", env=env)
     done, _ = sparkmods(*base, "--index-url", f"{real.url}/simple", env=env)
     assert done.returncode == 2 and "refusing the cache entry" in done.stderr, done.stdout + done.stderr
+
+
+def test_a_mirror_serving_the_same_wheel_is_checked_once_then_trusted_offline(real, tmp_path):
+    """The honest case: the same wheel from a second index costs one check, then works offline."""
+    with serving(LoopbackIndex()) as mirror:
+        mirror.wheels[NAME] = real.wheels[NAME]
+        first = one(real)
+        assert first.read(A) == REAL_A
+        assert one(mirror).read(A) == REAL_A
+        assert [h.range for h in mirror.file_hits()] == [f"bytes={first._entry.identity.central_offset}-"
+                                                         f"{len(real.wheels[NAME]) - 1}"]
+        assert one(mirror, offline=True).read(A) == REAL_A

@@ -237,7 +237,7 @@ class RemoteWheel(VllmSource):
         if not self._opened:
             self._entry.open(self.size)
             ident = self._entry.identity
-            if ident is not None and ident.url != self.url and not self._entry.whole.is_file():
+            if ident is not None and not self._entry.whole.is_file() and not self._entry.vouched(self.url):
                 self._recorded_elsewhere(ident.url)
             self._opened = True
 
@@ -254,6 +254,8 @@ class RemoteWheel(VllmSource):
             self._check_cached_central()
         except RangeIgnored as exc:
             self._download_whole(exc)  # verified against the index sha256, and bound to the record
+            return
+        self._entry.vouch(self.url)
 
     def _from_store(self, path: str) -> bool:
         """Serve a member of the layout from the member store (memberstore.py) when the bytes

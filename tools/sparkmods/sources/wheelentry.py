@@ -21,7 +21,8 @@ would hand those bytes to every later run. The rule:
   central directory), and are read back only when they also match that central directory.
 - An entry recorded from one server answers for another (the same sha256 on another index)
   only once that server's own central directory was fetched and matched the record, one
-  request per run (remote.py); offline it is refused until a run online has checked it.
+  request (remote.py; `checked-*` records the servers that passed); offline it is refused
+  until a run online has checked that server.
 - What this cannot see: an answer served wholly from the cache makes no request, so with an
   index that lists no sizes (PEP 503 HTML) a server that lied on the first read is caught
   only once a member must be fetched. PEP 691 indexes (PyPI) list sizes: checked every run.
@@ -120,6 +121,15 @@ class WheelEntry:
     def _refused(self, reason: str) -> SparkmodsError:
         return SparkmodsError(f"{self.label}: refusing the cache entry {self.dir}: {reason} (one of the two "
                               f"servers sent other bytes under this name); delete that folder to read it afresh")
+
+    def vouch(self, url: str) -> None:
+        """Record that url served the recorded central directory (checked by the caller)."""
+        write_atomic(self.dir / f"checked-{digest(url)}", (url + "\n").encode("utf-8"))
+
+    def vouched(self, url: str) -> bool:
+        """Whether url is the server that recorded the entry or one checked against it since."""
+        return self.identity is not None and (url == self.identity.url or
+                                              read_bytes(self.dir / f"checked-{digest(url)}") is not None)
 
     # -- the cached parts -------------------------------------------------------------
     @property
