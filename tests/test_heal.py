@@ -299,3 +299,15 @@ def test_set_verified_edits_one_line_and_refuses_what_it_cannot_find():
     split = text.replace('verified = []  # none yet\n', 'verified = [\n  "0.1",\n]\n')
     with pytest.raises(TomlEditError, match="variant 'b': no single one-line `verified = \\[...\\]`"):
         set_verified(split, "b", ["0.2"], "x")
+
+
+def test_a_runtime_test_run_that_overruns_its_limit_is_an_error_never_a_pass(tmp_path):
+    from sparkmods.heal import pytest_runner
+
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_slow.py").write_text(
+        "import time\nimport pytest\npytestmark = pytest.mark.vllm_runtime\n\n\ndef test_slow():\n    time.sleep(60)\n")
+    run = pytest_runner({"slow": ["tests/test_slow.py"]}, tmp_path, timeout=5)
+    got = run(tmp_path, "slow", "0.20.0", None, None)
+    assert not got.ok and got.cases[-1] == {"name": "the whole run (stopped at its time limit, 5 s)", "outcome": "error"}
+    assert run(tmp_path, "other", "0.20.0", None, None) is None  # no tests known for that mod

@@ -161,7 +161,8 @@ def _write_and_prove(heal: Heal, mod_dir: Path, manifest, onto, run_tests: Optio
     if run_tests is None:
         heal.outcome, heal.problem = UNTESTED, "no runtime tests are known for this mod: nothing is proposed untested"
         return heal
-    heal.tests = run_tests(mod_dir.parent, manifest.name, onto.version, *_wheel_for(onto, index_url))
+    with tempfile.TemporaryDirectory(prefix="sparkmods-heal-wheel-") as tmp:
+        heal.tests = run_tests(mod_dir.parent, manifest.name, onto.version, *_wheel_for(onto, index_url, Path(tmp)))
     if heal.tests is None:
         heal.outcome, heal.problem = UNTESTED, "no runtime tests are known for this mod: nothing is proposed untested"
         return heal
@@ -193,9 +194,10 @@ def mark_verified(mod_dir: Path, plan: ModPlan, comment: str) -> None:
         raise SparkmodsError(f"{path}: marking {plan.onto} verified did not take")
 
 
-def _wheel_for(onto, index_url: Optional[str]) -> "tuple[Optional[Path], Optional[str]]":
-    """(wheel file, PyPI release for its dependencies) when the runtime tests cannot install
-    `vllm==version` from PyPI (a nightly, or a release of another index); else (None, None)."""
+def _wheel_for(onto, index_url: Optional[str], folder: Path) -> "tuple[Optional[Path], Optional[str]]":
+    """(wheel file, downloaded into folder; PyPI release for its dependencies) when the runtime
+    tests cannot install `vllm==version` from PyPI (a nightly, or a release of another index);
+    else (None, None)."""
     if onto.label.startswith("pypi:") and not (index_url or os.environ.get("SPARKMODS_INDEX_URL")):
         return None, None
     url = getattr(onto, "url", None)
@@ -209,7 +211,7 @@ def _wheel_for(onto, index_url: Optional[str]) -> "tuple[Optional[Path], Optiona
              if not Version(str(v)).is_prerelease and Version(str(v)) < version]
     if not below:
         raise SparkmodsError(f"{onto.label}: no release below {version} to take the runtime tests' dependencies from")
-    dest = Path(tempfile.mkdtemp(prefix="sparkmods-heal-wheel-")) / url.rsplit("/", 1)[-1].split("#")[0]
+    dest = folder / url.rsplit("/", 1)[-1].split("#")[0]
     with urllib.request.urlopen(url, timeout=600) as answer, open(dest, "wb") as fh:
         shutil.copyfileobj(answer, fh, 1 << 20)
     return dest, str(max(below, key=lambda v: Version(str(v))))
@@ -235,12 +237,23 @@ def pytest_runner(tests_by_mod: Dict[str, List[str]], repo: Path, python: str = 
                 else:
                     env.pop(key, None)
             start = time.monotonic()
-            done = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout)
+            overran = False
+            try:
+                done = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout)
+                output = done.stdout + done.stderr
+            except subprocess.TimeoutExpired as exc:
+                overran, output = True, _text(exc.stdout) + _text(exc.stderr)
             seconds = time.monotonic() - start
             cases = _junit_cases(report) if report.is_file() else []
+            if overran:  # an unfinished run proves nothing, whatever passed before the limit
+                cases.append({"name": f"the whole run (stopped at its time limit, {timeout:.0f} s)", "outcome": "error"})
         shown = [c if c != python else "python" for c in cmd if not c.startswith("--junitxml")]
-        return TestRun(shown, seconds, cases, (done.stdout + done.stderr)[-4000:])
+        return TestRun(shown, seconds, cases, output[-4000:])
     return run
+
+
+def _text(data: "str | bytes | None") -> str:
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else data or ""
 
 
 def _junit_cases(path: Path) -> List[Dict[str, str]]:
