@@ -272,3 +272,12 @@ def test_write_into_creates_the_folders_and_keeps_modes(tmp_path, umask):
     blocker.write_text("x")
     with pytest.raises(SparkmodsError, match=rf"^{blocker}/sub: cannot create the folder \(Not a directory\)$"):
         write_into(blocker / "sub" / "a.patch", b"x")
+
+
+def test_set_id_bits_are_not_carried_over(tmp_path, umask):
+    umask(0o022)
+    path = tmp_path / "tool"
+    path.write_text("old\n")
+    path.chmod(0o4755)
+    write_atomic(path, "new\n")
+    assert mode_of(path) == 0o755

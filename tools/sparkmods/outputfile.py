@@ -6,8 +6,9 @@ The bytes go to a temp file beside the target, which is then renamed over it, so
 kernel narrows by the umask, instead of tempfile.mkstemp's 0600: a file that replaces
 another keeps the mode it had (a 0644 mod.toml stays 0644), a new one gets what the umask
 gives, as `>` in a shell would. `check_target` refuses, before any work, an output path
-that could never be written (a folder, a missing parent), and every failure is one line
-naming the path (SparkmodsError), never a traceback.
+that could never be written (a folder, a missing parent) or should not be renamed over (a
+device, a FIFO), and every failure is one line naming the path (SparkmodsError), never a
+traceback.
 """
 
 from __future__ import annotations
@@ -54,15 +55,15 @@ def _open_temp(path: Path, mode: int) -> "tuple[int, Path]":
 
 
 def _kept_mode(path: Path, executable: bool) -> Optional[int]:
-    """The mode of the regular file being replaced (with x wherever it has r when the new
-    content must run), or None when there is none."""
+    """The permission bits of the regular file being replaced (with x wherever it has r when
+    the new content must run; set-id bits are not carried over), or None when there is none."""
     try:
         info = os.lstat(path)
     except OSError:
         return None
     if not stat.S_ISREG(info.st_mode):
         return None
-    mode = stat.S_IMODE(info.st_mode)
+    mode = info.st_mode & 0o777
     return mode | (mode & 0o444) >> 2 if executable else mode
 
 
@@ -87,15 +88,13 @@ def write_atomic(path: Path, data: Union[bytes, str], *, mode: Optional[int] = N
                 os.fchmod(fh.fileno(), kept)
             fh.write(raw)
         os.replace(tmp, path)
-    except OSError as exc:
+    except BaseException as exc:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
+        if not isinstance(exc, OSError):
+            raise
         why = "a folder" if path.is_dir() else exc.strerror or str(exc)
         raise SparkmodsError(f"{path}: cannot write it ({why})") from None
-    except BaseException:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
-        raise
 
 
 def write_into(path: Path, data: Union[bytes, str], *, mode: Optional[int] = None) -> None:
