@@ -94,7 +94,7 @@ class RemoteWheel(VllmSource):
         self._central_checked = False  # the cached central directory compared with the server's
         self._central_failed: Optional[SparkmodsError] = None  # why fetching it failed, once
         self._members: Dict[str, bytes] = {}
-        self._hashes: Optional[Dict[str, str]] = None  # path -> sha256, from this wheel's RECORD
+        self._hashes: Optional[Dict[str, str]] = None  # path -> its sha256 field in this wheel's RECORD
         self._record: Optional[Tuple[Optional[str]]] = None  # (the RECORD's path, if it has one)
         self._zip: Optional[ZipMembers] = None
         self._file: Optional[BinaryIO] = None
