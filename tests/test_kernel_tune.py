@@ -37,15 +37,21 @@ GPU = {"name": "NVIDIA GB10", "capability": [12, 1]}
 
 @pytest.fixture(scope="module")
 def mods(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, ModuleType]:
-    """int8_lm_head and tq_triton as the mods install them (from their patches), real Triton kernels
-    never launched here."""
-    sys.path.insert(0, str(REPO / "tools"))
+    """int8_lm_head and tq_triton as the mods install them (from their patches); no kernel is
+    launched here. Loaded with TRITON_INTERPRET=1, so that a first import of triton here leaves it
+    in the mode the interpreter tests of this session need (see bench_turboquant.load_modules)."""
+    import importlib
+
     from sparkmods.tuning import load_mod_package
 
     work = tmp_path_factory.mktemp("mods")
-    int8 = load_mod_package(REPO / "mods/int8-lm-head/patches/common/int8_lm_head.patch", "kt_test_int8", work)
-    tq = load_mod_package(REPO / "mods/turboquant/patches/common/turboquant_files.patch", "kt_test_tq", work)
-    import importlib
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        pytest.importorskip("triton")
+        import triton.experimental.gluon  # noqa: F401  (bench_turboquant.load_modules imports it in the same mode)
+
+        int8 = load_mod_package(REPO / "mods/int8-lm-head/patches/common/int8_lm_head.patch", "kt_test_int8", work)
+        tq = load_mod_package(REPO / "mods/turboquant/patches/common/turboquant_files.patch", "kt_test_tq", work)
 
     return {"int8": importlib.import_module(int8.__name__ + ".int8_lm_head"),
             "tq": importlib.import_module(tq.__name__ + ".sparkmods_tq_triton"),
@@ -252,7 +258,7 @@ def test_tune_writes_a_table_both_mods_read_back(mods: Dict[str, ModuleType], tm
     script = TUNE_SCRIPT.format(bench=str(REPO / "ci" / "bench"), tools=str(REPO / "tools"))
     env = {**os.environ, "TRITON_INTERPRET": "1", "SPARKMODS_TUNE_TABLE": str(out)}
     proc = subprocess.run([sys.executable, "-c", script, "tune", "--mods-dir", str(REPO / "mods"), "--head", "200x64",
-                           "--head-size", "32", "--heads", "4/2", "--dtypes", "turboquant_k3v4_nc"],
+                           "--head-size", "32", "--heads", "4/2", "--dtypes", "turboquant_k3v4_nc", "--candidates", "1"],
                           env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[int8-lm-head] band 5/5" in proc.stderr and "[turboquant] 4/4 turboquant_k3v4_nc head 32" in proc.stderr

@@ -185,8 +185,7 @@ def tune_turboquant(tq: ModuleType, fmt: ModuleType, head: int, q_heads: int, kv
         def fit(cfg: Any) -> Any:
             return cfg if smem is None else tq.fitted_decode_config(cfg, spec, head, group, smem)
 
-        shipped = tq.decode_config(spec, head, group, batch, context, device) if smem is not None else \
-            tq.default_decode_config(head, batch, context, name)
+        shipped = fit(tq.default_decode_config(head, batch, context, name))  # DEFAULT_DECODE's, not an earlier tune's
         candidates = _unique(c for c in map(fit, pool) if c is not None)
         print(f"[turboquant] {index}/{len(steps)} {name} head {head} batch {batch} context {context}: "
               f"{len(candidates)} candidates", file=log, flush=True)

@@ -124,13 +124,14 @@ def default_decode_config(head_size: int, batch: int = 1, max_context: int = 0, 
 
 def decode_shared_bytes(cfg: DecodeConfig, spec: fmt.TQSpec, head_size: int, group: int) -> int:
     """Byte model of the decode kernel's shared memory (an upper bound; the GB10 readiness check
-    compares it with what Triton allocates for every shipped config).
+    compares it with what Triton allocates for every config the mod can pick).
 
     What goes through shared memory is tl.dot's operands on their way to the matrix layout: the
-    query fields once (GP x D in fp16), then per token of a tile either the key operand (fp16
-    keys from the 3-bit lookup, 4-byte words of 4-bit codes, or FP8 bytes) or the value operand
-    (the probabilities in fp16 and the value code words), which are not alive at the same time.
-    The pipeline depth adds nothing: the cache is read by gathered pointers, not async copies.
+    query fields once (GP x D in fp16), then per token of a tile the key operand and the words it
+    is decoded from (fp16 keys from the 3-bit lookup and their code words, 4-byte words of 4-bit
+    codes, or FP8 bytes) and the value operand (the probabilities in fp16 and the value code
+    words), counted as if all were alive at once. The pipeline depth adds nothing: the cache is
+    read by gathered pointers, not async copies.
     """
     gp = max(16, triton.next_power_of_2(group))
     kw = max(head_size // 8, 16)
@@ -138,9 +139,9 @@ def decode_shared_bytes(cfg: DecodeConfig, spec: fmt.TQSpec, head_size: int, gro
     if spec.key_fp8:
         query, key = 2 * gp * head_size, head_size
     else:
-        query, key = 2 * gp * 8 * kw, (16 * kw if spec.key_bits == 3 else 4 * kw)
+        query, key = 2 * gp * 8 * kw, (19 * kw if spec.key_bits == 3 else 4 * kw)
     value = 2 * gp + (4 * vw if spec.value_bits == 3 else 2 * vw)
-    return query + cfg.block_n * max(key, value)
+    return query + cfg.block_n * (key + value)
 
 
 DECODE_FIT_STEPS = (("block_n", 32),)  # fewer tokens per tile: the per-token operands shrink
