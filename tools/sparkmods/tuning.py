@@ -124,12 +124,12 @@ def tune_int8(mod: ModuleType, shape: Tuple[int, int], dtype: Any, device: Any, 
     import torch
 
     vocab, hidden = shape
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    weight = mod.quantize_head((torch.randn(vocab, hidden, generator=gen) * 0.02).to(dtype).to(device))
+    torch.manual_seed(0)
+    weight = mod.quantize_head((torch.randn(vocab, hidden, device=device) * 0.02).to(dtype))
     entries, measured = [], []
     for index, (band, entry) in enumerate(mod.DISPATCH, 1):
         rows = band or 256
-        x = torch.randn(rows, hidden, generator=gen).to(dtype).to(device)
+        x = torch.randn(rows, hidden, device=device).to(dtype)
         shipped = mod.choose_config(rows, mod.DISPATCH, smem)
         grid = [dataclasses.replace(entry, block_n=bn, num_stages=st) for bn in (entry.block_n // 2, entry.block_n, entry.block_n * 2)
                 for st in (entry.num_stages - 1, entry.num_stages, entry.num_stages + 1) if bn >= 16 and 2 <= st <= 5]
@@ -167,7 +167,7 @@ def tune_turboquant(tq: ModuleType, fmt: ModuleType, head: int, q_heads: int, kv
     pool = _unique(tq.DEFAULT_DECODE.values())
     block_size = 16
     entries, measured = [], []
-    gen = torch.Generator(device="cpu").manual_seed(0)
+    torch.manual_seed(0)
     steps = [(n, b, c) for n in dtypes for b in BATCHES for c in contexts]
     for index, (name, batch_band, context_band) in enumerate(steps, 1):
         spec = fmt.tq_spec(name)
@@ -175,12 +175,12 @@ def tune_turboquant(tq: ModuleType, fmt: ModuleType, head: int, q_heads: int, kv
         pages = context // block_size
         cache = torch.zeros(fmt.cache_shape(batch * pages, block_size, kv_heads, head, spec), dtype=torch.uint8, device=device)
         tokens = batch * context
-        key = torch.randn(tokens, kv_heads, head, generator=gen).to(torch.bfloat16).to(device)
-        tq.tq_store(key, torch.randn(tokens, kv_heads, head, generator=gen).to(torch.bfloat16).to(device), cache,
+        key = torch.randn(tokens, kv_heads, head, device=device, dtype=torch.bfloat16)
+        tq.tq_store(key, torch.randn(tokens, kv_heads, head, device=device, dtype=torch.bfloat16), cache,
                     torch.arange(tokens, device=device), spec)
         table = torch.arange(batch * pages, dtype=torch.int32, device=device).view(batch, pages)
         lens = torch.full((batch,), context, dtype=torch.int32, device=device)
-        query = torch.randn(batch, q_heads, head, generator=gen).to(torch.bfloat16).to(device)
+        query = torch.randn(batch, q_heads, head, device=device, dtype=torch.bfloat16)
 
         def fit(cfg: Any) -> Any:
             return cfg if smem is None else tq.fitted_decode_config(cfg, spec, head, group, smem)
