@@ -275,3 +275,19 @@ def test_tune_writes_a_table_both_mods_read_back(mods: Dict[str, ModuleType], tm
     assert [(limit, c.kernel) for limit, c in dispatch] == [(limit, c.kernel) for limit, c in int8.DISPATCH]  # kinds kept
     assert {k for k in decode if k[3] == "turboquant_k3v4_nc"} == {(32, b, c, "turboquant_k3v4_nc") for b in ("1", "many") for c in ("short", "long")}
     assert sum("from the tune table" in r.getMessage() for r in caplog.records) == 2
+
+
+@pytest.mark.parametrize("args, says", [
+    ([], "no CUDA GPU: run `sparkmods tune` where vLLM runs"),
+    (["--heads", "3/2"], "--heads 3/2: the query heads must be a multiple of the KV heads"),
+    (["--dtypes", "fp8"], "--dtypes: unknown fp8; valid: turboquant_k8v4,"),
+    (["--head-size", "96"], "--head-size 96: TurboQuant supports powers of two in [16, 512]"),
+])
+def test_tune_refuses_in_one_line(tmp_path: Path, args: List[str], says: str) -> None:
+    if not args and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: tune would run")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "sparkmods", "tune", "--out", str(tmp_path / "t.json"), *args],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
+    assert not (tmp_path / "t.json").exists()
