@@ -49,10 +49,15 @@ def run_tune(out: Path, args: argparse.Namespace) -> Dict[str, Any]:
     cmd = [sys.executable, "-m", "sparkmods", "tune", "--mods-dir", str(REPO / "mods"), "--dtypes", args.dtypes]
     start = time.monotonic()
     with open(out / "tune.log", "w", encoding="utf-8") as log:
-        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True, timeout=args.timeout)
-    (out / "tune.stdout").write_text(proc.stdout, encoding="utf-8")
-    return {"command": " ".join(["sparkmods"] + cmd[3:]), "exit": proc.returncode, "seconds": round(time.monotonic() - start, 1),
-            "stdout": proc.stdout.strip().splitlines()}
+        try:
+            proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True, timeout=args.timeout)
+            code, stdout = proc.returncode, proc.stdout
+        except subprocess.TimeoutExpired as exc:
+            code, stdout = f"killed after {args.timeout} s", exc.stdout or ""
+    stdout = stdout if isinstance(stdout, str) else stdout.decode()
+    (out / "tune.stdout").write_text(stdout, encoding="utf-8")
+    return {"command": " ".join(["sparkmods"] + cmd[3:]), "exit": code, "seconds": round(time.monotonic() - start, 1),
+            "stdout": stdout.strip().splitlines()}
 
 
 def check_reading(table: Path, work: Path) -> List[Dict[str, Any]]:
