@@ -81,7 +81,7 @@ def check_reading(table: Path, work: Path) -> List[Dict[str, Any]]:
     device = torch.device("cuda", 0)
     props = torch.cuda.get_device_properties(0)
     gpu = int8.kt.gpu_identity(props.name, (props.major, props.minor))
-    smem = props.shared_memory_per_block_optin
+    smem = getattr(props, "shared_memory_per_block_optin", int8.kt.SM12X_SHARED_MEMORY)  # as the mods read it
 
     def check(name: str, ok: bool, detail: Any) -> None:
         checks.append({"check": name, "ok": bool(ok), "detail": detail})
