@@ -1,0 +1,537 @@
+#!/usr/bin/env python3
+"""Full-size served speed: what each mod does to a Qwen3.5-35B-A3B or 122B-A10B served by vLLM.
+
+    python3 ci/bench/bench_served.py run --model 35b-a3b --vllm-site SITE --out DIR [--detach]
+    python3 ci/bench/bench_served.py wait --out DIR --seconds 540      # a detached run: 0 ended, 3 running
+    python3 ci/bench/served_report.py DIR/served-<model>-<vllm>-<gpu>     # table and plot again
+
+Why: the mods exist for speed and capacity, and a tiny model served eagerly says nothing about
+either. This serves the real shape (qwen35_shapes.py) with CUDA graphs through vLLM's OpenAI server,
+weights by `--load-format dummy` (decode speed does not depend on their values), once per
+configuration (stock, hybrid-int4-fp8, int8-lm-head, turboquant, the full stack), each mod applied
+by its own run.sh in a hardlink overlay of SITE (ci/gpu/e2e_serve.py). The model folders hold the
+config, a tokenizer of the full vocabulary, and the safetensors files of the real checkpoint
+(Intel's INT4, or the hybrid `sparkmods checkpoint build-hybrid` writes) with real headers and
+sparse, zero data: hybrid-int4-fp8 finds its FP8 layers in those headers, and nothing reads the
+data under `--load-format dummy`.
+
+Per configuration: the KV capacity the log reports, then the first requests after start (context
+~1k at each batch size, before anything else ran: what a fresh container's first users see), then
+the grid of batch sizes and contexts. A cell streams `batch` requests of `context` random prompt
+tokens at once and counts the tokens all of them decode while every one is decoding (the window
+after the last prefill), so prefill never dilutes the rate; `first_tok_s` is their mean time to
+first token. A cell whose prompts exceed --max-cell-tokens (prefill time) or whose tokens would not
+fit the KV cache is a row that says so. Rows go to OUT/served-<model>-<vllm>-<gpu>/served.json as
+they are measured, with served.md and served.svg (served_report.py) and every server's log.
+
+A run takes longer than one 10-minute call to the GPU machine: `--detach` starts it in its own
+session (it outlives the call while the machine is held) and returns; `wait` polls it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO / "ci" / "gpu"))  # e2e_serve: overlay, apply_mod, Server
+sys.path.insert(0, str(REPO / "tools"))  # sparkmods.checkpoint.header: the safetensors header writer
+
+from qwen35_shapes import MODELS, Model, config_json  # noqa: E402  (first: it puts tests/ on the path)
+from ckptfactory import Spec, main_specs  # noqa: E402
+from e2e_serve import Server, apply_mod, free_port, overlay, server_env  # noqa: E402
+from served_report import write_report  # noqa: E402
+from sparkmods.checkpoint.header import HeaderEntry, encode_header  # noqa: E402
+
+SERVED_NAME = "qwen35"
+TQ_DTYPE = "turboquant_k3v4_nc"
+# Qwen's special tokens in Qwen's order, placed where the real vocabulary has them.
+SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+           "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+FIRST_SPECIAL_ID = 248044
+SHARD_BYTES = 4 << 30
+HEADROOM = 4096  # max-model-len beyond the longest prompt: decode room while the others prefill
+BATCHED_TOKENS = 8192  # --max-num-batched-tokens, the public recipes' value
+KV_FIT = 0.9  # share of the reported KV tokens a cell may plan to use (DeltaNet state pages share the pool)
+CELL_TIMEOUT_S = 900.0
+START_DEADLINE_S = 1200.0
+KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+PREEMPTIONS = re.compile(r"^vllm:num_preemptions(?:_total)?(?:\{[^}]*\})? ([0-9.e+]+)$", re.M)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One served configuration: mods applied (in order), checkpoint folder, KV cache dtype."""
+
+    name: str
+    mods: tuple[str, ...] = ()
+    checkpoint: str = "int4"
+    kv_dtype: str | None = None
+
+
+CONFIGS = {c.name: c for c in (
+    Config("stock"),
+    Config("hybrid-int4-fp8", ("hybrid-int4-fp8",), "hybrid"),
+    Config("int8-lm-head", ("int8-lm-head",)),
+    Config("turboquant", ("turboquant",), kv_dtype=TQ_DTYPE),
+    Config("full-stack", ("hybrid-int4-fp8", "int8-lm-head", "turboquant"), "hybrid", TQ_DTYPE),
+)}
+
+
+class BenchError(RuntimeError):
+    """Bad input or a machine that cannot run the benchmark; one line for the user."""
+
+
+# ---------------------------------------------------------------- model folders
+
+def special_ids() -> dict[str, int]:
+    return {name: FIRST_SPECIAL_ID + i for i, name in enumerate(SPECIAL)}
+
+
+def write_tokenizer(folder: Path, vocab: int) -> None:
+    """A word-level tokenizer with one entry per model token id ("t<id>", specials at Qwen's ids),
+    so every id a random model samples decodes (prompts are sent as ids). transformers 5 wraps it
+    in its Qwen3.5 tokenizer class for this model type, which keeps the vocabulary."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    ids = special_ids()
+    by_id = {i: name for name, i in ids.items()}
+    tok = Tokenizer(models.WordLevel({by_id.get(i, f"t{i}"): i for i in range(vocab)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens([AddedToken(name, special=True, normalized=False) for name in SPECIAL])
+    tok.save(str(folder / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 262144, "eos_token": "<|im_end|>",
+              "pad_token": "<|endoftext|>", "unk_token": "t0", "bos_token": None, "clean_up_tokenization_spaces": False}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def write_headers(folder: Path, specs: Sequence[Spec], shard_bytes: int = SHARD_BYTES) -> int:
+    """Safetensors shards of `specs` with real headers and sparse zero data, plus the index.
+
+    Each file has its full size (truncate past the header: no blocks written), so any reader
+    that checks sizes or opens the file sees a valid checkpoint. Returns the bytes allocated on disk.
+    """
+    groups: list[list[Spec]] = [[]]
+    size = 0
+    for spec in specs:
+        if groups[-1] and size + spec.nbytes > shard_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(spec)
+        size += spec.nbytes
+    weight_map, total, allocated = {}, 0, 0
+    for n, group in enumerate(groups, 1):
+        name = f"model-{n:05d}-of-{len(groups):05d}.safetensors"
+        header = encode_header([HeaderEntry(s.name, s.dtype, s.shape, s.nbytes) for s in group], {"format": "pt"})
+        data = sum(s.nbytes for s in group)
+        with open(folder / name, "wb") as fh:
+            fh.write(header)
+            fh.truncate(len(header) + data)
+        allocated += os.stat(folder / name).st_blocks * 512
+        weight_map.update({s.name: name for s in group})
+        total += data
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index) + "\n")
+    return allocated
+
+
+def build_model(model: Model, root: Path, checkpoint: str) -> Path:
+    """OUT/models/<model>-<checkpoint>/: config, tokenizer, headers of Intel's INT4 checkpoint
+    ("int4") or of the hybrid one with block-FP8 shared experts ("hybrid"); reused when complete."""
+    folder = root / f"{model.key}-{checkpoint}"
+    if (folder / "complete").is_file():
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config_json(model, special_ids()), indent=2) + "\n")
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": special_ids()["<|im_end|>"]}) + "\n")
+    write_tokenizer(folder, model.shape.vocab)
+    shared = "fp8" if checkpoint == "hybrid" else "bf16"
+    allocated = write_headers(folder, main_specs(model.shape, attn="int4", experts="int4", shared=shared))
+    (folder / "complete").write_text(f"{allocated} bytes allocated\n")
+    return folder
+
+
+# ---------------------------------------------------------------- planning and measuring
+
+@dataclass(frozen=True)
+class Cell:
+    phase: str  # "first" (right after start) or "steady"
+    batch: int
+    context: int
+    max_tokens: int
+    skip: str | None = None
+
+
+def max_tokens(batch: int, context: int, gen: int, max_model_len: int) -> int:
+    """Tokens each request may decode: `gen` after every prompt is in, plus a step for each chunk
+    of the other prompts' prefill it decodes through, within max-model-len."""
+    chunks = -(-batch * context // BATCHED_TOKENS)
+    return min(gen + chunks + 64, max_model_len - context)
+
+
+def plan(contexts: Sequence[int], batches: Sequence[int], gen: int, kv_tokens: int | None,
+         max_cell_tokens: int) -> list[Cell]:
+    """The cells of one configuration: first requests at the shortest context, then the grid."""
+    max_model_len = max(contexts) + HEADROOM
+    cells = []
+    for phase, grid in (("first", [(b, min(contexts)) for b in batches]),
+                        ("steady", [(b, c) for c in contexts for b in batches])):
+        for batch, context in grid:
+            budget = max_tokens(batch, context, gen, max_model_len)
+            need = batch * (context + budget)
+            skip = None
+            if batch * context > max_cell_tokens:
+                skip = f"skipped: {batch} x {context} prompt tokens exceed --max-cell-tokens {max_cell_tokens} (prefill time)"
+            elif kv_tokens is not None and need > KV_FIT * kv_tokens:
+                skip = f"skipped: {need} tokens do not fit {KV_FIT:.0%} of the KV cache ({kv_tokens} tokens)"
+            cells.append(Cell(phase, batch, context, budget, skip))
+    return cells
+
+
+@dataclass
+class Stream:
+    """One streamed request: when it was sent and (time, tokens decoded so far) per chunk."""
+
+    sent: float = 0.0
+    samples: list[tuple[float, int]] = field(default_factory=list)
+    ended: bool = False
+    error: str | None = None
+
+
+def _count_at(samples: Sequence[tuple[float, int]], t: float) -> int:
+    return max((n for when, n in samples if when <= t), default=0)
+
+
+def window_rate(streams: Sequence[Stream]) -> tuple[float | None, float | None]:
+    """(aggregate decode tok/s while every stream decodes, mean time to first token).
+
+    The window opens at the last stream's first token and closes at the first stream's last
+    sample; tok/s is every stream's tokens inside it over its length (None when it is empty).
+    """
+    if not streams or any(not s.samples for s in streams):
+        return None, None
+    ttft = sum(s.samples[0][0] - s.sent for s in streams) / len(streams)
+    start = max(s.samples[0][0] for s in streams)
+    end = min(s.samples[-1][0] for s in streams)
+    if end <= start:
+        return None, ttft
+    tokens = sum(_count_at(s.samples, end) - _count_at(s.samples, start) for s in streams)
+    return tokens / (end - start), ttft
+
+
+def _stream(port: int, payload: dict, stream: Stream, stop: threading.Event) -> None:
+    """POST a streaming completion and record usage.completion_tokens per chunk until stop or end."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=CELL_TIMEOUT_S)
+    try:
+        stream.sent = time.monotonic()
+        conn.request("POST", "/v1/completions", body=json.dumps(payload), headers={"Content-Type": "application/json"})
+        answer = conn.getresponse()
+        if answer.status != 200:
+            stream.error = f"HTTP {answer.status}: {answer.read(300).decode(errors='replace')}"
+            return
+        for line in answer:
+            if stop.is_set():
+                break
+            if not line.startswith(b"data: "):
+                continue
+            body = line[6:].strip()
+            if body == b"[DONE]":
+                break
+            usage = json.loads(body).get("usage") or {}
+            if usage.get("completion_tokens"):
+                stream.samples.append((time.monotonic(), usage["completion_tokens"]))
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        stream.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        stream.ended = True
+        conn.close()
+
+
+def prompt(length: int, rng: random.Random) -> list[int]:
+    """Random ordinary token ids (below the specials): no two prompts share a prefix."""
+    return [rng.randrange(1, FIRST_SPECIAL_ID) for _ in range(length)]
+
+
+def run_cell(port: int, cell: Cell, gen: int, seed: int) -> tuple[float | None, float | None, str | None]:
+    """Stream cell.batch requests at once; close them once each decoded `gen` tokens inside the window."""
+    rng = random.Random(seed)
+    streams = [Stream() for _ in range(cell.batch)]
+    stop = threading.Event()
+    threads = []
+    for s in streams:
+        payload = {"model": SERVED_NAME, "prompt": prompt(cell.context, rng), "max_tokens": cell.max_tokens,
+                   "temperature": 0.0, "ignore_eos": True, "stream": True,
+                   "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        threads.append(threading.Thread(target=_stream, args=(port, payload, s, stop), daemon=True))
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + CELL_TIMEOUT_S
+    while time.monotonic() < deadline and not all(s.ended for s in streams):
+        if all(s.samples for s in streams):
+            start = max(s.samples[0][0] for s in streams)
+            if all(s.samples[-1][1] - _count_at(s.samples, start) >= gen for s in streams):
+                break
+        time.sleep(0.02)
+    stop.set()
+    for t in threads:
+        t.join(timeout=30)
+    errors = [s.error for s in streams if s.error]
+    rate, ttft = window_rate(streams)
+    note = errors[0] if errors else None
+    if note is None and time.monotonic() >= deadline:
+        note = f"timed out after {CELL_TIMEOUT_S:.0f} s"
+    elif note is None and rate is None:
+        note = "no window where every request decoded (a request ended before the last prefill)"
+    return rate, ttft, note
+
+
+# ---------------------------------------------------------------- servers
+
+def serve_flags(cfg: Config, max_model_len: int, max_seqs: int, memory: float) -> list[str]:
+    """Flags of every server: CUDA graphs (no --enforce-eager), dummy weights, no prefix caching."""
+    flags = ["--dtype", "bfloat16", "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_seqs),
+             "--max-num-batched-tokens", str(BATCHED_TOKENS), "--gpu-memory-utilization", str(memory),
+             "--language-model-only", "--load-format", "dummy", "--no-enable-prefix-caching", "--seed", "0",
+             "--additional-config", json.dumps({"gdn_prefill_backend": "triton"})]
+    if cfg.kv_dtype:
+        flags += ["--kv-cache-dtype", cfg.kv_dtype]
+    return flags
+
+
+def _preemptions(server: Server) -> float:
+    try:
+        return sum(float(v) for v in PREEMPTIONS.findall(server.get("/metrics")))
+    except OSError:
+        return 0.0
+
+
+def _gpu(query: str) -> str:
+    done = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                          capture_output=True, text=True, check=False)
+    return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else ""
+
+
+def gpu_slug(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100'; another name -> its words joined."""
+    found = re.search(r"\b([A-Z]{1,3}\d{2,4})\b", name)
+    return found.group(1).lower() if found else re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
+
+
+def vllm_version(site: Path) -> str:
+    infos = sorted(site.glob("vllm-*.dist-info"))
+    if not infos:
+        raise BenchError(f"{site}: no vllm-*.dist-info here; pass the site-packages folder vLLM is installed in")
+    return infos[-1].name[len("vllm-"):-len(".dist-info")]
+
+
+@dataclass
+class Bench:
+    model: Model
+    site: Path
+    out: Path
+    results: Path
+    args: argparse.Namespace
+    gpu: str
+    vllm: str
+    rows: list[dict] = field(default_factory=list)
+
+    def row(self, cfg: str, cell: Cell, tok_s: float | None, kv: int | None, ttft: float | None, note: str | None) -> None:
+        self.rows.append({"model": self.model.key, "gpu": self.gpu, "vllm": self.vllm, "config": cfg,
+                          "batch": cell.batch, "context": cell.context,
+                          "tok_s": None if tok_s is None else round(tok_s, 1), "kv_tokens": kv,
+                          "first_tok_s": None if ttft is None else round(ttft, 3), "phase": cell.phase, "note": note})
+        tmp = self.results / "served.json.tmp"
+        tmp.write_text(json.dumps(self.rows, indent=1) + "\n")
+        os.replace(tmp, self.results / "served.json")
+        print(f"{cfg} {cell.phase} batch {cell.batch} context {cell.context}: "
+              f"{'-' if tok_s is None else f'{tok_s:.1f} tok/s'}{f' ({note})' if note else ''}", flush=True)
+
+    def server(self, cfg: Config) -> tuple[Server | None, str | None]:
+        """Server of `cfg` started and healthy, or None and why not (its mods applied first)."""
+        folder = self.results / "servers" / cfg.name
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        log = folder / "server.log"
+        paths = [self.site]
+        if cfg.mods:
+            patched = overlay(self.site, self.out / "overlays" / cfg.name)
+            paths = [patched, self.site]
+            for mod in cfg.mods:
+                done = apply_mod(REPO / "mods" / mod, patched, self.out / "workspace" / cfg.name, sys.executable)
+                with open(log, "a") as fh:
+                    fh.write(done.stdout + done.stderr)
+                if done.returncode:
+                    said = (done.stdout + done.stderr).strip().splitlines() or ["no output"]
+                    return None, f"run.sh of {mod} failed: {said[-1]}"
+        a = self.args
+        model_dir = build_model(self.model, self.out / "models", cfg.checkpoint)
+        port = free_port()
+        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+                   "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
+                   *serve_flags(cfg, max(a.contexts) + HEADROOM, max(a.batches), a.gpu_memory_utilization)]
+        server = Server(cfg.name, command, server_env(paths, os.environ), log, port)
+        server.start()
+        if not server.wait_healthy(START_DEADLINE_S):
+            server.stop()
+            tail = server.log_text().strip().splitlines() or ["no output"]
+            return None, f"server did not start: {tail[-1][:200]}"
+        return server, None
+
+    def config(self, cfg: Config) -> None:
+        a = self.args
+        server, why = self.server(cfg)
+        if server is None:
+            for cell in plan(a.contexts, a.batches, a.gen, None, a.max_cell_tokens):
+                self.row(cfg.name, cell, None, None, None, why)
+            return
+        try:
+            found = KV_LINE.search(server.log_text())
+            kv = int(found.group(1).replace(",", "")) if found else None
+            for n, cell in enumerate(plan(a.contexts, a.batches, a.gen, kv, a.max_cell_tokens)):
+                if cell.skip:
+                    self.row(cfg.name, cell, None, kv, None, cell.skip)
+                    continue
+                before = _preemptions(server)
+                rate, ttft, note = run_cell(server.port, cell, a.gen, seed=n)
+                preempted = _preemptions(server) - before
+                if preempted and note is None:
+                    note = f"{preempted:.0f} preemptions: the cell did not fit"
+                self.row(cfg.name, cell, rate, kv, ttft, note)
+        finally:
+            server.stop()
+            shutil.rmtree(self.out / "overlays" / cfg.name, ignore_errors=True)
+            _wait_gpu_free()
+            write_report(self.results)
+
+
+def _wait_gpu_free(limit_s: float = 120.0) -> None:
+    """Until the stopped server's memory is back (the next server sizes its cache from free memory)."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        used = _gpu("memory.used")
+        if not used or float(used) < 2048:
+            return
+        time.sleep(2)
+
+
+# ---------------------------------------------------------------- command line
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers separated by commas") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive whole numbers separated by commas")
+    return values
+
+
+def _configs(text: str) -> list[Config]:
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown or not names:
+        named = ", ".join(unknown) or repr(text)
+        raise argparse.ArgumentTypeError(f"unknown config {named}; known: {', '.join(CONFIGS)}")
+    return [CONFIGS[n] for n in names]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit 2), as every command here."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"bench_served.py: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def detach(argv: Sequence[str], out: Path) -> int:
+    """Start this run again in its own session, logging to OUT/bench.log; OUT/exit-code when it ends."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "exit-code").unlink(missing_ok=True)
+    rest = [a for a in argv if a != "--detach"]
+    command = " ".join(map(shlex.quote, [sys.executable, str(Path(__file__).resolve()), *rest]))
+    wrapper = f"{command} > {shlex.quote(str(out / 'bench.log'))} 2>&1; echo $? > {shlex.quote(str(out / 'exit-code'))}"
+    proc = subprocess.Popen(["bash", "-c", wrapper], start_new_session=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    (out / "pid").write_text(f"{proc.pid}\n")
+    print(f"bench_served.py: started in the background (pid {proc.pid}); log {out / 'bench.log'}")
+    return 0
+
+
+def wait(out: Path, seconds: float) -> int:
+    """Until OUT/exit-code exists or `seconds` passed; prints the log's last line; 0 ended, 3 running."""
+    end = time.monotonic() + seconds
+    code = out / "exit-code"
+    while time.monotonic() < end and not code.is_file():
+        time.sleep(5)
+    log = out / "bench.log"
+    last = log.read_text(errors="replace").strip().splitlines()[-1:] if log.is_file() else []
+    state = f"exit {code.read_text().strip()}" if code.is_file() else "running"
+    print(f"bench_served.py: {state}; {last[0][:200] if last else 'no output yet'}")
+    return 0 if code.is_file() else 3
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _Parser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="serve every configuration and measure the grid")
+    r.add_argument("--model", required=True, choices=sorted(MODELS))
+    r.add_argument("--vllm-site", type=Path, required=True, help="site-packages holding vLLM and its requirements")
+    r.add_argument("--out", type=Path, required=True, help="work folder: models, overlays, results")
+    r.add_argument("--configs", type=_configs, default=list(CONFIGS.values()), help=f"comma-separated, of {', '.join(CONFIGS)}")
+    r.add_argument("--contexts", type=_ints, default=[1024, 32768, 131072], help="prompt tokens (default 1024,32768,131072)")
+    r.add_argument("--batches", type=_ints, default=[1, 8, 32], help="concurrent requests (default 1,8,32)")
+    r.add_argument("--gen", type=int, default=128, help="tokens every request decodes inside the window (default 128)")
+    r.add_argument("--max-cell-tokens", type=int, default=1_100_000, help="skip cells with more prompt tokens (default 1100000)")
+    r.add_argument("--gpu-memory-utilization", type=float, default=0.90)
+    r.add_argument("--detach", action="store_true", help="run in the background; poll with `wait`")
+    w = sub.add_parser("wait", help="wait for a detached run")
+    w.add_argument("--out", type=Path, required=True)
+    w.add_argument("--seconds", type=float, default=0)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return 2 if exc.code else 0
+    if args.cmd == "wait":
+        return wait(args.out, args.seconds)
+    if args.detach:
+        return detach(argv[argv.index("run"):], args.out)
+    try:
+        site = args.vllm_site.resolve()
+        version = vllm_version(site)
+        name = _gpu("name")
+        if not name:
+            raise BenchError("nvidia-smi names no GPU here; run this on the GPU machine")
+        model = MODELS[args.model]
+        results = args.out / f"served-{model.key}-{version}-{gpu_slug(name)}"
+        results.mkdir(parents=True, exist_ok=True)
+        sys.path.append(str(site))  # tokenizers for the model folder, after the machine's own packages
+        bench = Bench(model, site, args.out.resolve(), results, args, name, version)
+        for cfg in args.configs:
+            bench.config(cfg)
+    except BenchError as exc:
+        print(f"bench_served.py: {exc}", file=sys.stderr)
+        return 2
+    print(f"bench_served.py: {len(bench.rows)} rows in {results / 'served.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Table and plot of a served benchmark: served.json -> served.md and served.svg beside it.
+
+    python3 ci/bench/served_report.py ci/bench/results/served-<model>-<vllm>-<gpu>
+
+served.json is the list of rows bench_served.py writes ({"model", "gpu", "vllm", "config", "batch",
+"context", "tok_s", "kv_tokens", "first_tok_s", "phase", "note"}). The Markdown holds decode tok/s
+per context and batch with each configuration's ratio to stock, KV capacity and time to first
+token, and the first requests after start next to the steady rate; the SVG draws tok/s against
+batch, one panel per context, one line per configuration. Stdlib only, so it runs anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Iterable, Sequence
+from xml.sax.saxutils import escape
+
+COLOURS = ("#4d4d4d", "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
+KEYS = ("model", "gpu", "vllm", "config", "batch", "context", "tok_s", "kv_tokens", "first_tok_s")
+
+
+class ReportError(Exception):
+    """An unusable served.json; the message names it."""
+
+
+def load(results: Path) -> list[dict]:
+    path = results / "served.json"
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ReportError(f"{path}: cannot read the rows ({exc}); run bench_served.py first") from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and set(KEYS) <= set(r) for r in rows):
+        raise ReportError(f"{path}: not a list of bench_served.py rows (each needs {', '.join(KEYS)})")
+    return rows
+
+
+def _configs(rows: Iterable[dict]) -> list[str]:
+    return list(dict.fromkeys(r["config"] for r in rows))
+
+
+def _steady(rows: Sequence[dict]) -> dict[tuple[str, int, int], dict]:
+    return {(r["config"], r["context"], r["batch"]): r for r in rows if r.get("phase", "steady") == "steady"}
+
+
+def _context(tokens: int) -> str:
+    return f"{tokens // 1024}k" if tokens % 1024 == 0 else str(tokens)
+
+
+def _cell(row: dict | None, stock: dict | None) -> str:
+    if row is None:
+        return ""
+    if row["tok_s"] is None:
+        return f"- ({row.get('note') or 'no figure'})"
+    text = f"{row['tok_s']:.1f}"
+    if stock is not None and stock["tok_s"] and row["config"] != "stock":
+        text += f" ({row['tok_s'] / stock['tok_s']:.2f}x)"
+    return text
+
+
+def markdown(rows: Sequence[dict]) -> str:
+    """served.md: decode rate grid, KV capacity and time to first token, first requests vs steady."""
+    first = rows[0]
+    configs = _configs(rows)
+    steady = _steady(rows)
+    contexts = sorted({c for _, c, _ in steady})
+    batches = sorted({b for _, _, b in steady})
+    out = [f"# Served decode speed: {first['model']}, vLLM {first['vllm']}, {first['gpu']}", "",
+           "Aggregate decode tok/s while every request of the batch decodes (ratio to stock); "
+           "`--load-format dummy` weights, CUDA graphs, made by `ci/bench/bench_served.py`.", "",
+           "| context | batch | " + " | ".join(configs) + " |", "|---:|---:|" + "---:|" * len(configs)]
+    for context in contexts:
+        for batch in batches:
+            stock = steady.get(("stock", context, batch))
+            cells = [_cell(steady.get((c, context, batch)), stock) for c in configs]
+            out.append(f"| {_context(context)} | {batch} | " + " | ".join(cells) + " |")
+    out += ["", "| config | KV cache tokens | " + " | ".join(f"first token at {_context(c)}, batch 1 (s)" for c in contexts) + " |",
+            "|---|---:|" + "---:|" * len(contexts)]
+    for config in configs:
+        kv = next((r["kv_tokens"] for r in rows if r["config"] == config and r["kv_tokens"]), None)
+        ttft = [steady.get((config, c, 1), {}).get("first_tok_s") for c in contexts]
+        out.append(f"| {config} | {kv if kv is not None else '-'} | " +
+                   " | ".join("-" if t is None else f"{t:.3f}" for t in ttft) + " |")
+    firsts = [r for r in rows if r.get("phase") == "first"]
+    if firsts:
+        out += ["", "First requests after start (nothing ran before them) against the steady rate, same cell:", "",
+                "| config | batch | context | first tok/s | steady tok/s | first / steady |", "|---|---:|---:|---:|---:|---:|"]
+        for r in firsts:
+            s = steady.get((r["config"], r["context"], r["batch"]))
+            ratio = f"{r['tok_s'] / s['tok_s']:.2f}" if r["tok_s"] and s and s["tok_s"] else "-"
+            out.append(f"| {r['config']} | {r['batch']} | {_context(r['context'])} | {_cell(r, None)} | "
+                       f"{_cell(s, None)} | {ratio} |")
+    return "\n".join(out) + "\n"
+
+
+def svg(rows: Sequence[dict], panel_w: int = 260, panel_h: int = 220) -> str:
+    """tok/s against batch (equally spaced), one panel per context, one polyline per configuration."""
+    configs = _configs(rows)
+    steady = _steady(rows)
+    contexts = sorted({c for _, c, _ in steady})
+    batches = sorted({b for _, _, b in steady})
+    left, top, gap, legend_h = 50, 40, 30, 20 * len(configs) + 10
+    width = left + len(contexts) * (panel_w + gap)
+    height = top + panel_h + 50 + legend_h
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">',
+           f'<text x="{left}" y="20" font-size="14">{escape(rows[0]["model"])}: decode tok/s against batch, '
+           f'vLLM {escape(rows[0]["vllm"])}, {escape(rows[0]["gpu"])}</text>']
+    for p, context in enumerate(contexts):
+        x0 = left + p * (panel_w + gap)
+        values = [r["tok_s"] for (c, ctx, _), r in steady.items() if ctx == context and r["tok_s"]]
+        top_value = max(values, default=1.0) * 1.1
+
+        def xy(batch: int, value: float) -> tuple[float, float]:
+            step = panel_w / max(len(batches) - 1, 1)
+            return x0 + batches.index(batch) * step, top + panel_h - value / top_value * panel_h
+
+        out.append(f'<rect x="{x0}" y="{top}" width="{panel_w}" height="{panel_h}" fill="none" stroke="#999"/>')
+        out.append(f'<text x="{x0 + panel_w / 2}" y="{top - 6}" text-anchor="middle">context {_context(context)}</text>')
+        out.append(f'<text x="{x0 - 4}" y="{top + 10}" text-anchor="end">{top_value:.0f}</text>')
+        for batch in batches:
+            bx, _ = xy(batch, 0)
+            out.append(f'<text x="{bx:.1f}" y="{top + panel_h + 16}" text-anchor="middle">{batch}</text>')
+        for i, config in enumerate(configs):
+            points = [xy(b, steady[(config, context, b)]["tok_s"]) for b in batches
+                      if (config, context, b) in steady and steady[(config, context, b)]["tok_s"]]
+            if points:
+                colour = COLOURS[i % len(COLOURS)]
+                path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+                out.append(f'<polyline data-config="{escape(config)}" fill="none" stroke="{colour}" stroke-width="2" points="{path}"/>')
+    out.append(f'<text x="{left}" y="{top + panel_h + 34}">batch (concurrent requests); y: aggregate tok/s, from 0</text>')
+    for i, config in enumerate(configs):
+        y = top + panel_h + 50 + 20 * i
+        out.append(f'<line x1="{left}" y1="{y}" x2="{left + 24}" y2="{y}" stroke="{COLOURS[i % len(COLOURS)]}" stroke-width="2"/>')
+        out.append(f'<text x="{left + 30}" y="{y + 4}">{escape(config)}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def write_report(results: Path) -> list[Path]:
+    """served.md and served.svg from results/served.json; the paths written."""
+    rows = load(results)
+    if not rows:
+        raise ReportError(f"{results / 'served.json'}: no rows yet")
+    (results / "served.md").write_text(markdown(rows), encoding="utf-8")
+    (results / "served.svg").write_text(svg(rows), encoding="utf-8")
+    return [results / "served.md", results / "served.svg"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: served_report.py RESULTS_DIR (the folder holding served.json)", file=sys.stderr)
+        return 2
+    try:
+        for path in write_report(Path(argv[0])):
+            print(f"wrote {path}")
+    except ReportError as exc:
+        print(f"served_report.py: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

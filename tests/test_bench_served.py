@@ -1,0 +1,272 @@
+"""The served benchmark's parts that need no GPU: model folders, planning, the streaming client
+against a stand-in server, the decode-window arithmetic, and the table and plot writer."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import threading
+import time
+import xml.etree.ElementTree as ET
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "ci" / "bench"))
+
+import bench_served as bs  # noqa: E402
+import served_report as sr  # noqa: E402
+from qwen35_shapes import MODELS  # noqa: E402
+from test_mod_hybrid import PATCH, load_patched_module  # noqa: E402
+
+CONFIG_NAMES = list(bs.CONFIGS)
+
+
+def _rows() -> list[dict]:
+    """Synthetic rows as bench_served writes them: every config, 2 contexts x 3 batches, a skip."""
+    rows = []
+    speed = {"stock": 100.0, "hybrid-int4-fp8": 104.0, "int8-lm-head": 103.0, "turboquant": 92.0, "full-stack": 99.0}
+    for config in CONFIG_NAMES:
+        kv = 5_370_000 if "turbo" in config or config == "full-stack" else 1_960_000
+        for phase, grid in (("first", [(b, 1024) for b in (1, 8, 32)]),
+                            ("steady", [(b, c) for c in (1024, 131072) for b in (1, 8, 32)])):
+            for batch, context in grid:
+                skipped = context == 131072 and batch == 32
+                tok_s = None if skipped else speed[config] * batch ** 0.8 * (0.5 if phase == "first" else 1.0)
+                rows.append({"model": "35b-a3b", "gpu": "NVIDIA H100 80GB HBM3", "vllm": "0.26.0", "config": config,
+                             "batch": batch, "context": context, "tok_s": tok_s, "kv_tokens": kv,
+                             "first_tok_s": None if skipped else 0.05 * (1 + context / 1024),
+                             "phase": phase, "note": "skipped: does not fit" if skipped else None})
+    return rows
+
+
+def test_table_shows_ratios_to_stock_skips_kv_and_first_requests(tmp_path):
+    (tmp_path / "served.json").write_text(json.dumps(_rows()))
+    written = sr.write_report(tmp_path)
+    md = (tmp_path / "served.md").read_text()
+    assert [p.name for p in written] == ["served.md", "served.svg"]
+    assert "| 1k | 1 | 100.0 | 104.0 (1.04x) | 103.0 (1.03x) | 92.0 (0.92x) | 99.0 (0.99x) |" in md
+    assert "| 128k | 32 | - (skipped: does not fit) |" in md
+    assert "| turboquant | 5370000 |" in md and "| stock | 1960000 |" in md
+    assert "| stock | 8 | 1k | 263.9 | 527.8 | 0.50 |" in md  # first request at half the steady rate
+
+
+def test_plot_has_a_line_per_config_per_context_and_a_legend(tmp_path):
+    doc = ET.fromstring(sr.svg(_rows()))
+    ns = "{http://www.w3.org/2000/svg}"
+    lines = doc.findall(f"{ns}polyline")
+    assert len(lines) == 2 * len(CONFIG_NAMES)
+    by_config = [line.get("data-config") for line in lines]
+    assert sorted(set(by_config)) == sorted(CONFIG_NAMES)
+    # the skipped 128k x 32 cell leaves two points in that panel's lines, three in the 1k panel's
+    assert sorted(len(line.get("points").split()) for line in lines) == [2] * 5 + [3] * 5
+    texts = [t.text for t in doc.iter(f"{ns}text")]
+    assert "context 1k" in texts and "context 128k" in texts and all(c in texts for c in CONFIG_NAMES)
+    ys = [float(p.split(",")[1]) for line in lines for p in line.get("points").split()]
+    assert all(40 <= y <= 260 for y in ys)  # inside the panel
+
+
+@pytest.mark.parametrize("content, says", [
+    (None, "cannot read the rows"),
+    ("{}", "not a list of bench_served.py rows"),
+    ('[{"model": "x"}]', "not a list of bench_served.py rows"),
+    ("[]", "no rows yet"),
+])
+def test_report_refuses_bad_results_in_one_line(tmp_path, capsys, content, says):
+    if content is not None:
+        (tmp_path / "served.json").write_text(content)
+    assert sr.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err
+
+
+def _stream(sent: float, *samples: tuple[float, int]) -> bs.Stream:
+    return bs.Stream(sent=sent, samples=list(samples), ended=True)
+
+
+def test_window_counts_only_while_every_request_decodes():
+    early = _stream(0.0, (1.0, 1), (2.0, 11), (3.0, 21), (4.0, 31), (5.0, 41))  # decodes through the other's prefill
+    late = _stream(0.0, (3.0, 1), (4.0, 11), (5.0, 21), (6.0, 31))
+    rate, ttft = bs.window_rate([early, late])
+    assert ttft == pytest.approx(2.0)
+    assert rate == pytest.approx((41 - 21 + 21 - 1) / 2.0)  # window [3, 5]
+    assert bs.window_rate([_stream(0.0, (1.0, 1), (2.0, 5)), _stream(0.0, (3.0, 1))])[0] is None
+    assert bs.window_rate([_stream(0.0)]) == (None, None)
+
+
+def test_plan_first_requests_then_grid_and_says_why_a_cell_is_skipped():
+    cells = bs.plan([1024, 32768, 131072], [1, 8, 32], gen=128, kv_tokens=1_960_000, max_cell_tokens=1_100_000)
+    firsts = [c for c in cells if c.phase == "first"]
+    assert [(c.batch, c.context) for c in firsts] == [(1, 1024), (8, 1024), (32, 1024)]
+    steady = {(c.batch, c.context): c for c in cells if c.phase == "steady"}
+    assert len(steady) == 9
+    assert "exceed --max-cell-tokens" in steady[(32, 131072)].skip
+    assert steady[(8, 131072)].skip is None
+    small_kv = bs.plan([1024, 131072], [1, 8], gen=128, kv_tokens=500_000, max_cell_tokens=10**7)
+    assert "do not fit" in next(c.skip for c in small_kv if (c.batch, c.context) == (8, 131072))
+    # every request may decode gen tokens plus one per prefill chunk of the others, inside max-model-len
+    cell = steady[(8, 131072)]
+    assert cell.max_tokens == min(128 + math.ceil(8 * 131072 / bs.BATCHED_TOKENS) + 64, bs.HEADROOM)
+    assert cell.context + cell.max_tokens <= 131072 + bs.HEADROOM
+
+
+class _FakeVllm(BaseHTTPRequestHandler):
+    """Streams completions like vLLM's server: a prefill delay per request (one at a time), then one
+    token every STEP seconds with continuous usage, until max_tokens or the client goes away."""
+
+    STEP = 0.01
+    prefill_lock = threading.Lock()
+    payloads: list[dict] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.payloads.append(payload)
+        with self.prefill_lock:
+            time.sleep(len(payload["prompt"]) / 20000)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        try:
+            for n in range(1, payload["max_tokens"] + 1):
+                chunk = {"choices": [{"text": f" t{n}"}], "usage": {"completion_tokens": n}}
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+                time.sleep(self.STEP)
+            self.wfile.write(b"data: [DONE]\n\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_run_cell_against_a_streaming_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeVllm)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cell = bs.Cell("steady", batch=4, context=2000, max_tokens=400)
+        started = time.monotonic()
+        rate, ttft, note = bs.run_cell(server.server_address[1], cell, gen=40, seed=1)
+        elapsed = time.monotonic() - started
+    finally:
+        server.shutdown()
+    assert note is None
+    assert 0.3 * 4 / _FakeVllm.STEP < rate < 1.5 * 4 / _FakeVllm.STEP
+    assert 0.1 <= ttft < 2.0
+    assert elapsed < 400 * _FakeVllm.STEP  # closed after the window, not at max_tokens
+    sent = _FakeVllm.payloads[-4:]
+    assert all(p["ignore_eos"] and p["stream_options"]["continuous_usage_stats"] for p in sent)
+    prompts = [p["prompt"] for p in sent]
+    assert all(len(p) == 2000 and max(p) < bs.FIRST_SPECIAL_ID for p in prompts)
+    assert len({p[0] for p in prompts}) == 4  # no shared prefix
+
+
+def test_run_cell_reports_a_refused_request():
+    class Refuse(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(400)
+            self.end_headers()
+            self.wfile.write(b'{"error": "too long"}')
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        rate, _, note = bs.run_cell(server.server_address[1], bs.Cell("steady", 2, 10, 20), gen=5, seed=0)
+    finally:
+        server.shutdown()
+    assert rate is None and note.startswith("HTTP 400")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    model = MODELS["35b-a3b"]
+    return model, bs.build_model(model, root, "int4"), bs.build_model(model, root, "hybrid")
+
+
+def test_model_folders_hold_real_headers_and_sparse_data(folders):
+    from sparkmods.checkpoint.header import read_header
+
+    model, int4, hybrid = folders
+    index = json.loads((hybrid / "model.safetensors.index.json").read_text())
+    files = sorted(hybrid.glob("*.safetensors"))
+    assert {Path(f).name for f in index["weight_map"].values()} == {f.name for f in files}
+    infos = {name: t for f in files for name, t in read_header(f).tensors.items()}
+    assert len(infos) == len(index["weight_map"])
+    assert index["metadata"]["total_size"] == sum(t.nbytes for t in infos.values())
+    assert abs(index["metadata"]["total_size"] / 19.6e9 - 1) < 0.01  # the 35B-A3B hybrid's real size
+    assert sum(f.stat().st_blocks * 512 for f in files) < 64 << 20  # headers only on disk
+    config = json.loads((int4 / "config.json").read_text())
+    assert config["text_config"]["num_experts_per_tok"] == 8 and config["quantization_config"]["bits"] == 4
+    assert config == json.loads((hybrid / "config.json").read_text())
+
+
+def test_hybrid_mod_finds_exactly_the_shared_experts(folders, tmp_path):
+    """The mod's own header scan (taken from its patch) on the folders' files."""
+    hyb = load_patched_module(PATCH, tmp_path, "sparkmods_hybrid_fp8")
+    model, int4, hybrid = folders
+
+    def metadata(folder: Path) -> dict:
+        """What vLLM's get_safetensors_params_metadata returns for a local folder: every header."""
+        out = {}
+        for f in folder.glob("*.safetensors"):
+            with open(f, "rb") as fh:
+                out.update(json.loads(fh.read(int.from_bytes(fh.read(8), "little"))))
+        return out
+
+    layers = hyb.find_fp8_layers(metadata(hybrid))
+    assert len(layers) == 3 * model.shape.num_layers
+    assert all(".mlp.shared_expert." in name for name in layers)
+    assert hyb.block_size(layers) == (128, 128)
+    assert hyb.find_fp8_layers(metadata(int4)) == {}
+
+
+def test_tokenizer_covers_every_model_id(folders):
+    transformers = pytest.importorskip("transformers")
+    _, int4, _ = folders
+    tok = transformers.AutoTokenizer.from_pretrained(str(int4))
+    assert len(tok) == 248320
+    text = tok.decode([5, 248319, 248046])
+    assert "t5" in text and "t248319" in text and text.endswith("<|im_end|>")
+    assert tok.convert_tokens_to_ids("<|im_end|>") == json.loads((int4 / "config.json").read_text())["text_config"]["eos_token_id"]
+
+
+def test_server_flags_use_cuda_graphs_dummy_weights_and_the_cache_dtype():
+    flags = bs.serve_flags(bs.CONFIGS["full-stack"], 135168, 32, 0.9)
+    assert "--enforce-eager" not in flags
+    assert flags[flags.index("--load-format") + 1] == "dummy"
+    assert flags[flags.index("--kv-cache-dtype") + 1] == "turboquant_k3v4_nc"
+    assert "--kv-cache-dtype" not in bs.serve_flags(bs.CONFIGS["int8-lm-head"], 135168, 32, 0.9)
+    assert bs.CONFIGS["full-stack"].mods == ("hybrid-int4-fp8", "int8-lm-head", "turboquant")
+    assert all((REPO / "mods" / m / "run.sh").is_file() for c in bs.CONFIGS.values() for m in c.mods)
+
+
+def test_names_and_bad_input(tmp_path, capsys):
+    assert bs.gpu_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert bs.gpu_slug("NVIDIA H200") == "h200"
+    assert bs.main(["run", "--model", "35b-a3b", "--vllm-site", str(tmp_path), "--out", str(tmp_path / "o"),
+                    "--configs", "stock,warp-drive"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown config warp-drive" in err
+    with pytest.raises(bs.BenchError, match="no vllm-"):
+        bs.vllm_version(tmp_path)
+    (tmp_path / "vllm-0.26.0.dist-info").mkdir()
+    assert bs.vllm_version(tmp_path) == "0.26.0"
+
+
+def test_detached_run_outlives_its_caller_and_wait_reports_its_end(tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["run", "--model", "35b-a3b", "--vllm-site", str(tmp_path), "--out", str(out), "--detach"]
+    assert bs.main(argv) == 0
+    assert (out / "pid").is_file()
+    assert bs.wait(out, 120) == 0
+    assert (out / "exit-code").read_text().strip() == "2"  # no vLLM in that site: refused in one line
+    assert "no vllm-*.dist-info" in (out / "bench.log").read_text()
+    assert "exit 2" in capsys.readouterr().out
