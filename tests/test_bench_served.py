@@ -114,10 +114,12 @@ def test_plan_first_requests_then_grid_and_says_why_a_cell_is_skipped():
 
 
 class _FakeVllm(BaseHTTPRequestHandler):
-    """Streams completions like vLLM's server: a prefill delay per request (one at a time), then one
-    token every STEP seconds with continuous usage, until max_tokens or the client goes away."""
+    """Streams completions like vLLM's server (HTTP/1.1, chunked server-sent events): a prefill
+    delay per request (one at a time), then one token every STEP seconds with continuous usage,
+    until max_tokens or the client goes away."""
 
     STEP = 0.01
+    protocol_version = "HTTP/1.1"
     prefill_lock = threading.Lock()
     payloads: list[dict] = []
 
@@ -128,16 +130,23 @@ class _FakeVllm(BaseHTTPRequestHandler):
             time.sleep(len(payload["prompt"]) / 20000)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+
+        def send(data: bytes) -> None:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
         try:
             for n in range(1, payload["max_tokens"] + 1):
                 chunk = {"choices": [{"text": f" t{n}"}], "usage": {"completion_tokens": n}}
-                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                self.wfile.flush()
+                send(f"data: {json.dumps(chunk)}\n\n".encode())
                 time.sleep(self.STEP)
-            self.wfile.write(b"data: [DONE]\n\n")
+            send(b"data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
             pass
+        self.close_connection = True
 
     def log_message(self, *args) -> None:
         pass
@@ -168,9 +177,11 @@ def test_run_cell_reports_a_refused_request():
     class Refuse(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802
             self.rfile.read(int(self.headers["Content-Length"]))
+            body = b'{"error": "too long"}'
             self.send_response(400)
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(b'{"error": "too long"}')
+            self.wfile.write(body)
 
         def log_message(self, *args) -> None:
             pass
@@ -259,6 +270,10 @@ def test_names_and_bad_input(tmp_path, capsys):
         bs.vllm_version(tmp_path)
     (tmp_path / "vllm-0.26.0.dist-info").mkdir()
     assert bs.vllm_version(tmp_path) == "0.26.0"
+    if not bs._gpu("name"):  # this machine: the run is refused before anything is written
+        assert bs.main(["run", "--model", "35b-a3b", "--vllm-site", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+        assert "names no GPU here" in capsys.readouterr().err
+        assert not (tmp_path / "o").exists()
 
 
 def test_detached_run_outlives_its_caller_and_wait_reports_its_end(tmp_path, capsys):
@@ -270,3 +285,80 @@ def test_detached_run_outlives_its_caller_and_wait_reports_its_end(tmp_path, cap
     assert (out / "exit-code").read_text().strip() == "2"  # no vLLM in that site: refused in one line
     assert "no vllm-*.dist-info" in (out / "bench.log").read_text()
     assert "exit 2" in capsys.readouterr().out
+
+
+# A stand-in for `python3 -m vllm.entrypoints.openai.api_server`: logs the KV line, answers /health,
+# /metrics and streaming completions the way the real server does.
+_FAKE_API_SERVER = '''
+import argparse, json, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+parser = argparse.ArgumentParser()
+parser.add_argument("--port", type=int)
+args, _ = parser.parse_known_args()
+print("INFO [kv_cache_utils.py] GPU KV cache size: 2,000,000 tokens", flush=True)
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        body = b"vllm:num_preemptions_total{engine=\\"0\\"} 0.0\\n" if self.path == "/metrics" else b""
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            for n in range(1, payload["max_tokens"] + 1):
+                data = ("data: " + json.dumps({"usage": {"completion_tokens": n}}) + "\\n\\n").encode()
+                self.wfile.write(b"%x\\r\\n%s\\r\\n" % (len(data), data))
+                self.wfile.flush()
+                time.sleep(0.005)
+            self.wfile.write(b"0\\r\\n\\r\\n")
+        except OSError:
+            pass
+        self.close_connection = True
+
+    def log_message(self, *a):
+        pass
+
+ThreadingHTTPServer(("127.0.0.1", args.port), Handler).serve_forever()
+'''
+
+
+def test_a_whole_run_against_a_stand_in_server(tmp_path, monkeypatch):
+    """Bench.config end to end on CPU: server start, KV line, first requests and grid, rows as they
+    come, the report; a mod whose run.sh fails gives rows that say so, and no server is started."""
+    import argparse
+
+    site = tmp_path / "site"
+    api = site / "vllm" / "entrypoints" / "openai"
+    api.mkdir(parents=True)
+    for folder in (site / "vllm", site / "vllm" / "entrypoints", api):
+        (folder / "__init__.py").write_text("")
+    (api / "api_server.py").write_text(_FAKE_API_SERVER)
+    (site / "vllm-0.26.0.dist-info").mkdir()
+    (site / "vllm-0.26.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.26.0\n")
+    monkeypatch.setattr(bs, "build_model", lambda model, root, checkpoint: tmp_path)  # folders: tested above
+    args = argparse.Namespace(contexts=[64, 128], batches=[1, 2], gen=5, max_cell_tokens=200,
+                              gpu_memory_utilization=0.9)
+    results = tmp_path / "results"
+    results.mkdir()
+    bench = bs.Bench(MODELS["35b-a3b"], site, tmp_path / "work", results, args, "Stand-in GPU", "0.26.0")
+    bench.config(bs.CONFIGS["stock"])
+    bench.config(bs.CONFIGS["int8-lm-head"])
+    rows = json.loads((results / "served.json").read_text())
+    stock = [r for r in rows if r["config"] == "stock"]
+    assert [(r["phase"], r["batch"], r["context"]) for r in stock] == [
+        ("first", 1, 64), ("first", 2, 64), ("steady", 1, 64), ("steady", 2, 64), ("steady", 1, 128), ("steady", 2, 128)]
+    measured = [r for r in stock if r["note"] is None]
+    assert len(measured) == 5 and all(r["tok_s"] > 0 and r["kv_tokens"] == 2_000_000 for r in measured)
+    assert "exceed --max-cell-tokens 200" in stock[-1]["note"] and stock[-1]["tok_s"] is None
+    failed = [r for r in rows if r["config"] == "int8-lm-head"]
+    assert len(failed) == 6 and all(r["note"].startswith("run.sh of int8-lm-head failed") for r in failed)
+    assert "| 64 | 1 |" in (results / "served.md").read_text()
+    assert "GPU KV cache size" in (results / "servers" / "stock" / "server.log").read_text()

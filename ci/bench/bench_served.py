@@ -322,8 +322,12 @@ def _preemptions(server: Server) -> float:
 
 
 def _gpu(query: str) -> str:
-    done = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-                          capture_output=True, text=True, check=False)
+    """One nvidia-smi field of the first GPU; "" where there is none (or no nvidia-smi)."""
+    try:
+        done = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, check=False, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
     return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else ""
 
 
