@@ -155,7 +155,7 @@ def test_extra_requirements_are_carried_with_their_closure(tmp_path, monkeypatch
     assert exc.value.code == 2 and "carry: error: --extra:" in capsys.readouterr().err
 
 
-def _resolve_against(carry, index: Path, monkeypatch, extra=(), machine=None, cuda_libs=False,
+def _resolve_against(carry, index: Path, monkeypatch, extra=(), machine=None, cuda_libs=(),
                      left: list | None = None) -> list[Path]:
     """carry._resolve of index/vllm-1.0 with `_download` answering from index as pip would
     (the newest wheel the requirement accepts) and `machine` (name -> version or None) on the
@@ -223,7 +223,7 @@ def test_a_machine_package_at_a_refused_version_is_carried(tmp_path, monkeypatch
     assert _resolve_against(carry, index, monkeypatch, machine=machine) == []
 
 
-def test_cuda_libraries_of_a_carried_torch_stay_with_the_machine_unless_asked(tmp_path, monkeypatch):
+def test_cuda_libraries_of_a_carried_torch_stay_with_the_machine_unless_named(tmp_path, monkeypatch):
     carry = _carry()
     index = tmp_path / "index"
     index.mkdir()
@@ -236,8 +236,9 @@ def test_cuda_libraries_of_a_carried_torch_stay_with_the_machine_unless_asked(tm
     got = [p.name.split("-")[0] for p in _resolve_against(carry, index, monkeypatch, machine=machine, left=left)]
     assert got == ["torch"]
     assert left == ["nvidia-cudnn-cu13==9.20.0.48 (torch)", "cuda-toolkit==13.0.3 (torch)"]
-    got = [p.name.split("-")[0] for p in _resolve_against(carry, index, monkeypatch, machine=machine, cuda_libs=True)]
-    assert got == ["cuda_toolkit", "nvidia_cudnn_cu13", "torch"]
+    got = [p.name.split("-")[0] for p in _resolve_against(carry, index, monkeypatch, machine=machine,
+                                                          cuda_libs=["nvidia_cudnn_cu13"])]
+    assert got == ["nvidia_cudnn_cu13", "torch"]
 
 
 def test_a_release_is_rebuilt_from_its_own_pieces_only(files, tmp_path, capsys):

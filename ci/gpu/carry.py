@@ -11,7 +11,9 @@ splits in two halves:
       machine does not have from each wheel's METADATA (ci/gpu/device_packages.txt: the machine's
       packages, with versions where one matters): the requirements it lacks, and the ones it has
       at a version the release refuses (torch, torchvision, triton). CUDA libraries a carried
-      torch asks for stay behind unless --cuda-libs: the machine's CUDA 13 ones are tried first.
+      torch asks for stay behind unless named with --cuda-lib: the machine's CUDA 13 ones are
+      tried first (torch 2.13 and 2.14 need a newer NCCL than the machine's: --cuda-lib
+      nvidia-nccl-cu13; the others load).
       Writes pieces `.carry/p00`, `.carry/p01`, ... each under the limit, every file once, the
       releases' files in the order given, with `manifest.json` (sha256 of every piece and every
       file, its offset, which files make which release) in each.
@@ -45,7 +47,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List, NoReturn, Optional, Set
 
 INDEX = "https://pypi.org/simple"
-PIECE_BYTES = 52 * 1024 * 1024  # under 64 MiB with the repository (~6 MB, results included) beside it
+PIECE_BYTES = 48 * 1024 * 1024  # a call carries at most 64 MiB: one piece and the working tree (~10 MB) beside it
 STAGE = Path(os.environ.get("SPARKMODS_CARRY_STAGE", "/tmp/sparkmods-carry"))
 HERE = Path(__file__).resolve().parent
 PLATFORMS = ["manylinux_2_%d_x86_64" % n for n in (17, 24, 27, 28, 31, 34, 35, 39)] + [
@@ -181,7 +183,7 @@ SKIP = {"flashinfer-python", "flashinfer-cubin", "tilelang", "nvidia-cutlass-dsl
 
 _SKIPPED = {_norm(n) for n in SKIP}
 # CUDA libraries: a carried torch asks for exact versions of these; the machine's own CUDA 13 ones
-# are tried first (`prepare --cuda-libs` carries them instead).
+# are tried first (`prepare --cuda-lib NAME` carries NAME at the version torch pins instead).
 CUDA_LIB = re.compile(r"^(nvidia-(?!ml-py$)|cuda-toolkit$)")
 
 
@@ -205,7 +207,7 @@ class _Closure:
         self.left: List[str] = []
 
 
-def _machine_keeps(req, have: Dict[str, Optional[str]], cuda_libs: bool, by: str, closure: _Closure) -> bool:
+def _machine_keeps(req, have: Dict[str, Optional[str]], cuda_libs: Set[str], by: str, closure: _Closure) -> bool:
     """True when the machine's own package serves `req` (so nothing is carried for it)."""
     name = _norm(req.name)
     if name in _SKIPPED:
@@ -214,7 +216,7 @@ def _machine_keeps(req, have: Dict[str, Optional[str]], cuda_libs: bool, by: str
         return False
     version = have[name]
     if CUDA_LIB.match(name):
-        if cuda_libs and by != "vllm":
+        if name in cuda_libs and by != "vllm":
             return False
         if version is None or not req.specifier.contains(version, prereleases=True):
             closure.left.append(f"{req.name}{req.specifier} ({by})")
@@ -222,7 +224,7 @@ def _machine_keeps(req, have: Dict[str, Optional[str]], cuda_libs: bool, by: str
     return version is None or req.specifier.contains(version, prereleases=True)
 
 
-def _resolve(vllm_wheel: Path, deps_dir: Path, extra: Iterable[str] = (), cuda_libs: bool = False) -> _Closure:
+def _resolve(vllm_wheel: Path, deps_dir: Path, extra: Iterable[str] = (), cuda_libs: Iterable[str] = ()) -> _Closure:
     """Breadth-first closure of what the machine lacks, one wheel per name, from vLLM's own and
     the `extra` requirement lines (e.g. "ray": vLLM does not require it).
 
@@ -243,7 +245,7 @@ def _resolve(vllm_wheel: Path, deps_dir: Path, extra: Iterable[str] = (), cuda_l
         line, by = todo.pop(0)
         req = Requirement(line)
         name = _norm(req.name)
-        if name == "vllm" or _machine_keeps(req, have, cuda_libs, by, out):
+        if name == "vllm" or _machine_keeps(req, have, {_norm(n) for n in cuda_libs}, by, out):
             continue
         if name in out.chosen:
             if not req.specifier.contains(_version(out.chosen[name]), prereleases=True):
@@ -308,7 +310,7 @@ def _split(files: List[Path], out: Path, piece_bytes: int = PIECE_BYTES,
         (folder / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
 
 
-def prepare(versions: List[str], out: Path, cache: Path, extra: Iterable[str] = (), cuda_libs: bool = False) -> None:
+def prepare(versions: List[str], out: Path, cache: Path, extra: Iterable[str] = (), cuda_libs: Iterable[str] = ()) -> None:
     """Pieces holding every file the releases need, each file once, in the order given."""
     cache.mkdir(parents=True, exist_ok=True)
     files: Dict[str, Path] = {}
@@ -431,8 +433,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--out", type=Path, default=Path(".carry"))
     p.add_argument("--extra", action="append", default=[], metavar="REQUIREMENT",
                    help="also carry this requirement and what it needs (repeatable), e.g. ray for --executor ray")
-    p.add_argument("--cuda-libs", action="store_true",
-                   help="carry the CUDA libraries a carried torch pins instead of using the machine's own")
+    p.add_argument("--cuda-lib", action="append", default=[], metavar="NAME",
+                   help="carry this CUDA library at the version a carried torch pins instead of using the "
+                        "machine's own (repeatable), e.g. nvidia-nccl-cu13")
     p.add_argument("--cache", type=Path, default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sparkmods" / "carry")
     r = sub.add_parser("receive", help="stage the pieces that came with this call (GPU machine)")
     r.add_argument("--from", dest="src", type=Path, default=Path(".carry"))
@@ -447,7 +450,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             extra = [str(Requirement(line)) for line in args.extra]
         except InvalidRequirement as exc:
             _fail(f"--extra: {exc}")
-        prepare(args.vllm, args.out, args.cache, extra, args.cuda_libs)
+        prepare(args.vllm, args.out, args.cache, extra, args.cuda_lib)
     elif args.cmd == "receive":
         receive(args.src)
     else:
