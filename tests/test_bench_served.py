@@ -351,6 +351,7 @@ def test_a_whole_run_against_a_stand_in_server(tmp_path, monkeypatch):
     bench = bs.Bench(MODELS["35b-a3b"], site, tmp_path / "work", results, args, "Stand-in GPU", "0.26.0")
     bench.config(bs.CONFIGS["stock"])
     bench.config(bs.CONFIGS["int8-lm-head"])
+    assert "int8-lm-head" in (results / "served.md").read_text()  # failed rows are in the table too
     rows = json.loads((results / "served.json").read_text())
     stock = [r for r in rows if r["config"] == "stock"]
     assert [(r["phase"], r["batch"], r["context"]) for r in stock] == [

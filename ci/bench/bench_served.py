@@ -346,6 +346,8 @@ def vllm_version(site: Path) -> str:
 
 @dataclass
 class Bench:
+    """One run: the model, the vLLM site, where things go, and the rows measured so far."""
+
     model: Model
     site: Path
     out: Path
@@ -403,6 +405,7 @@ class Bench:
         if server is None:
             for cell in plan(a.contexts, a.batches, a.gen, None, a.max_cell_tokens):
                 self.row(cfg.name, cell, None, None, None, why)
+            write_report(self.results)
             return
         try:
             found = KV_LINE.search(server.log_text())
