@@ -137,7 +137,7 @@ def table(tmp_path: Path, mods: Dict[str, ModuleType]) -> Path:
     path = tmp_path / "kernel-tune.json"
     int8.kt.write_table(path, GPU, {
         "int8-lm-head": {"kernels_sha256": int8.kt.source_digest(int8.__file__),
-                         "entries": [[limit, c.kernel, c.block_m, c.block_n * 2, c.block_k, c.num_warps, 2] for limit, c in int8.DISPATCH]},
+                         "entries": [[limit, c.kernel, c.block_m, c.block_n * 2, c.block_k, c.num_warps, 3] for limit, c in int8.DISPATCH]},
         "turboquant": {"kernels_sha256": tq.kt.source_digest(tq.__file__),
                        "entries": [[256, "1", "long", "turboquant_k3v4_nc", 32, 2, 2, 64, 8, 0, 4]]}})
     return path
@@ -154,7 +154,7 @@ def test_the_mods_read_their_sections_of_the_table(mods: Dict[str, ModuleType], 
     assert oct(table.stat().st_mode & 0o777) == "0o644"
     dispatch, decode = read_both(mods, table, caplog)
     assert [limit for limit, _ in dispatch] == [limit for limit, _ in int8.DISPATCH]
-    assert [c.block_n for _, c in dispatch] == [2 * c.block_n for _, c in int8.DISPATCH] and {c.num_stages for _, c in dispatch} == {2}
+    assert [c.block_n for _, c in dispatch] == [2 * c.block_n for _, c in int8.DISPATCH] and {c.num_stages for _, c in dispatch} == {3}
     assert decode[(256, "1", "long", "turboquant_k3v4_nc")] == tq.DecodeConfig(32, 2, 2, 64, 8, 0, 4)
     assert tq.default_decode_config(256, 1, 65536, "turboquant_k3v4_nc", decode).programs_per_sm == 8
     assert tq.default_decode_config(256, 1, 65536, "turboquant_3bit_nc", decode) == tq.default_decode_config(256, 1, 65536, "turboquant_3bit_nc")
@@ -191,22 +191,23 @@ def test_a_table_made_with_other_kernels_is_refused(mods: Dict[str, ModuleType],
     assert "another version of int8-lm-head" in lines[0] and "another version of turboquant" in lines[1]
 
 
-@pytest.mark.parametrize("change, says", [
-    (lambda d: d.update(schema=2), "not a schema 1 tune table"),
-    (lambda d: d["mods"]["int8-lm-head"].update(entries=[[16, "gemv", 16, 64, 256, 4, 3]]), "bad entry (the row bands must be DISPATCH's"),
-    (lambda d: d["mods"]["turboquant"].update(entries=[[256, "1", "long", "fp8", 32, 2, 2, 64, 8, 0, 4]]), "bad entry"),
-    (lambda d: d["mods"]["turboquant"].update(entries=[[256, "1", "long", "*", 24, 2, 2, 64, 8, 0, 4]]), "block_n must be a multiple of 16"),
+@pytest.mark.parametrize("change, says, refused", [
+    (lambda d: d.update(schema=2), "not a schema 1 tune table", "both"),
+    (lambda d: d["mods"]["int8-lm-head"].update(entries=[[16, "gemv", 16, 64, 256, 4, 3]]), "bad entry (the row bands must be DISPATCH's", "int8"),
+    (lambda d: d["mods"]["int8-lm-head"]["entries"][0].__setitem__(3, 48), "tile sides and warps must be powers of two", "int8"),
+    (lambda d: d["mods"]["turboquant"].update(entries=[[256, "1", "long", "fp8", 32, 2, 2, 64, 8, 0, 4]]), "names no band or dtype", "tq"),
+    (lambda d: d["mods"]["turboquant"].update(entries=[[256, "1", "long", "*", 24, 2, 2, 64, 8, 0, 4]]), "block_n must be a multiple of 16", "tq"),
 ])
-def test_a_malformed_table_is_refused(mods: Dict[str, ModuleType], table: Path, caplog: pytest.LogCaptureFixture, change: Any, says: str) -> None:
+def test_a_malformed_table_is_refused(mods: Dict[str, ModuleType], table: Path, caplog: pytest.LogCaptureFixture,
+                                      change: Any, says: str, refused: str) -> None:
     _edit(table, change)
     caplog.clear()
     with caplog.at_level(logging.INFO):
         got = (mods["int8"].tuned_dispatch(GPU, table), mods["tq"].tuned_decode_table(GPU, table))
-    refusals = [r.getMessage() for r in caplog.records if "tune table not used" in r.getMessage()]
-    both = "schema" in says  # a bad file refuses both sections, a bad entry only its mod's
-    assert len(refusals) == (2 if both else 1) and all(says in line for line in refusals), refusals
-    assert (got[0] is mods["int8"].DISPATCH) == (both or "DISPATCH" in says)
-    assert (got[1] is mods["tq"].DEFAULT_DECODE) == (both or "DISPATCH" not in says)
+    lines = [r.getMessage() for r in caplog.records if "tune table not used" in r.getMessage()]
+    assert len(lines) == (2 if refused == "both" else 1) and all(says in line for line in lines), lines
+    assert (got[0] is mods["int8"].DISPATCH) == (refused in ("both", "int8"))
+    assert (got[1] is mods["tq"].DEFAULT_DECODE) == (refused in ("both", "tq"))
 
 
 def test_a_table_not_valid_json_is_refused(mods: Dict[str, ModuleType], table: Path, caplog: pytest.LogCaptureFixture) -> None:
