@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import importlib.metadata
 import io
 import json
 import multiprocessing
@@ -246,9 +247,9 @@ def run(workers: int) -> List[Dict[str, Any]]:
     return rows
 
 
-def markdown(rows: List[Dict[str, Any]], seconds: float) -> str:
+def markdown(rows: List[Dict[str, Any]], seconds: float, triton_version: str) -> str:
     lines = ["# GB10 readiness: every kernel config the mods can pick, compiled for sm_121a and sm_90a", "",
-             f"Regenerate: `{COMMAND}` (CPU only, Triton {rows[0].get('triton', '3.6.0')}; {seconds:.0f} s here). "
+             f"Regenerate: `{COMMAND}` (CPU only, Triton {triton_version}; {seconds:.0f} s on a 2-core machine shared with other work). "
              "Checked by `tests/test_gb10_readiness.py`.", "",
              f"Limits: sm_121a (GB10) {SM121_SHARED} bytes of shared memory per block, sm_90a (H100) {SM90_SHARED}. "
              "`model` is the mod's byte model of the config (the fitting rule lowers a config until it plus "
@@ -278,8 +279,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     else:
         args.write.mkdir(parents=True, exist_ok=True)
-        (args.write / "readiness.json").write_text(json.dumps({"command": COMMAND, "rows": rows}, indent=1) + "\n", encoding="utf-8")
-        (args.write / "readiness.md").write_text(markdown(rows, seconds), encoding="utf-8")
+        version = importlib.metadata.version("triton")
+        (args.write / "readiness.json").write_text(json.dumps({"command": COMMAND, "triton": version, "rows": rows}, indent=1) + "\n",
+                                                   encoding="utf-8")
+        (args.write / "readiness.md").write_text(markdown(rows, seconds, version), encoding="utf-8")
     bad = [r for r in rows if r["problems"]]
     for r in bad:
         print(f"{r['target']} {r['kernel']} {r['config']}: {'; '.join(r['problems'])}", file=sys.stderr)
