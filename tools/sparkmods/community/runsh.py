@@ -230,7 +230,7 @@ class _Walker:
             self.node(part, why)
 
     def if_(self, node: If, tolerated: str) -> None:
-        for cond, body in node.branches:
+        for i, (cond, body) in enumerate(node.branches):
             guard = _dry_run(cond)
             self.run(cond, "a failure in an `if` condition does not stop run.sh")
             rest = [b for c, b in node.branches if b is not body] + [node.orelse]
@@ -241,7 +241,24 @@ class _Walker:
                 if guard is not None and guard == _signature(step):
                     step.guarded = True
                     step.tolerated = step.tolerated or fallback
+            self.undecided(node.branches[:i], before)
+        before = len(self.steps)
         self.run(node.orelse, tolerated)
+        self.undecided(node.branches, before)
+
+    def undecided(self, earlier: Sequence[Tuple[List[Node], List[Node]]], before: int) -> None:
+        """A blocker when the patch steps from `before` on run only if an earlier branch's
+        condition, one no reading can decide (a function, grep, a file test), was false and that
+        branch goes on quietly: whether run.sh patches or skips depends on vLLM's content."""
+        if len(self.steps) == before:
+            return
+        for cond, body in earlier:
+            opaque = _opaque_condition(cond)
+            if opaque is not None and not _exits_nonzero_all(body):
+                self.blockers.append(Blocker("unresolved", opaque.line, opaque.text,
+                                             "patches only when this `if` condition is false, which only "
+                                             "running it can tell"))
+                return
 
     def loop(self, node: Loop, tolerated: str) -> None:
         items = None
@@ -592,6 +609,21 @@ def _exits_nonzero(node: Node) -> bool:
 
 def _exits_nonzero_all(body: Sequence[Node]) -> bool:
     return any(_exits_nonzero(n) for n in body)
+
+
+_CONTAINER_TESTS = {"command", "type", "which", "hash", "true", "false"}  # about the image, not vLLM
+
+
+def _opaque_condition(cond: Sequence[Node]) -> Optional[Simple]:
+    """The first command of an `if` condition that is neither a patch's dry run nor a question
+    about the container's tools (None when there is none)."""
+    if _dry_run(cond) is not None:
+        return None
+    for node in cond:
+        for part in node.parts if isinstance(node, AndOr) else [node]:
+            if not isinstance(part, Simple) or not part.words or part.words[0] not in _CONTAINER_TESTS:
+                return part if isinstance(part, Simple) else None
+    return None
 
 
 def _signature(step: PatchStep) -> Tuple[str, str]:
