@@ -60,6 +60,8 @@ _TEXT_SUFFIXES = (".py", ".pyi", ".typed", ".json", ".jinja", ".j2", ".txt", ".m
                   ".cfg", ".ini", ".csv", ".sh", ".js", ".css", ".html", ".cu", ".cuh", ".h", ".hpp", ".c",
                   ".cc", ".cpp", ".proto")
 _TREE_FORMAT = 2  # bump when what a cached tree holds changes
+RUN_VERSION = 1  # bump when a change here can change a run's status (stored community cells re-run)
+_LOG_LINES = 20  # of a run's output only the end is read back: its last line is all a result keeps
 
 # Static verdict -> the run statuses that agree with it (run.sh as the reader understood it).
 _AGREE = {"ok": {APPLIED}, "ok-offset": {APPLIED}, "drift": {APPLIED}, "skipped": {NO_CHANGE, APPLIED},
@@ -105,8 +107,8 @@ def sandbox_image(explicit: Optional[str] = None) -> str:
 
 
 def fingerprint(image: str) -> str:
-    """Changes when this module or the image's name does: cached cells judged otherwise re-run."""
-    return hashlib.sha256(Path(__file__).read_bytes() + image.encode()).hexdigest()[:12]
+    """Changes with RUN_VERSION or the image's name: stored cells of another run re-run."""
+    return hashlib.sha256(f"{RUN_VERSION}:{image}".encode()).hexdigest()[:12]
 
 
 # --- release trees -------------------------------------------------------------------------------
@@ -214,6 +216,11 @@ def check_image(image: str, client=None) -> None:
 
 
 def _tree_digest(tree: Path) -> str:
+    """The tree's content hash; stored beside a cached release tree (which never changes)."""
+    stored = tree.parent / ".digest"
+    cached = tree.parent.parent == cache_root() / "trees" and (tree.parent / ".complete").is_file()
+    if cached and stored.is_file():
+        return stored.read_text(encoding="ascii").strip()
     h = hashlib.sha256()
     for folder, dirs, names in os.walk(tree):
         dirs.sort()
@@ -221,6 +228,8 @@ def _tree_digest(tree: Path) -> str:
             path = Path(folder) / name
             h.update(f"{path.relative_to(tree).as_posix()}\0{path.stat().st_size}\0".encode())
             h.update(_bounded_read(path))
+    if cached:
+        stored.write_text(h.hexdigest() + "\n", encoding="ascii")
     return h.hexdigest()
 
 
@@ -332,7 +341,7 @@ def run_mod(mod_dir: Path, tree: Path, image: str, timeout: float = DEFAULT_TIME
         except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
             timed_out = True
             container.kill()
-        output = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+        output = container.logs(stdout=True, stderr=True, tail=_LOG_LINES).decode("utf-8", "replace")
         changed, outside, after = _changes(container, tree, name, keep)
     finally:
         container.remove(force=True)
