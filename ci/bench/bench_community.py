@@ -151,7 +151,7 @@ def markdown(doc: dict) -> str:
            f"Where run.sh can also be read statically (patch steps only), the reading agrees with the run in "
            f"{doc['static_agreement']['agree']} of {doc['static_agreement']['cells']} cells.", "",
            f"Time on {t['machine']}: the whole matrix took {t['full_build_seconds']} s to build from cached "
-           f"release trees (each release's tree image built once, then one container a cell: "
+           f"release trees and their images (an image a release, built once; then one container a cell: "
            f"{t['whole_matrix_cell_seconds']} s of cells); this build ran {t['cells_run']} cells and reused "
            f"{t['cells_reused']} in {t['this_build_seconds']} s.", "",
            "Codes: " + ", ".join(f"{c} {s}" for s, c in CODES.items()) + "; `*` the static reading disagrees.", "",
