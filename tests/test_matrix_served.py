@@ -20,11 +20,15 @@ ROOT = Path(__file__).resolve().parents[1]
 MANIFESTS = {d.name: load(d) for d in resolve_mods([], None)}
 
 
-def _run(results: Path, folder: str, scenario: str, vllm: str, passed: bool = True, **header) -> Path:
+def _run(results: Path, folder: str, scenario: str, vllm: str, passed: bool = True, said: str = "Check the log",
+         **header) -> Path:
+    """A scenario result as e2e.py writes it; `said`: the last line of the mod's run.sh (None: not run)."""
     out = results / folder
     out.mkdir(parents=True, exist_ok=True)
+    ran = [] if said is None else [{"name": f"mod: run.sh of {scenario} succeeds", "passed": True,
+                                    "detail": f"[{scenario}] {said}"}]
     doc = {"scenario": scenario, "vllm": vllm, "device": "NVIDIA H100 80GB HBM3", **header,
-           "checks": [{"check": "a", "passed": True, "detail": ""}, {"check": "b", "passed": passed, "detail": ""}]}
+           "checks": ran + [{"name": "a", "passed": True, "detail": ""}, {"name": "b", "passed": passed, "detail": ""}]}
     path = out / f"{scenario}.json"
     path.write_text(json.dumps(doc))
     return path
@@ -62,13 +66,28 @@ def test_older_runs_get_the_variant_from_the_manifest_and_the_date_from_summary_
     assert served.index(results, MANIFESTS) == {}  # no date anywhere: not evidence
 
 
+def test_what_run_sh_did_must_agree_with_the_variant(results):
+    """A 0.21.0 run whose run.sh said turboquant was not needed proves the upstream claim of that
+    time, not today's v0.21.0 variant; a run that never applied the mod proves nothing."""
+    path = _run(results, "gpu-e2e-0.21.0", "turboquant", "0.21.0", said="not needed: vLLM includes it since 0.21.0")
+    (path.parent / "summary.md").write_text("## 2026-11-24 10:00:00 vLLM 0.21.0 on NVIDIA H200\n")
+    path.write_text(path.read_text().replace("NVIDIA H100 80GB HBM3", "NVIDIA H200"))
+    assert served.index(results, MANIFESTS) == {}
+    _run(results, "gpu-e2e-0.26.0-h100", "turboquant", "0.26.0", said=None, date="2026-11-25")
+    assert served.index(results, MANIFESTS) == {}
+    _run(results, "gpu-e2e-0.26.0-h100", "turboquant", "0.26.0", date="2026-11-25")
+    [hit] = served.index(results, MANIFESTS)[("turboquant", "0.26.0")]
+    assert hit.variant == "v0.21.0"
+
+
 def _cell(mod: str, vllm: str, status: str, variant) -> dict:
     return {"mod": mod, "vllm": vllm, "target": f"pypi:{vllm}", "status": status, "variant": variant}
 
 
 def test_attach_marks_only_green_cells_whose_variant_was_served(results):
     _run(results, "gpu-e2e-0.33.0-h100", "mtp-weights", "0.33.0", date="2026-11-27", variants={"mtp-weights": "v0.33.0"})
-    _run(results, "gpu-e2e-0.33.0-h100", "turboquant", "0.33.0", date="2026-11-27", variants={"turboquant": "upstream"})
+    _run(results, "gpu-e2e-0.33.0-h100", "turboquant", "0.33.0", date="2026-11-27", variants={"turboquant": "upstream"},
+         said="not needed: vLLM includes it since 0.27.0")
     found = served.index(results, MANIFESTS)
     doc = {"cells": [_cell("mtp-weights", "0.33.0", "ok", "v0.33.0"), _cell("mtp-weights", "0.33.0", "conflict", "v0.33.0"),
                      _cell("mtp-weights", "0.33.0", "ok", "v0.32.0"), _cell("turboquant", "0.33.0", "upstream", None),

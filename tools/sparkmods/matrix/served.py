@@ -4,8 +4,10 @@ Derived, never typed: `ci/gpu/e2e.py` writes one JSON document per scenario (the
 named after the mod it proves) with the release, the GPU and every check; a scenario whose
 checks all passed is evidence that the mod's variant for that release serves. The matrix marks
 a green cell served when such evidence names the same mod, release and variant, so a cell
-changes only when the results or the variant do. Results older than the `variant` and `date`
-fields get them from the mod's manifest and from the run's summary.md heading.
+changes only when the results or the variant do. What run.sh said in the run must agree (a run
+whose run.sh called the mod not needed proves the upstream claim, not a variant). Results older
+than the `variants` and `date` fields get them from the mod's manifest and from the run's
+summary.md heading.
 """
 
 from __future__ import annotations
@@ -79,6 +81,15 @@ def _dates(summary: Path) -> Dict[Tuple[str, str], str]:
     return out
 
 
+def _applied(checks: List[dict], mod: str) -> Optional[str]:
+    """What the run's run.sh of `mod` did: `upstream` (it said the mod is not needed), `applied`,
+    or None when no server of the run applied the mod."""
+    said = [str(c.get("detail", "")) for c in checks if str(c.get("name", "")).endswith(f"run.sh of {mod} succeeds")]
+    if not said:
+        return None
+    return UPSTREAM if any(line.startswith(f"[{mod}] not needed") for line in said) else "applied"
+
+
 def _evidence(doc: dict, path: Path, repo: Path, manifests: Mapping[str, Manifest]) -> Optional[Served]:
     mod, version = doc.get("scenario"), doc.get("vllm")
     checks = doc.get("checks") or []
@@ -87,7 +98,10 @@ def _evidence(doc: dict, path: Path, repo: Path, manifests: Mapping[str, Manifes
     if not all(c.get("passed") for c in checks):
         return None
     device = str(doc.get("device") or "unknown")
+    done = _applied(checks, mod)
     variant = (doc.get("variants") or {}).get(mod) or variant_label(manifests[mod], version)
+    if done is None or (done == UPSTREAM) != (variant == UPSTREAM):
+        return None  # the mod was not applied, or what run.sh did is not what the variant says
     date = doc.get("date") or _dates(path.parent / "summary.md").get((version, device), "")
     if variant is None or not date:
         return None
