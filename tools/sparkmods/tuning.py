@@ -72,9 +72,18 @@ def load_mod_package(patch: Path, package: str, workdir: Path) -> ModuleType:
 def timer(device: Any) -> Callable[[Callable[[], Any]], float]:
     """Microseconds per call: triton.testing.do_bench on a GPU, one timed call under the interpreter."""
     if device.type == "cuda":
+        import torch
         import triton.testing
 
-        return lambda fn: 1000.0 * triton.testing.do_bench(fn, warmup=10, rep=40)
+        # An idle GPU runs at low clocks: a second of matrix products first, so that the first
+        # timings (the shipped configs') are not taken on a GPU still speeding up.
+        square = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+        start = time.perf_counter()
+        while time.perf_counter() - start < 1.0:
+            for _ in range(20):
+                square @ square
+            torch.cuda.synchronize(device)
+        return lambda fn: 1000.0 * triton.testing.do_bench(fn, warmup=25, rep=100)
 
     def once(fn: Callable[[], Any]) -> float:  # the interpreter: each call is seconds, its noise is not the point
         start = time.perf_counter()
@@ -98,8 +107,7 @@ def _sweep(mod: str, band: str, shipped: Any, candidates: Sequence[Any], run: Ca
            limit: int = 0) -> Tuple[Any, Measured]:
     """The fastest candidate of a band (the first `limit` only, 0: all) whose output matches the shipped config's."""
     reference = run(shipped)
-    shipped_us = bench(lambda: run(shipped))
-    best, best_us = shipped, shipped_us
+    times = {shipped: bench(lambda: run(shipped))}
     for cfg in [c for c in candidates if c != shipped][:limit or None]:
         try:
             out = run(cfg)
@@ -109,9 +117,14 @@ def _sweep(mod: str, band: str, shipped: Any, candidates: Sequence[Any], run: Ca
         if not _close(out, reference):
             print(f"  {label(cfg)}: skipped (its output differs from the shipped config's)", file=log)
             continue
-        us = bench(lambda: run(cfg))
-        if us < best_us:
-            best, best_us = cfg, us
+        times[cfg] = bench(lambda: run(cfg))
+    best = min(times, key=times.__getitem__)
+    # The shipped config is timed first in its band, and first timings came out slower than later
+    # ones of the same kernel on the H100 (ci/bench/results/tune-e2e-h100/): it and the winner are
+    # timed once more, one after the other, and each keeps its better time.
+    shipped_us, best_us = (min(times[c], bench(lambda: run(c))) for c in (shipped, best))
+    if best_us >= shipped_us:
+        best, best_us = shipped, shipped_us
     print(f"  {band}: shipped {label(shipped)} {shipped_us:.1f} us, tuned {label(best)} {best_us:.1f} us "
           f"({shipped_us / best_us:.2f}x)", file=log, flush=True)
     return best, Measured(mod, band, label(shipped), shipped_us, label(best), best_us)
