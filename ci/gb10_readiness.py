@@ -111,7 +111,8 @@ def tq_jobs(fmt: ModuleType, tq: ModuleType, target: str) -> List[Job]:
                          {"D": head, "BLOCK_SIZE": PAGE, "NORM_CORRECTION": int(spec.norm_correction), "N_MID": n_mid,
                           "N_MID_P": 1 << (n_mid - 1).bit_length(), "BLOCK_T": 4, **layout},
                          {"key_ptr": keys, "value_ptr": "bf16", "cache_ptr": "u8", "slot_ptr": "i64", "centroid_ptr": "fp32",
-                          "midpoint_ptr": "fp32"}, ("stride_kt", "stride_kh", "stride_vt", "stride_vh", "page_stride"), {"num_warps": 4}, None))
+                          "midpoint_ptr": "fp32"}, ("stride_kt", "stride_kh", "stride_vt", "stride_vh", "page_stride"),
+                         {"num_warps": tq.store_warps(head)}, None))
             picked = {}
             for batch, context in BANDS:
                 chosen = tq.default_decode_config(head, batch, context, name)

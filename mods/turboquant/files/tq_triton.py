@@ -451,7 +451,13 @@ def tq_store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
         keys.stride(0), keys.stride(1), values.stride(0), values.stride(1), kv_cache.stride(0),
         D=head_size, BLOCK_SIZE=block_size, NORM_CORRECTION=int(spec.norm_correction),
         N_MID=n_mid, N_MID_P=triton.next_power_of_2(n_mid), BLOCK_T=block_t,
-        **_layout_constants(spec, layout, block_size), num_warps=4)
+        **_layout_constants(spec, layout, block_size), num_warps=store_warps(head_size))
+
+
+def store_warps(head_size: int) -> int:
+    """Warps of the store kernel: head 512's code search ([tokens, D, codebook midpoints]) over 8,
+    since with 4 the 4-bit store spills registers (ci/bench/results/gb10-readiness/)."""
+    return 4 if head_size <= 256 else 8
 
 
 # ---------------------------------------------------------------------------------------------
