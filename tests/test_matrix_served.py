@@ -144,3 +144,11 @@ def test_a_check_row_says_where_it_was_served():
     assert row.to_dict()["served"]["gpu"] == "NVIDIA H100 80GB HBM3"
     row.served = None
     assert detail(row) == "" and "served" not in row.to_dict()
+
+
+def test_the_readme_says_how_many_cells_the_committed_matrix_served():
+    markdown = (ROOT / "matrix" / "MATRIX.md").read_text()
+    said = next(line for line in markdown.splitlines() if "green cells were served on a GPU" in line)
+    served_count, green = said.split(" of ")[0], said.split(" of ")[1].split()[0]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"{served_count} of {green} green cells were served on a GPU" in readme
