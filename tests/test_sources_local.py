@@ -192,3 +192,40 @@ def test_git_path_may_contain_an_at_sign(vllm_repo, tmp_path):
     shutil.copytree(vllm_repo.git_dir, odd / ".git")
     [source] = open_targets(f"git:{odd}@v0.19.0")
     assert source.version == "0.19.0"
+
+
+@pytest.mark.parametrize("link", ["file", "folder", "dangling"])
+def test_dir_a_link_on_the_way_is_refused_as_run_sh_refuses_it(tmp_path, link):
+    """run.sh never follows a link inside vllm/ (runtime/engine.plain_path): the host's check of
+    the same folder must not call a mod `ok` there, so reading through a link is one line."""
+    site = make_site(tmp_path / "site")
+    real = site / TARGET
+    if link == "file":
+        moved = real.with_name("elsewhere.py")
+        real.rename(moved)
+        real.symlink_to(moved.name)
+    elif link == "folder":
+        folder = real.parent
+        folder.rename(folder.with_name("moved"))
+        folder.symlink_to("moved")
+    else:
+        real.unlink()
+        real.symlink_to("nowhere.py")
+    [source] = open_targets(f"dir:{site}")
+    with pytest.raises(SparkmodsError, match=r"is a symbolic link .*a mod changes only real files"):
+        source.read(TARGET)
+    assert source.read("vllm/__init__.py") is not None  # what no link leads to reads as before
+
+
+def test_dir_a_link_refusal_through_the_cli_is_one_line(tmp_path):
+    from clirun import one_line_error, sparkmods
+    from modfactory import make_mod
+
+    site = make_site(tmp_path / "site")
+    real = site / TARGET
+    moved = real.with_name("elsewhere.py")
+    real.rename(moved)
+    real.symlink_to(moved.name)
+    mod = make_mod(tmp_path / "mods")
+    done, _ = sparkmods("check", "--mods-dir", str(mod.parent), "--vllm", f"dir:{site}", "--no-cache")
+    assert "is a symbolic link" in one_line_error(done, 2)

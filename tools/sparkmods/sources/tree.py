@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from sparkmods.errors import SparkmodsError
+from sparkmods.runtime.engine import UnsafePath, plain_path
 from sparkmods.runtime.locate import LocateError, read_version
 from sparkmods.runtime.pep440 import InvalidVersion, Version
 from sparkmods.sources.base import VllmSource, check_member
@@ -19,9 +20,16 @@ class DirSource(VllmSource):
         self.root = root
 
     def read(self, path: str) -> Optional[bytes]:
-        target = self.root / check_member(self.label, path)
+        """The file's bytes, None when absent; a link on the way is refused in one line, as a
+        mod's run.sh refuses it (runtime/engine.plain_path), so check never says `ok` where
+        the mod would refuse to apply."""
         try:
-            return target.read_bytes()
+            target = plain_path(self.root, check_member(self.label, path))
+        except UnsafePath as exc:
+            raise SparkmodsError(f"{self.label}: {str(exc).replace('; nothing was changed', '')}") from None
+        try:
+            with open(target, "rb") as fh:
+                return fh.read()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
 
