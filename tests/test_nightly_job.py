@@ -16,10 +16,13 @@ from pathlib import Path
 import pytest
 
 from modfactory import ORIGINAL, TARGET, make_mod
+from sparkmods.nightly import community_broke
 from test_sources_kit import fresh_cache, loopback_index, make_wheel  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 WHEEL = "vllm-{v}-cp38-abi3-manylinux_2_28_x86_64.whl"
+# Every report ends with the line on the committed community matrix (tests/test_community_results.py).
+COMMUNITY = community_broke(json.loads((REPO / "ci" / "bench" / "results" / "community.json").read_text()))
 
 
 @pytest.fixture
@@ -47,8 +50,9 @@ def job(loopback_index, tmp_path):
 def test_nothing_new_is_said_plainly(job):
     done, report = job()
     assert done.returncode == 0, done.stderr
+    assert COMMUNITY.startswith("\nCommunity mods (")
     assert report == ("## sparkmods: mods against new vLLM builds\n\n"
-                      "Nothing to check: no nightly was asked for and no release is newer than the matrix.\n")
+                      "Nothing to check: no nightly was asked for and no release is newer than the matrix.\n" + COMMUNITY)
 
 
 def test_a_new_release_gets_a_well_formed_table(job):
@@ -57,7 +61,7 @@ def test_a_new_release_gets_a_well_formed_table(job):
     assert done.returncode == 0, done.stderr
     table = [line for line in report.splitlines() if line.startswith("|")]
     assert table == ["| mod | `pypi:0.20.0` |", "|---|---|", "| demo | ✅ ok |"]
-    assert report.endswith("Every mod applies to every build checked.\n")
+    assert report.endswith("Every mod applies to every build checked.\n" + COMMUNITY)
 
 
 def test_offline_works_from_the_cache_as_the_network_error_says(job):
