@@ -109,6 +109,10 @@ def open_git(text: str, label: str) -> GitSource:
                                  "name a git repository as git:PATH@REF") from None
         raise SparkmodsError(f"{label}: {path_text} is not a git repository") from None
     try:
+        # A plain git command first: git's refusal of a repository another user owns then comes back
+        # as an error, where the persistent cat-file process it would otherwise meet first dies
+        # under GitPython's write (a broken pipe, or not, by timing).
+        repo.git.rev_parse("--git-dir")
         commit = repo.commit(ref)
     except (git.BadName, ValueError, git.GitCommandError) as exc:
         if "dubious ownership" in str(exc):  # git's safe.directory: the repository is another user's
