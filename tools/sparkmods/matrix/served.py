@@ -93,7 +93,7 @@ def _applied(checks: List[dict], mod: str) -> Optional[str]:
 def _evidence(doc: dict, path: Path, repo: Path, manifests: Mapping[str, Manifest]) -> Optional[Served]:
     mod, version = doc.get("scenario"), doc.get("vllm")
     checks = doc.get("checks") or []
-    if mod not in manifests or not isinstance(version, str) or not checks:
+    if not isinstance(mod, str) or mod not in manifests or not isinstance(version, str) or not checks:
         return None
     if not all(c.get("passed") for c in checks):
         return None

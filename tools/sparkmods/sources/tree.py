@@ -35,7 +35,7 @@ class DirSource(VllmSource):
 
     def list_files(self) -> List[str]:
         tops = [self.root / "vllm"] + sorted(self.root.glob("vllm-*.dist-info"))
-        found = []
+        found: List[str] = []
         for top in tops:
             for folder, dirs, files in os.walk(top):
                 dirs[:] = [d for d in dirs if d != "__pycache__"]
