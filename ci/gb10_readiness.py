@@ -59,7 +59,7 @@ Job = Tuple[str, str, str, Dict[str, Any], Dict[str, str], Tuple[str, ...], Dict
 
 def load_modules(workdir: Path) -> Tuple[ModuleType, ModuleType, ModuleType]:
     """(int8_lm_head from its patch, tq_format, tq_triton from the mod folder): what the mods install."""
-    sys.path[:0] = [str(REPO / "ci" / "bench"), str(REPO / "mods" / "turboquant" / "files"), str(REPO / "mods" / "_shared")]
+    sys.path[:0] = [str(REPO / "ci" / "bench"), str(REPO / "mods" / "turboquant" / "files")]
     import int8_lm_head_kernel
     import tq_format
     import tq_triton
@@ -217,7 +217,7 @@ def load_jobs(workdir: Path) -> List[Tuple[str, Job]]:
     """Every (target, job), deduplicated (bands that pick the same config compile once)."""
     int8, fmt, tq = load_modules(workdir)
     if tq.kt.SCRATCH_RESERVE != SCRATCH_RESERVE:
-        raise RuntimeError("SCRATCH_RESERVE differs from mods/_shared/sparkmods_kerneltune.py")
+        raise RuntimeError("SCRATCH_RESERVE differs from mods/turboquant/files/sparkmods_kerneltune.py")
     out, seen = [], set()
     for target in TARGETS:
         for job in int8_jobs(int8, target) + tq_jobs(fmt, tq, target):

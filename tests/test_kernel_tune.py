@@ -1,4 +1,4 @@
-"""The rule both kernel mods share (mods/_shared/sparkmods_kerneltune.py) and the tune table.
+"""The rule both kernel mods share (mods/turboquant/files/sparkmods_kerneltune.py) and the tune table.
 
 - fitting: a config is lowered by the shared rule until its byte model fits, and no config the
   mods can pick on an sm_12x part (99 KiB) is over that budget, shipped or tuned;
@@ -30,7 +30,7 @@ import torch
 
 from int8_lm_head_interp import REPO, bench_module
 
-SHARED = REPO / "mods" / "_shared" / "sparkmods_kerneltune.py"
+SHARED = REPO / "mods" / "turboquant" / "files" / "sparkmods_kerneltune.py"
 SM12X = 101376
 GPU = {"name": "NVIDIA GB10", "capability": [12, 1]}
 

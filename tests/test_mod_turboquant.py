@@ -91,7 +91,6 @@ def test_patch_holds_exactly_the_files_of_files_dir() -> None:
 def test_make_patches_check_fails_when_a_source_changes(tmp_path: Path) -> None:
     copy = tmp_path / "turboquant"
     shutil.copytree(MOD, copy, ignore=shutil.ignore_patterns("_sparkmods.py", "manifest.json", "run.sh"))
-    shutil.copytree(MOD.parent / "_shared", tmp_path / "_shared")  # the file shared with int8-lm-head
     script = copy / "make_patches.py"
     assert subprocess.run([sys.executable, str(script), "--check"], capture_output=True).returncode == 0
     backend = copy / "files" / "sparkmods_turboquant.py"

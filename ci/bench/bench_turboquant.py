@@ -43,7 +43,6 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[2]
 MOD_FILES = REPO / "mods" / "turboquant" / "files"
-SHARED_FILES = REPO / "mods" / "_shared"  # sparkmods_kerneltune, which tq_triton imports
 UPSTREAM_MARKER = Path("vllm/v1/attention/ops/triton_turboquant_decode.py")
 REL_TOLERANCE = 2e-2  # ours vs the PyTorch reference: relative L2 of the attention output
 # Lloyd-Max MSE of a unit-variance Gaussian (Max, 1960), the large-D limit of the unit-vector MSE
@@ -91,7 +90,7 @@ def load_modules(interpret: bool) -> Tuple[ModuleType, ModuleType]:
         if "triton" in sys.modules and not _interpreted(sys.modules["triton"]):
             raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set; load the TurboQuant modules first")
         os.environ["TRITON_INTERPRET"] = "1"
-    sys.path[:0] = [str(MOD_FILES), str(SHARED_FILES)]
+    sys.path.insert(0, str(MOD_FILES))
     try:
         import triton.experimental.gluon  # noqa: F401  (imported lazily at the first launch otherwise)
         import tq_format
@@ -100,7 +99,6 @@ def load_modules(interpret: bool) -> Tuple[ModuleType, ModuleType]:
         load_bf16_yardstick()  # defines Triton kernels too: inside the same TRITON_INTERPRET window
     finally:
         sys.path.remove(str(MOD_FILES))
-        sys.path.remove(str(SHARED_FILES))
         if previous is None:
             os.environ.pop("TRITON_INTERPRET", None)
         else:

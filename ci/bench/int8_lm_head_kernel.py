@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 PATCH = REPO / "mods" / "int8-lm-head" / "patches" / "common" / "int8_lm_head.patch"
 MODULE_PATH = "vllm/model_executor/layers/int8_lm_head.py"
 # The fitting rule and tune table shared with turboquant: one source, a second new-file hunk here.
-SHARED = REPO / "mods" / "_shared" / "sparkmods_kerneltune.py"
+SHARED = REPO / "mods" / "turboquant" / "files" / "sparkmods_kerneltune.py"
 SHARED_PATH = "vllm/model_executor/layers/sparkmods_kerneltune.py"
 DISPATCH_OPEN, DISPATCH_CLOSE = "\nDISPATCH = (\n", "\n)\n"
 

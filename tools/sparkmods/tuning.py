@@ -1,5 +1,5 @@
 """`sparkmods tune`: time the int8-lm-head and turboquant kernels on this machine's GPU and write
-the local tune table the mods read at start-up (mods/_shared/sparkmods_kerneltune.py says where
+the local tune table the mods read at start-up (mods/turboquant/files/sparkmods_kerneltune.py says where
 and when they refuse it).
 
 Why on the owner's GPU: the shipped tables were chosen on an H100; a DGX Spark has a tenth of its

@@ -2,8 +2,8 @@
 """What the int8-lm-head and turboquant kernels share (sparkmods): one shared-memory fitting rule
 and the local tune table that `sparkmods tune` writes on the owner's own GPU.
 
-Both mods install this file verbatim next to their kernels (mods/_shared/ is its one source;
-their patches embed it, a test keeps them equal). Stdlib only: it imports without torch.
+Both mods install this file verbatim next to their kernels (its one source is turboquant's
+files/; both mods' patches embed it, a test keeps them equal). Stdlib only: it imports without torch.
 
 Fitting. A config chosen on an H100 (227 KiB of shared memory per block) can need more than a
 DGX Spark's GB10 has (99 KiB); launched there it fails with OutOfResources in the middle of

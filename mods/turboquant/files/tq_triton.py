@@ -44,7 +44,7 @@ import triton.language as tl
 try:  # installed inside vLLM next to its sibling modules
     from . import sparkmods_kerneltune as kt
     from . import sparkmods_tq_format as fmt
-except ImportError:  # loaded from the mod folder (tests, benchmark), with mods/_shared on sys.path
+except ImportError:  # loaded from the mod folder (tests, benchmark), files/ on sys.path
     import sparkmods_kerneltune as kt  # type: ignore[no-redef]
     import tq_format as fmt  # type: ignore[no-redef]
 

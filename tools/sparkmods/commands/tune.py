@@ -71,7 +71,7 @@ def _kerneltune(root: Path) -> "object":
     """The shared table module from the mods' folder (it names the default path)."""
     import importlib.util
 
-    path = root / "_shared" / "sparkmods_kerneltune.py"
+    path = root / "turboquant" / "files" / "sparkmods_kerneltune.py"
     spec = importlib.util.spec_from_file_location("sparkmods_kerneltune", path)
     if spec is None or spec.loader is None or not path.is_file():
         raise SparkmodsError(f"{path} is missing: pass --mods-dir with this repository's mods/")
