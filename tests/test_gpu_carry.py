@@ -156,7 +156,7 @@ def test_extra_requirements_are_carried_with_their_closure(tmp_path, monkeypatch
 
 
 def _resolve_against(carry, index: Path, monkeypatch, extra=(), machine=None, cuda_libs=(),
-                     left: list | None = None) -> list[Path]:
+                     left: list | None = None, machine_libs=()) -> list[Path]:
     """carry._resolve of index/vllm-1.0 with `_download` answering from index as pip would
     (the newest wheel the requirement accepts) and `machine` (name -> version or None) on the
     machine; the CUDA pins left to the machine are appended to `left`."""
@@ -174,7 +174,7 @@ def _resolve_against(carry, index: Path, monkeypatch, extra=(), machine=None, cu
 
     monkeypatch.setattr(carry, "_machine", lambda: dict(machine or {}))
     monkeypatch.setattr(carry, "_download", download)
-    closure = carry._resolve(index / "vllm-1.0-py3-none-any.whl", index, extra, cuda_libs)
+    closure = carry._resolve(index / "vllm-1.0-py3-none-any.whl", index, extra, cuda_libs, machine_libs)
     left.extend(closure.left)
     return sorted(closure.chosen.values())
 
@@ -239,6 +239,51 @@ def test_cuda_libraries_of_a_carried_torch_stay_with_the_machine_unless_named(tm
     got = [p.name.split("-")[0] for p in _resolve_against(carry, index, monkeypatch, machine=machine,
                                                           cuda_libs=["nvidia_cudnn_cu13"])]
     assert got == ["nvidia_cudnn_cu13", "torch"]
+
+
+def test_a_cuda_12_library_named_as_machine_lib_stays_behind(tmp_path, monkeypatch):
+    """vLLM 0.19.1's torch 2.10 asks for CUDA 12 wheels the machine lacks: those named with
+    --machine-lib (a CUDA 13 package there gives the same file in the same folder) stay behind
+    and are listed as left; the others are carried."""
+    carry = _carry()
+    index = tmp_path / "index"
+    index.mkdir()
+    _wheel(index, "vllm", ["torch==2.10.0"])
+    _wheel(index, "torch", ["nvidia-cudnn-cu12==9.10.2.21", "nvidia-cublas-cu12==12.8.4.1"], version="2.10.0")
+    _wheel(index, "nvidia_cudnn_cu12", [], version="9.10.2.21")
+    _wheel(index, "nvidia_cublas_cu12", [], version="12.8.4.1")
+    machine = {"torch": "2.11.0", "nvidia-cudnn-cu13": None}
+    got = [p.name.split("-")[0] for p in _resolve_against(carry, index, monkeypatch, machine=machine)]
+    assert got == ["nvidia_cublas_cu12", "nvidia_cudnn_cu12", "torch"]
+    left: list = []
+    got = [p.name.split("-")[0] for p in _resolve_against(carry, index, monkeypatch, machine=machine, left=left,
+                                                          machine_libs=["nvidia_cudnn_cu12"])]
+    assert got == ["nvidia_cublas_cu12", "torch"]
+    assert left == ["nvidia-cudnn-cu12==9.10.2.21 (torch, a file of the same name and folder)"]
+
+
+def test_install_links_the_machines_folders_a_site_with_carried_cuda_libraries_lacks(tmp_path, monkeypatch, capsys):
+    """A site holding carried CUDA 12 libraries (nvidia/cublas) gets the machine's other folders
+    (nvidia/cudnn, nvidia/cu13) linked in beside them, its own left as carried."""
+    carry = _carry()
+    src = tmp_path / "src"
+    src.mkdir()
+    torch = _installable(src, "torch", "torch")
+    cublas = _installable(src, "nvidia_cublas_cu12", "nvidia/cublas")
+    machine = tmp_path / "machine"
+    for folder in ("cudnn/lib", "cu13/lib", "cublas/lib"):
+        (machine / "nvidia" / folder).mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(machine))
+    out, stage, site = tmp_path / "carry", tmp_path / "stage", tmp_path / "site"
+    carry._split([torch, cublas], out, releases={"9.9": {"wheels": [torch.name, cublas.name], "left_to_machine": []}})
+    carry.receive(out, stage)
+    carry.install(site, "9.9", stage)
+    nvidia = site / "nvidia"
+    assert nvidia.is_dir() and not nvidia.is_symlink()
+    assert not (nvidia / "cublas").is_symlink() and (nvidia / "cublas" / "__init__.py").is_file()
+    assert sorted(p.name for p in nvidia.iterdir() if p.is_symlink()) == ["cu13", "cudnn"]
+    assert (nvidia / "cudnn").resolve() == (machine / "nvidia" / "cudnn").resolve()
+    assert "the machine's cu13, cudnn linked into" in capsys.readouterr().out
 
 
 def test_a_release_is_rebuilt_from_its_own_pieces_only(files, tmp_path, capsys):

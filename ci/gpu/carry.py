@@ -207,10 +207,14 @@ class _Closure:
         self.left: List[str] = []
 
 
-def _machine_keeps(req, have: Dict[str, Optional[str]], cuda_libs: Set[str], by: str, closure: _Closure) -> bool:
+def _machine_keeps(req, have: Dict[str, Optional[str]], cuda_libs: Set[str], by: str, closure: _Closure,
+                   machine_libs: Set[str] = frozenset()) -> bool:
     """True when the machine's own package serves `req` (so nothing is carried for it)."""
     name = _norm(req.name)
     if name in _SKIPPED:
+        return True
+    if name in machine_libs:
+        closure.left.append(f"{req.name}{req.specifier} ({by}, a file of the same name and folder)")
         return True
     if name not in have:
         return False
@@ -224,7 +228,8 @@ def _machine_keeps(req, have: Dict[str, Optional[str]], cuda_libs: Set[str], by:
     return version is None or req.specifier.contains(version, prereleases=True)
 
 
-def _resolve(vllm_wheel: Path, deps_dir: Path, extra: Iterable[str] = (), cuda_libs: Iterable[str] = ()) -> _Closure:
+def _resolve(vllm_wheel: Path, deps_dir: Path, extra: Iterable[str] = (), cuda_libs: Iterable[str] = (),
+             machine_libs: Iterable[str] = ()) -> _Closure:
     """Breadth-first closure of what the machine lacks, one wheel per name, from vLLM's own and
     the `extra` requirement lines (e.g. "ray": vLLM does not require it).
 
@@ -245,7 +250,8 @@ def _resolve(vllm_wheel: Path, deps_dir: Path, extra: Iterable[str] = (), cuda_l
         line, by = todo.pop(0)
         req = Requirement(line)
         name = _norm(req.name)
-        if name == "vllm" or _machine_keeps(req, have, {_norm(n) for n in cuda_libs}, by, out):
+        if name == "vllm" or _machine_keeps(req, have, {_norm(n) for n in cuda_libs}, by, out,
+                                            {_norm(n) for n in machine_libs}):
             continue
         if name in out.chosen:
             if not req.specifier.contains(_version(out.chosen[name]), prereleases=True):
@@ -310,7 +316,8 @@ def _split(files: List[Path], out: Path, piece_bytes: int = PIECE_BYTES,
         (folder / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
 
 
-def prepare(versions: List[str], out: Path, cache: Path, extra: Iterable[str] = (), cuda_libs: Iterable[str] = ()) -> None:
+def prepare(versions: List[str], out: Path, cache: Path, extra: Iterable[str] = (), cuda_libs: Iterable[str] = (),
+            machine_libs: Iterable[str] = ()) -> None:
     """Pieces holding every file the releases need, each file once, in the order given."""
     cache.mkdir(parents=True, exist_ok=True)
     files: Dict[str, Path] = {}
@@ -320,7 +327,7 @@ def prepare(versions: List[str], out: Path, cache: Path, extra: Iterable[str] = 
         deps_dir = cache / "deps"
         deps_dir.mkdir(exist_ok=True)
         print(f"resolving requirements of {wheel.name} the GPU machine lacks", flush=True)
-        closure = _resolve(wheel, deps_dir, extra, cuda_libs)
+        closure = _resolve(wheel, deps_dir, extra, cuda_libs, machine_libs)
         mine = sorted(closure.chosen.values()) + [wheel]
         for path in mine:
             files.setdefault(path.name, path)
@@ -416,11 +423,18 @@ def install(site: Path, release: Optional[str] = None, stage: Path = STAGE) -> N
            "--no-cache-dir", "--upgrade", "--target", str(site)] + [str(p) for p in wheels]
     subprocess.run(cmd, check=True)
     note = ""
-    if (site / "torch").is_dir() and not (site / "nvidia").exists():
-        machine = _machine_nvidia(site)
-        if machine is not None:
-            (site / "nvidia").symlink_to(machine, target_is_directory=True)
-            note = f"; torch uses the machine's CUDA libraries ({machine})"
+    machine = _machine_nvidia(site) if (site / "torch").is_dir() else None
+    if machine is not None and not (site / "nvidia").exists():
+        (site / "nvidia").symlink_to(machine, target_is_directory=True)
+        note = f"; torch uses the machine's CUDA libraries ({machine})"
+    elif machine is not None and not (site / "nvidia").is_symlink():
+        # Carried CUDA libraries of another major beside the ones left behind (--machine-lib): the
+        # torch's rpath names nvidia/<lib>/lib, so each folder the site lacks points at the machine's.
+        linked = [p.name for p in sorted(machine.iterdir()) if p.is_dir() and not (site / "nvidia" / p.name).exists()]
+        for name in linked:
+            (site / "nvidia" / name).symlink_to(machine / name, target_is_directory=True)
+        if linked:
+            note = f"; the machine's {', '.join(linked)} linked into {site / 'nvidia'}"
     print(f"installed {len(wheels)} wheels into {site} (sha256 verified){note}")
 
 
@@ -437,6 +451,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="carry this CUDA library at the version a carried torch pins instead of using the "
                         "machine's own (repeatable), e.g. nvidia-nccl-cu13")
     p.add_argument("--cache", type=Path, default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sparkmods" / "carry")
+    p.add_argument("--machine-lib", action="append", default=[], metavar="NAME",
+                   help="leave this CUDA library of a carried torch behind although the machine has it for "
+                        "another CUDA major only: the machine's library of the same file name and folder "
+                        "stands in (repeatable), e.g. nvidia-cudnn-cu12")
     r = sub.add_parser("receive", help="stage the pieces that came with this call (GPU machine)")
     r.add_argument("--from", dest="src", type=Path, default=Path(".carry"))
     i = sub.add_parser("install", help="rebuild, verify and install (GPU machine)")
@@ -450,7 +468,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             extra = [str(Requirement(line)) for line in args.extra]
         except InvalidRequirement as exc:
             _fail(f"--extra: {exc}")
-        prepare(args.vllm, args.out, args.cache, extra, args.cuda_lib)
+        prepare(args.vllm, args.out, args.cache, extra, args.cuda_lib, args.machine_lib)
     elif args.cmd == "receive":
         receive(args.src)
     else:
