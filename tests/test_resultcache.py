@@ -14,8 +14,8 @@ from typing import List
 import pytest
 
 from modfactory import ORIGINAL, TARGET, make_mod, make_site
-from sparkmods import resultcache
-from sparkmods.check import check_mods
+from sparkmods.checking import resultcache
+from sparkmods.checking.batch import check_mods
 from sparkmods.cli import main
 from sparkmods.sources import open_targets
 from test_sources_kit import fresh_cache, loopback_index, make_wheel  # noqa: F401

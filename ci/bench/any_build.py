@@ -36,8 +36,8 @@ sys.path.insert(0, str(REPO / "tools"))
 sys.path.insert(0, str(REPO / "tests"))
 
 from realtree import run_quietly, snapshot  # noqa: E402
-from sparkmods import resultcache  # noqa: E402
-from sparkmods.check import check_mods  # noqa: E402
+from sparkmods.checking import resultcache  # noqa: E402
+from sparkmods.checking.batch import check_mods  # noqa: E402
 from sparkmods.sources import open_targets  # noqa: E402
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from sparkmods.check import check_mods
+from sparkmods.checking.batch import check_mods
 from sparkmods.errors import SparkmodsError
 from sparkmods.modsdir import load, mod_dirs
 from sparkmods.rebase.modrebase import ModPlan, plan_mod, write_plan

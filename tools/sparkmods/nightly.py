@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from sparkmods.check import CheckRow, check_mods
+from sparkmods.checking.batch import CheckRow, check_mods
 from sparkmods.errors import SparkmodsError
 from sparkmods.runtime.modcheck import DRIFT, GREEN
 from sparkmods.runtime.pep440 import InvalidVersion, Version

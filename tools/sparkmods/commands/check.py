@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from sparkmods.commands import help_for
-from sparkmods.targets import add_cache_arg, add_target_args
+from sparkmods.sources.options import add_cache_arg, add_target_args
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -43,7 +43,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
 
 
 def _finish(args: argparse.Namespace, rows: list, started: float) -> int:
-    from sparkmods import report, resultcache
+    from sparkmods.checking import report, resultcache
     from sparkmods.sources import stats
 
     fetch = stats.snapshot()
@@ -59,10 +59,10 @@ def _finish(args: argparse.Namespace, rows: list, started: float) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from sparkmods import resultcache
-    from sparkmods.check import check_mods
+    from sparkmods.checking import resultcache
+    from sparkmods.checking.batch import check_mods
     from sparkmods.modsdir import resolve_mods
-    from sparkmods.targets import open_sources
+    from sparkmods.sources.options import open_sources
 
     if args.community or args.mods:  # only then can it be about community mods (their import is 10 ms)
         from sparkmods.community.cli import run_check as run_community, wants_community
@@ -92,11 +92,11 @@ def _mark_served(rows: list, mod_dirs: list) -> None:
 
 
 def run_check_patch(args: argparse.Namespace) -> int:
-    from sparkmods import resultcache
-    from sparkmods.check import check_patch_source
+    from sparkmods.checking import resultcache
+    from sparkmods.checking.batch import check_patch_source
     from sparkmods.errors import SparkmodsError
     from sparkmods.patchfile import read_diff_file
-    from sparkmods.targets import open_sources
+    from sparkmods.sources.options import open_sources
 
     started = time.monotonic()
     resultcache.start(reuse=not args.no_cache)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, List, Tuple
 
 from sparkmods.commands import help_for
 from sparkmods.errors import SparkmodsError
-from sparkmods.targets import add_cache_arg, add_target_args
+from sparkmods.sources.options import add_cache_arg, add_target_args
 
 if TYPE_CHECKING:  # imported when a launch is planned, not when the command line is parsed
     from sparkmods.launch.plan import LaunchOptions
@@ -86,7 +86,7 @@ def options_from(args: argparse.Namespace) -> "LaunchOptions":
 
 
 def run_launch(args: argparse.Namespace) -> int:
-    from sparkmods import resultcache
+    from sparkmods.checking import resultcache
     from sparkmods.launch.ontargets import validate_on
     from sparkmods.launch.plan import STANDALONE, build_plan, describe
     from sparkmods.launch.recipe import load_recipe

@@ -12,7 +12,7 @@ from typing import Dict, Optional
 from sparkmods.commands import help_for
 from sparkmods.errors import SparkmodsError
 from sparkmods.outputfile import write_atomic
-from sparkmods.targets import add_target_args, open_sources
+from sparkmods.sources.options import add_target_args, open_sources
 
 JSON_NAME, MD_NAME, SVG_NAME = "matrix.json", "MATRIX.md", "matrix.svg"
 _REPO_MATRIX = Path(__file__).resolve().parents[3] / "matrix"
@@ -109,7 +109,7 @@ def _progress(total: int):
 
 
 def run(args: argparse.Namespace) -> int:
-    from sparkmods import resultcache
+    from sparkmods.checking import resultcache
     from sparkmods.matrix.build import build_counted, sort_sources
     from sparkmods.matrix.compare import compare, without_timestamp
     from sparkmods.modsdir import resolve_mods

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from sparkmods.commands import help_for, only_one
-from sparkmods.drift import Finding
+from sparkmods.checking.drift import Finding
 from sparkmods.errors import SparkmodsError
 from sparkmods.modsdir import load, resolve_mods
 from sparkmods.patchfile import read_patch_file

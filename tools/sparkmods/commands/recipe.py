@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, List, Optional, Sequence
 from sparkmods.commands import help_for
 from sparkmods.errors import SparkmodsError
 from sparkmods.outputfile import write_atomic
-from sparkmods.targets import add_cache_arg, add_target_args
+from sparkmods.sources.options import add_cache_arg, add_target_args
 
 if TYPE_CHECKING:  # imported when a recipe is checked, not when the command line is parsed
     from sparkmods.launch.ontargets import Finding
@@ -74,11 +74,11 @@ def check_one(path: Path, targets: Sequence["TargetFacts"], mods_dir: Optional[P
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from sparkmods import resultcache
+    from sparkmods.checking import resultcache
     from sparkmods.launch.rules import ERROR
     from sparkmods.launch.target import TargetFacts
     from sparkmods.modsdir import mods_root
-    from sparkmods.targets import open_sources
+    from sparkmods.sources.options import open_sources
 
     resultcache.start(reuse=not args.no_cache)
     paths = [Path(p) for p in args.recipes] or default_recipes()

@@ -124,10 +124,10 @@ def run_cells(mods: Sequence[CommunityMod], sources: Sequence, image: str,
 def _run_check(args: argparse.Namespace, mods: Sequence[CommunityMod]) -> int:
     """A row per mod and target with the run's status; exit 1 when a row is not green or the run
     and the static reading disagree."""
-    from sparkmods import report
-    from sparkmods.check import CheckRow
+    from sparkmods.checking import report
+    from sparkmods.checking.batch import CheckRow
     from sparkmods.community.sandbox import check_image, sandbox_image
-    from sparkmods.targets import open_sources
+    from sparkmods.sources.options import open_sources
 
     image = sandbox_image(args.sandbox_image)
     check_image(image)
@@ -160,10 +160,10 @@ def _run_check(args: argparse.Namespace, mods: Sequence[CommunityMod]) -> int:
 def _static_check(args: argparse.Namespace, mods: Sequence[CommunityMod]) -> int:
     """Print the rows (a table, or one JSON document); exit 1 when a row is not green or a mod
     cannot be judged."""
-    from sparkmods import report
-    from sparkmods.check import CheckRow
+    from sparkmods.checking import report
+    from sparkmods.checking.batch import CheckRow
     from sparkmods.sources import stats
-    from sparkmods.targets import open_sources
+    from sparkmods.sources.options import open_sources
 
     started = time.monotonic()
     judged = [m for m in mods if m.checkable]
@@ -196,7 +196,7 @@ def _static_check(args: argparse.Namespace, mods: Sequence[CommunityMod]) -> int
 def community_doc(mods: Sequence[CommunityMod], sources: Sequence, label: str) -> dict:
     """A matrix document (the schema `sparkmods matrix` writes) for community mods."""
     from sparkmods import __version__
-    from sparkmods.check import checker_hash
+    from sparkmods.checking.batch import checker_hash
     from sparkmods.matrix.build import cell_from_result
 
     per_source = judge_all(mods, sources)
@@ -226,7 +226,7 @@ def run_matrix(args: argparse.Namespace) -> int:
     from sparkmods.commands.matrix import _write_all
     from sparkmods.matrix.build import sort_sources
     from sparkmods.matrix.render import LEGEND, to_markdown, to_svg
-    from sparkmods.targets import open_sources
+    from sparkmods.sources.options import open_sources
 
     if args.check or args.against:
         raise SparkmodsError("--community writes a matrix; --check and --against work on ours only")

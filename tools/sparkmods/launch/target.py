@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from typing import Dict, FrozenSet, Iterable, Optional, Set
 
-from sparkmods import pyparse
+from sparkmods.pyindex import safeparse
 
 __all__ = ["TargetFacts", "literal_alias", "SPECULATIVE_PY", "CACHE_PY", "ARG_UTILS_PY", "RUNNER_PY", "KV_INTERFACE_PY"]
 
@@ -69,7 +69,7 @@ def _strings(node: ast.expr, aliases: Dict[str, ast.expr], seen: Set[str]) -> Op
 def literal_alias(source_text: str, name: str) -> Optional[FrozenSet[str]]:
     """Evaluate the module-level Literal alias `name` of a Python file; None if absent/unknown."""
     try:
-        tree = pyparse.parse(source_text)
+        tree = safeparse.parse(source_text)
     except SyntaxError:
         return None
     aliases = _aliases(tree)

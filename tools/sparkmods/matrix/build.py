@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from sparkmods import __version__, gcpause, resultcache
-from sparkmods.check import SOURCE_JOBS, check_source, checker_hash
+from sparkmods import __version__
+from sparkmods.checking import resultcache
+from sparkmods.pyindex import gcpause
+from sparkmods.checking.batch import SOURCE_JOBS, check_source, checker_hash
 from sparkmods.matrix import served
 from sparkmods.modsdir import load
 from sparkmods.runtime.manifest import Manifest

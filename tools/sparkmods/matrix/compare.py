@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
-from sparkmods.check import checker_hash
+from sparkmods.checking.batch import checker_hash
 from sparkmods.matrix.build import TIMESTAMP_KEY, served_index
 from sparkmods.matrix.served import attach
-from sparkmods.resultcache import mod_hash
+from sparkmods.checking.resultcache import mod_hash
 from sparkmods.runtime.modcheck import GREEN
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 from typing import List, Optional, Sequence, Tuple
 
-from sparkmods import pyparse
+from sparkmods.pyindex import safeparse
 
 from .pyscope import Block, PyFile, Stmt, indent_of, is_trivia
 
@@ -404,7 +404,7 @@ def _all_imports(new: Sequence[str]) -> bool:
     if not text.strip():
         return False
     try:
-        tree = pyparse.parse(textwrap.dedent(text))
+        tree = safeparse.parse(textwrap.dedent(text))
     except SyntaxError:
         return False
     return bool(tree.body) and all(_is_import(n) for n in tree.body)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
-from sparkmods import pyparse
+from sparkmods.pyindex import safeparse
 from sparkmods.runtime.engine import APPLIED, plan_file
 from sparkmods.runtime.udiff import FilePatch
 
@@ -137,7 +137,7 @@ def merge_file(fp: FilePatch, base: Sequence[str], onto: Sequence[str], edits: S
     merged = apply_edits(list(onto), placed)  # type: ignore[arg-type]
     if python and of is not None:
         try:
-            pyparse.parse(join_lines(merged))
+            safeparse.parse(join_lines(merged))
         except SyntaxError as exc:
             for x in outcomes:
                 if x.outcome == PLACED:

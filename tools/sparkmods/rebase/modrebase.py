@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from sparkmods.drift import Finding, check_patched, new_findings
+from sparkmods.checking.drift import Finding, check_patched, new_findings
 from sparkmods.errors import SparkmodsError
 from sparkmods.runtime.engine import plan as engine_plan
 from sparkmods.runtime.manifest import MANIFEST_TOML, Manifest, ManifestError, Variant

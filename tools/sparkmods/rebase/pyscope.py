@@ -15,7 +15,7 @@ import tokenize
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence
 
-from sparkmods import pyparse
+from sparkmods.pyindex import safeparse
 
 __all__ = ["Stmt", "Block", "PyFile", "parse_py", "indent_of", "is_trivia"]
 
@@ -233,7 +233,7 @@ def _is_elif(lines: Sequence[str], node: ast.stmt) -> bool:
 def parse_py(lines: Sequence[str]) -> Optional[PyFile]:
     """A PyFile, or None when the text is not Python this interpreter can parse."""
     try:
-        tree = pyparse.parse("".join(lines))
+        tree = safeparse.parse("".join(lines))
     except (SyntaxError, ValueError, RecursionError):
         return None
     return PyFile(lines, tree)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import List, Sequence
 
-from sparkmods.drift import Finding
+from sparkmods.checking.drift import Finding
 
 from .core import RebaseResult
 from .merge import CONFLICT

@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from sparkmods import slots
+from sparkmods.checking import cpuslots
 from sparkmods.errors import SparkmodsError
 from sparkmods.runtime.pep440 import InvalidVersion, Version
 from sparkmods.sources.base import VllmSource, check_member
@@ -159,7 +159,7 @@ class RemoteWheel(VllmSource):
                 return
             fetch, others = self._claim(missing)
             hinted: List[str] = []
-            with slots.waiting():
+            with cpuslots.waiting():
                 try:
                     if fetch:  # a round trip anyway: what the nearest siblings were asked for comes with it
                         hinted, _ = self._claim([p for p in self._siblings.hints(self._place) if p in layout and

@@ -39,9 +39,9 @@ from sparkmods.sources.cache import cache_root, read_bytes, write_atomic
 
 SCHEMA = 1
 MAX_ENTRIES = 20_000  # a few KB each: 23 releases x 5 mods is 115
-_HERE = Path(__file__).resolve().parent
+_HERE = Path(__file__).resolve().parent.parent  # sparkmods/
 # Host code besides the drift checks (check.checker_hash) that decides a row.
-_DECIDING = ("check.py", "patchfile.py", "pyparse.py", "resultcache.py")
+_DECIDING = ("checking/batch.py", "patchfile.py", "pyindex/safeparse.py", "checking/resultcache.py")
 
 
 def mod_hash(mod_dir: Path) -> str:
@@ -97,7 +97,7 @@ class ResultCache:
 
     def key(self, subject: str, source: Any) -> Optional[dict]:
         """Everything the row is a function of, or None when the source's bytes have no name."""
-        from sparkmods.check import checker_hash
+        from sparkmods.checking.batch import checker_hash
 
         named = getattr(source, "content_key", None)  # duck-typed sources without it: never stored
         content = named() if named is not None else None

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import List, Optional, Sequence
 
-from sparkmods.check import CheckRow
+from sparkmods.checking.batch import CheckRow
 from sparkmods.matrix.served import describe
 from sparkmods.runtime.modcheck import GREEN
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 import threading
 
-from sparkmods import gcpause
+from sparkmods.pyindex import gcpause
 
 _LOCK = threading.Lock()
 

@@ -22,9 +22,9 @@ import functools
 from dataclasses import dataclass
 from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
 
-from sparkmods.driftmemo import Changes, DriftMemo, changes_key
-from sparkmods.linediff import changed_lines
-from sparkmods.rebase.resolve import Module, Signature, Symbol, VllmTree, module_name, parse, signature_keeping
+from sparkmods.checking.driftmemo import Changes, DriftMemo, changes_key
+from sparkmods.checking.linediff import changed_lines
+from sparkmods.pyindex.resolve import Module, Signature, Symbol, VllmTree, module_name, parse, signature_keeping
 from sparkmods.runtime.engine import APPLIED, OK, OK_OFFSET, plan_file
 from sparkmods.runtime.modcheck import DRIFT
 from sparkmods.runtime.udiff import FilePatch, reverse

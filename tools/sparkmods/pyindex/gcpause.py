@@ -1,7 +1,7 @@
 """The cyclic garbage collector paused while a batch of checks runs.
 
 A check parses vLLM modules into ASTs and keeps them in the parse cache (rebase/resolve.py):
-hundreds of thousands of tracked objects per release. pyparse pauses the collector while a tree
+hundreds of thousands of tracked objects per release. safeparse pauses the collector while a tree
 is built, but the new nodes still enter the youngest generation, so the next collections
 traverse every one of them on their way to the oldest, and each full collection walks every
 tree the cache holds. None of that frees anything: a tree has no reference cycles, and

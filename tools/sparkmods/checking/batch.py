@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set
 
-from sparkmods import gcpause, resultcache, slots
+from sparkmods.checking import cpuslots, resultcache
+from sparkmods.pyindex import gcpause
 from sparkmods.modsdir import load
 from sparkmods.runtime.manifest import Manifest, Upstream, Variant
 from sparkmods.runtime.modcheck import (BASE_ENV, BaseMismatch, ModResult, aggregate, by_version, check_mod,
@@ -34,13 +35,14 @@ if TYPE_CHECKING:
 
 # Host code that can change a row's status beyond the mod's own files (whose runtime copy is
 # part of the mod's content hash): a change here must re-check every matrix cell.
-_DRIFT_CODE = ("drift.py", "driftmemo.py", "linediff.py", "defscan.py", "rebase/resolve.py")
+_DRIFT_CODE = ("checking/drift.py", "checking/driftmemo.py", "checking/linediff.py", "pyindex/defscan.py",
+               "pyindex/resolve.py")
 
 
 @functools.lru_cache(maxsize=1)
 def checker_hash() -> str:
     """sha256 over the drift-check sources, recorded in the matrix beside each mod's hash."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent
     digest = hashlib.sha256()
     for rel in _DRIFT_CODE:
         digest.update(rel.encode() + b"\0" + hashlib.sha256((here / rel).read_bytes()).digest())
@@ -103,10 +105,10 @@ def check_source(mods: Sequence["tuple[Path, Manifest]"], source,
                 wanted |= paths_needed(manifest, mod_dir, source.version, hashes[manifest.name])
             # Parsing vLLM's Python: only when a row is checked. Imported before the fetch
             # below, which waits for the network, rather than in the first check (30 ms).
-            from sparkmods.drift import drift_status
+            from sparkmods.checking.drift import drift_status
 
             source.prefetch(sorted(wanted))
-            with slots.checking():
+            with cpuslots.checking():
                 for mod_dir, manifest in todo:
                     result = _checked(manifest, mod_dir, source, hashes[manifest.name], drift_status)
                     cache.put(hashes[manifest.name], source, result)
@@ -170,7 +172,7 @@ def check_patch_source(name: str, subject: str, changes: Sequence["Change"], sou
     cache = resultcache.active()
     result = cache.get(subject, source, name)
     if result is None:
-        from sparkmods.drift import drift_status
+        from sparkmods.checking.drift import drift_status
         from sparkmods.gitdiff import plan_changes
 
         try:
@@ -204,7 +206,7 @@ def _release(source) -> None:
 
 
 # Sources in flight at once (check, matrix, community judge), each holding its wheel's central
-# directory and fetched bytes until released; of those, at most slots.CHECK_SLOTS run their
+# directory and fetched bytes until released; of those, at most cpuslots.CHECK_SLOTS run their
 # checks at a time (check_source), the others fetch (the community judge takes no slot).
 # Cold check of 23 releases / 50 nightly builds (median of 8 / 3, alternating): 4 and 2
 # slots 3.07 s / 75 MiB, 6 and 3 2.77 s / 83 MiB, 8 and 4 2.92 s / 90 MiB.
