@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkmods.checking.batch import CheckRow
+from sparkmods.checking.rows import CheckRow
 from sparkmods.matrix import render, served
 from sparkmods.matrix.compare import stale_served
 from sparkmods.modsdir import load, resolve_mods

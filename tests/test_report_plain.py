@@ -9,7 +9,7 @@ import random
 import pytest
 
 from sparkmods.checking import report
-from sparkmods.checking.batch import CheckRow
+from sparkmods.checking.rows import CheckRow
 from sparkmods.runtime.engine import FileResult, HunkResult
 from sparkmods.runtime.modcheck import ModResult
 

@@ -271,9 +271,9 @@ def _junit_cases(path: Path) -> List[Dict[str, str]]:
 def regenerate_matrix(matrix_dir: Path, mods_root: Path, onto, index_url: Optional[str]) -> List[str]:
     """Rewrite matrix_dir for the mods in mods_root on the matrix's own targets (plus onto when
     it is a release): cells whose inputs did not change are reused. Returns what changed."""
-    from sparkmods.commands.matrix import JSON_NAME, _write_all, rendered
     from sparkmods.matrix.build import build_counted, sort_sources
     from sparkmods.matrix.compare import compare
+    from sparkmods.matrix.document import JSON_NAME, rendered, write_all
     from sparkmods.sources import open_targets
 
     path = matrix_dir / JSON_NAME
@@ -285,7 +285,7 @@ def regenerate_matrix(matrix_dir: Path, mods_root: Path, onto, index_url: Option
         labels.append(onto.label)
     sources = [onto if label == onto.label else open_targets(label, index_url=index_url)[0] for label in labels]
     built = build_counted(mod_dirs(mods_root), sort_sources(sources), previous)
-    _write_all(matrix_dir, rendered(built.doc))
+    write_all(matrix_dir, rendered(built.doc))
     diff = compare(previous, built.doc)
     lines = [f"new release column: {v}" for v in diff.new_releases]
     lines += [f"new cell: {c['mod']} on vLLM {c['vllm']}: {c['status']}" + (f" (variant {c['variant']})" if c["variant"] else "")

@@ -8,7 +8,6 @@ command line is judged as a mod folder of its own."""
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import re
 import sys
@@ -125,7 +124,7 @@ def _run_check(args: argparse.Namespace, mods: Sequence[CommunityMod]) -> int:
     """A row per mod and target with the run's status; exit 1 when a row is not green or the run
     and the static reading disagree."""
     from sparkmods.checking import report
-    from sparkmods.checking.batch import CheckRow
+    from sparkmods.checking.rows import CheckRow
     from sparkmods.community.sandbox import check_image, sandbox_image
     from sparkmods.sources.options import open_sources
 
@@ -161,7 +160,7 @@ def _static_check(args: argparse.Namespace, mods: Sequence[CommunityMod]) -> int
     """Print the rows (a table, or one JSON document); exit 1 when a row is not green or a mod
     cannot be judged."""
     from sparkmods.checking import report
-    from sparkmods.checking.batch import CheckRow
+    from sparkmods.checking.rows import CheckRow
     from sparkmods.sources import stats
     from sparkmods.sources.options import open_sources
 
@@ -195,23 +194,16 @@ def _static_check(args: argparse.Namespace, mods: Sequence[CommunityMod]) -> int
 
 def community_doc(mods: Sequence[CommunityMod], sources: Sequence, label: str) -> dict:
     """A matrix document (the schema `sparkmods matrix` writes) for community mods."""
-    from sparkmods import __version__
-    from sparkmods.checking.batch import checker_hash
     from sparkmods.matrix.build import cell_from_result
+    from sparkmods.matrix.document import document
 
     per_source = judge_all(mods, sources)
     cells = [cell_from_result(per_source[j][i], s.label, "", s.sha256)
              for i in range(len(mods)) for j, s in enumerate(sources)]
     for cell in cells:
         cell.pop("mod_hash")
-    return {
-        "schema": 1, "generated_by": f"sparkmods {__version__}", "checker": checker_hash(),
-        "generated_at": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
-        "community": {"source": label, "mods": len(mods), "checkable": sum(1 for m in mods if m.checkable)},
-        "releases": [{"vllm": s.version, "target": s.label, "commit": s.commit, "wheel_sha256": s.sha256} for s in sources],
-        "mods": [{"name": m.name, "summary": _summary(m), "variants": []} for m in mods],
-        "cells": cells,
-    }
+    return document(sources, [{"name": m.name, "summary": _summary(m), "variants": []} for m in mods], cells,
+                    community={"source": label, "mods": len(mods), "checkable": sum(1 for m in mods if m.checkable)})
 
 
 def _summary(mod: CommunityMod) -> str:
@@ -223,9 +215,10 @@ def _summary(mod: CommunityMod) -> str:
 
 def run_matrix(args: argparse.Namespace) -> int:
     """Write MATRIX.md, matrix.json and matrix.svg for the community mods into --out."""
-    from sparkmods.commands.matrix import _write_all
+    from sparkmods.checking.rows import Tally
     from sparkmods.matrix.build import sort_sources
-    from sparkmods.matrix.render import LEGEND, to_markdown, to_svg
+    from sparkmods.matrix.document import JSON_NAME, MD_NAME, SVG_NAME, rendered, write_all
+    from sparkmods.matrix.render import LEGEND
     from sparkmods.sources.options import open_sources
 
     if args.check or args.against:
@@ -237,9 +230,8 @@ def run_matrix(args: argparse.Namespace) -> int:
         sources.extend(open_sources(argparse.Namespace(**{**vars(args), "vllm": [spec]})))
     doc = community_doc(mods, sources, args.source_label or str(Path(args.community).resolve()))
     legend = {**LEGEND, **LEGEND_EXTRA}
-    _write_all(out, {"matrix.json": json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False) + "\n",
-                     "MATRIX.md": to_markdown(doc, legend), "matrix.svg": to_svg(doc, legend)})
-    bad = sum(1 for c in doc["cells"] if c["status"] not in ("ok", "ok-offset", "applied", "upstream"))
-    print(f"wrote {out}/{{matrix.json,MATRIX.md,matrix.svg}}: {len(mods)} community mods "
+    write_all(out, rendered(doc, legend))
+    bad = Tally.of(c["status"] for c in doc["cells"]).not_green
+    print(f"wrote {out}/{{{JSON_NAME},{MD_NAME},{SVG_NAME}}}: {len(mods)} community mods "
           f"({doc['community']['checkable']} checkable) x {len(sources)} targets, {bad} cells not green")
     return 0
