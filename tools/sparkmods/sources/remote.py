@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import tempfile
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from sparkmods.checking import cpuslots
 from sparkmods.errors import SparkmodsError
+from sparkmods.outputfile import replacing
 from sparkmods.runtime.pep440 import InvalidVersion, Version
 from sparkmods.sources.base import VllmSource, check_member
 from sparkmods.sources import memberstore
@@ -367,9 +366,8 @@ class RemoteWheel(VllmSource):
         self._entry.dir.mkdir(parents=True, exist_ok=True)
         hasher = hashlib.sha256()
         total = 0
-        fd, tmp = tempfile.mkstemp(dir=self._entry.dir, prefix=".wheel.", suffix=".tmp")
         try:
-            with os.fdopen(fd, "wb") as out:
+            with replacing(self._entry.whole, mode=0o600) as out:
                 while True:
                     try:
                         chunk = exc.stream.read(_CHUNK)
@@ -381,19 +379,18 @@ class RemoteWheel(VllmSource):
                     hasher.update(chunk)
                     out.write(chunk)
                     total += len(chunk)
-            stats.add(nbytes=total, full_downloads=1)
-            got = hasher.hexdigest()
-            if self.sha256 is None:
-                log.warning("%s: the index gives no sha256 for %s; the download is unverified",
-                            self.label, self.filename)
-            elif got != self.sha256:
-                raise SparkmodsError(f"{self.label}: {self.filename} sha256 is {got}, the index says "
-                                     f"{self.sha256}; refusing the download")
-            self._bind_download(Path(tmp), total)
-            os.replace(tmp, self._entry.whole)
+                out.flush()
+                stats.add(nbytes=total, full_downloads=1)
+                got = hasher.hexdigest()
+                if self.sha256 is None:
+                    log.warning("%s: the index gives no sha256 for %s; the download is unverified",
+                                self.label, self.filename)
+                elif got != self.sha256:
+                    raise SparkmodsError(f"{self.label}: {self.filename} sha256 is {got}, the index says "
+                                         f"{self.sha256}; refusing the download")
+                self._bind_download(Path(out.name), total)
         finally:
             exc.stream.close()
-            Path(tmp).unlink(missing_ok=True)
 
     def _bind_download(self, path: Path, size: int) -> None:
         """A downloaded wheel must be the one earlier range reads recorded (or becomes the record)."""
