@@ -304,9 +304,10 @@ def _edit_rows(plan: ModPlan) -> List[str]:
             for part in f.parts:
                 where = f"`{f.path}`" + (f" -> `{part.target}` (file moved)" if part.target != f.path else "")
                 for o in part.outcomes:
-                    onto_line = "" if o.o0 is None else str(o.o0 + 1)
+                    onto_line = "" if o.onto_start is None else str(o.onto_start + 1)
                     how = o.outcome + (f" ({o.rule})" if o.rule else "") + (f": {o.reason}" if o.reason else "")
-                    rows.append(f"| `{p.source}` | {where} | {o.edit.hunk} | {o.edit.b0 + 1} | {onto_line} | {how} |")
+                    rows.append(f"| `{p.source}` | {where} | {o.edit.hunk} | {o.edit.base_start + 1} | {onto_line} "
+                                f"| {how} |")
             if not f.parts:
                 rows.append(f"| `{p.source}` | `{f.path}` | | | | {f.status}{': ' + f.reason if f.reason else ''} |")
     return rows

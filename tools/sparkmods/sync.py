@@ -3,7 +3,7 @@
 A mod folder must be self-contained (launch-cluster.sh copies only that folder, and workers get
 no dotfiles), so every mod carries `run.sh`, `_sparkmods.py` (the whole runtime in one file:
 runtime/boot.py, then every other runtime module as text, byte for byte) and `manifest.json`.
-They are generated, never edited: `sparkmods sync --check` reports any drift and the test suite
+They are generated, never edited: `sparkmods sync --check` reports any stale one and the test suite
 runs it, so the copy in a mod cannot silently differ from tools/.
 """
 
@@ -103,7 +103,7 @@ def expected_files(mod_dir: Path) -> Dict[str, bytes]:
             MANIFEST_JSON: (json.dumps(manifest.raw, indent=2, sort_keys=True) + "\n").encode()}
 
 
-def drift(mod_dir: Path) -> List[str]:
+def stale_files(mod_dir: Path) -> List[str]:
     """Generated files that are missing, differ, are not executable, or should not be there."""
     problems = []
     wanted = expected_files(mod_dir)

@@ -31,15 +31,16 @@ def register(sub: "argparse._SubParsersAction") -> None:
     add_cache_arg(p)
     p.set_defaults(func=run_check)
 
-    q = sub.add_parser("check-patch", help=help_for("check-patch"))
-    q.add_argument("patch", metavar="FILE")
-    q.add_argument("-p", dest="strip", type=int, default=1,
-                   help="leading path components to strip, as GNU patch's -p N (default 1)")
-    q.add_argument("-R", "--reverse", action="store_true", help="check the patch reversed, as `patch -R` applies it")
-    q.add_argument("--json", action="store_true")
-    add_target_args(q, default=None)
-    add_cache_arg(q)
-    q.set_defaults(func=run_check_patch)
+    patch_parser = sub.add_parser("check-patch", help=help_for("check-patch"))
+    patch_parser.add_argument("patch", metavar="FILE")
+    patch_parser.add_argument("-p", dest="strip", type=int, default=1,
+                              help="leading path components to strip, as GNU patch's -p N (default 1)")
+    patch_parser.add_argument("-R", "--reverse", action="store_true",
+                              help="check the patch reversed, as `patch -R` applies it")
+    patch_parser.add_argument("--json", action="store_true")
+    add_target_args(patch_parser, default=None)
+    add_cache_arg(patch_parser)
+    patch_parser.set_defaults(func=run_check_patch)
 
 
 def _finish(args: argparse.Namespace, rows: list, started: float) -> int:

@@ -29,13 +29,13 @@ def mods(ctx: Context) -> Iterator[Problem]:
 
 def mod_files(ctx: Context) -> Iterator[Problem]:
     """The folder the launcher copies must carry an up-to-date generated run.sh and runtime."""
-    from sparkmods.sync import drift
+    from sparkmods.sync import stale_files
 
     for folder in ctx.plan.mod_dirs:
         if not (folder / MANIFEST_TOML).is_file():
             continue
         try:
-            found = drift(folder)
+            found = stale_files(folder)
         except SparkmodsError as exc:
             yield Problem("mod-files", str(exc))
             continue
