@@ -1,6 +1,6 @@
 """What the wheels of one run share: members stored by the sha256 their wheel's RECORD lists
 (memberstore.py), the paths siblings were asked for (siblings.py), and the check slots
-(slots.py)."""
+(checking/cpuslots.py)."""
 
 from __future__ import annotations
 

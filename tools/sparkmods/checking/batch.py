@@ -114,7 +114,7 @@ def _drift_free(manifest: Manifest, mod_dir: Path, source, content: str, chosen:
 
 def _patches(mod_dir: Path, variant: Variant, content: Optional[str]) -> List[FilePatch]:
     """variant_patches, read and parsed once per process for a mod whose content hash is given
-    (it covers every file a variant reads, so equal hashes mean equal patches): check.py would
+    (it covers every file a variant reads, so equal hashes mean equal patches): this module would
     otherwise resolve, read and parse the same patch files twice more per mod and release.
     Errors are not kept: a bad patch raises every time."""
     if content is None:
@@ -171,8 +171,7 @@ def _release(source) -> None:
 # Sources in flight at once (check, matrix, community judge), each holding its wheel's central
 # directory and fetched bytes until released; of those, at most cpuslots.CHECK_SLOTS run their
 # checks at a time (check_source), the others fetch (the community judge takes no slot).
-# Cold check of 23 releases / 50 nightly builds (median of 8 / 3, alternating): 4 and 2
-# slots 3.07 s / 75 MiB, 6 and 3 2.77 s / 83 MiB, 8 and 4 2.92 s / 90 MiB.
+# More sources cost memory and no longer time (ci/bench/results/host-constants.md).
 SOURCE_JOBS = 6
 
 

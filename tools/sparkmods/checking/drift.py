@@ -362,7 +362,7 @@ def new_findings(onto: Sequence[DriftFinding], base: Sequence[DriftFinding]) -> 
 def drift_status(source, mod_result, patches: Optional[Sequence[FilePatch]] = None) -> Optional[Tuple[str, str]]:
     """("drift", reason) when a mod that applies to `source` would break it; else None.
 
-    `sparkmods check` (check.check_source) calls it for every green variant row and replaces
+    `sparkmods check` (batch.check_source) calls it for every green variant row and replaces
     the status with `drift` when it returns a value. `applied` rows need the variant's parsed
     patches (to recover the unpatched file). `source` needs read() and, optionally, list_files().
     """

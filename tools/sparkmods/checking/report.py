@@ -78,7 +78,7 @@ _RICH_ENV = ("COLUMNS", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "JUP
 def _plain_table(columns: List[str], cells: List[List[str]]) -> Optional[str]:
     """The table exactly as rich lays it out for a pipe (no colour, nothing folded: columns as
     wide as their widest cell, two spaces apart, line ends trimmed), written without loading
-    rich (a tenth of a second for a hundred rows); None when rich could lay it out otherwise:
+    rich (which costs more than the table); None when rich could lay it out otherwise:
     a terminal, a set width, text rich would read as markup or emoji codes, or a line that
     would not fit."""
     if sys.stdout.isatty() or any(name in os.environ for name in _RICH_ENV):
@@ -108,8 +108,7 @@ def print_json(rows: Sequence[CheckRow], fetch: dict, result_cache: Optional[dic
     if result_cache is not None:
         doc["result_cache"] = result_cache  # rows reused from stored results vs checked now
     # One write: json.dump writes token by token, and where stdout is unbuffered
-    # (PYTHONUNBUFFERED, common in containers and CI) every token is a system call: 13,700
-    # for a check of 23 releases.
+    # (PYTHONUNBUFFERED, common in containers and CI) every token is a system call.
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False) + "\n")
 
 

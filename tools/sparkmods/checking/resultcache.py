@@ -6,16 +6,15 @@ A row (one mod or loose patch on one vLLM) depends on exactly:
   source   what the vLLM's bytes are: a wheel's index sha256 together with the digest of the
            central directory the cache entry recorded (wheelentry.Identity: what was really
            read, CRC-32 of every member included), or a git tree's object id;
-  checker  the drift-check fingerprint the matrix records (check.checker_hash);
-  code     the host code that makes the rest of the decision (runtime/, check.py, the patch
-           reader), which a mod's own runtime copy covers only once `sparkmods sync` ran;
+  checker  the drift-check fingerprint the matrix records (fingerprints.checker_hash);
+  code     the host code that makes the rest of the decision (runtime/, batch.py, the patch
+           reader; fingerprints.code_hash), which a mod's own runtime copy covers only once `sparkmods sync` ran;
   python   the interpreter's minor version (what `ast` accepts decides `syntax` findings).
 Sources whose bytes have no such name (dir:, wheel:PATH, image:) are always checked.
 
 Entries live in one folder, <cache>/results-v2/, one JSON file per key, written atomically
-(results-v1 spread them over 256 subfolders, and a cold check, one entry per mod and release,
-created a folder for most of them: on ext4 a folder costs more to create than a file); a file
-that is unreadable, names another key, or does not decode to a well-formed result is a miss.
+(no subfolders: a cold check writes an entry per mod and release, and a folder costs more to
+create than a file); a file that is unreadable, names another key, or does not decode to a well-formed result is a miss.
 The folder is bounded: past MAX_ENTRIES the least recently used entries go.
 `--no-cache` (ResultCache(reuse=False)) checks every row again and stores the fresh results.
 """
@@ -38,7 +37,7 @@ from sparkmods.runtime.modcheck import ModResult
 from sparkmods.sources.cache import cache_root, read_bytes, write_atomic
 
 SCHEMA = 1
-MAX_ENTRIES = 20_000  # a few KB each: 23 releases x 5 mods is 115
+MAX_ENTRIES = 20_000  # a few KB each; a matrix run stores one per mod and release
 
 
 @dataclass
