@@ -26,14 +26,21 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from sparkmods.checking.batch import check_mods
 from sparkmods.errors import SparkmodsError
+from sparkmods.matrix.build import build_counted, sort_sources
+from sparkmods.matrix.compare import compare
+from sparkmods.matrix.document import JSON_NAME, rendered, write_all
 from sparkmods.modsdir import load, mod_dirs
+from sparkmods.outputfile import write_into
 from sparkmods.rebase.modrebase import ModPlan, plan_mod, write_plan
 from sparkmods.rebase.report import drift_lines, result_lines
 from sparkmods.rebase.tomledit import TomlEditError, set_verified
 from sparkmods.runtime.manifest import MANIFEST_TOML, ManifestError, load_manifest
 from sparkmods.runtime.modcheck import GREEN
 from sparkmods.runtime.pep440 import Version
-from sparkmods.outputfile import write_into
+from sparkmods.sources import open_targets
+from sparkmods.sources.index import fetch_page
+from sparkmods.sources.spec import default_index
+from sparkmods.sync import sync
 
 PROPOSED, FLAGGED, TESTS_FAILED, UNTESTED = "proposed", "flagged", "tests-failed", "no-runtime-tests"
 
@@ -147,8 +154,6 @@ def heal_break(mod_dir: Path, onto, open_release: Callable[[str], object], *, st
 def _write_and_prove(heal: Heal, mod_dir: Path, manifest, onto, run_tests: Optional[TestRunner],
                      matrix_dir: Optional[Path], index_url: Optional[str]) -> Heal:
     """heal_break's steps after an exact plan: write, check, test, mark verified, matrix."""
-    from sparkmods.sync import sync
-
     plan = heal.plan
     assert plan is not None
     heal.written = write_plan(mod_dir, manifest, plan, write_into, onto.read)
@@ -203,9 +208,6 @@ def _wheel_for(onto, index_url: Optional[str], folder: Path) -> "tuple[Optional[
     url = getattr(onto, "url", None)
     if not url:
         raise SparkmodsError(f"{onto.label}: no wheel URL to install it from for the runtime tests")
-    from sparkmods.sources.index import fetch_page
-    from sparkmods.sources.spec import default_index
-
     version = Version(onto.version)
     below = [v for v in fetch_page(default_index(index_url), offline=False).versions()
              if not Version(str(v)).is_prerelease and Version(str(v)) < version]
@@ -271,11 +273,6 @@ def _junit_cases(path: Path) -> List[Dict[str, str]]:
 def regenerate_matrix(matrix_dir: Path, mods_root: Path, onto, index_url: Optional[str]) -> List[str]:
     """Rewrite matrix_dir for the mods in mods_root on the matrix's own targets (plus onto when
     it is a release): cells whose inputs did not change are reused. Returns what changed."""
-    from sparkmods.matrix.build import build_counted, sort_sources
-    from sparkmods.matrix.compare import compare
-    from sparkmods.matrix.document import JSON_NAME, rendered, write_all
-    from sparkmods.sources import open_targets
-
     path = matrix_dir / JSON_NAME
     if not path.is_file():
         return [f"{path} does not exist: no matrix to regenerate"]

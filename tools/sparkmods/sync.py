@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from sparkmods.errors import SparkmodsError
+from sparkmods.modsdir import load
 from sparkmods.outputfile import write_atomic
 from sparkmods.runtime import __file__ as _runtime_init
 from sparkmods.runtime.manifest import MANIFEST_JSON
@@ -96,8 +97,6 @@ def runtime_file() -> bytes:
 
 def expected_files(mod_dir: Path) -> Dict[str, bytes]:
     """Relative path -> content of every generated file this mod must have."""
-    from sparkmods.modsdir import load
-
     manifest = load(mod_dir)
     return {"run.sh": RUN_SH.encode(), RUNTIME_FILE: runtime_file(),
             MANIFEST_JSON: (json.dumps(manifest.raw, indent=2, sort_keys=True) + "\n").encode()}

@@ -11,6 +11,7 @@ Cells the previous matrix cannot give come from checking.batch.check_source, whi
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -90,8 +91,6 @@ def build_counted(mod_dirs: Sequence[Path], sources: Sequence, previous: Optiona
                   on_progress: Optional[Callable[[str], None]] = None, jobs: int = SOURCE_JOBS) -> Built:
     """build(), counting reused and re-checked cells; each green cell marked with the GPU run
     that served its variant, if one did."""
-    from concurrent.futures import ThreadPoolExecutor
-
     mods = [(d, load(d)) for d in mod_dirs]
     hashes = {m.name: mod_hash(d) for d, m in mods}
     checker = checker_hash()
