@@ -87,7 +87,7 @@ def release_site(root: Path, mods: Iterable[Path], version: str, label: Optional
     """The files these mods touch (and vllm/__init__.py) from the real vLLM wheel of `version`;
     label: the version its metadata claims instead (a fork's `0.1.dev19043+g1a2b3c4`), which
     makes the mods choose by content, so every file any variant or upstream check reads is kept."""
-    from sparkmods.check import paths_needed
+    from sparkmods.checking.batch import paths_needed
     from sparkmods.sources import open_targets
 
     (source,) = open_targets(f"pypi:{version}")

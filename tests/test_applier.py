@@ -11,7 +11,7 @@ from pathlib import Path
 
 from modfactory import ORIGINAL, PATCHED, TARGET, edit_runtime, make_mod, make_site, make_template_mod
 from sparkmods.cli import main
-from sparkmods.sync import drift
+from sparkmods.sync import stale_files
 
 
 def run_sh(mod: Path, site: Path, cwd: Path, *args: str, env_extra=None) -> subprocess.CompletedProcess:
@@ -117,21 +117,21 @@ def test_missing_vllm_is_a_clear_error(tmp_path):
 
 def test_sync_check_detects_drift(tmp_path, capsys):
     mod = make_mod(tmp_path / "mods")
-    assert drift(mod) == []
+    assert stale_files(mod) == []
     edit_runtime(mod, "engine", lambda text: text + "# edited by hand\n")
     (mod / "run.sh").chmod(0o644)
-    problems = drift(mod)
+    problems = stale_files(mod)
     assert "_sparkmods.py differs from what sparkmods sync generates" in problems
     assert "run.sh is not executable" in problems
     assert main(["sync", "--check", "--mods-dir", str(tmp_path / "mods")]) == 1
     assert main(["sync", "--mods-dir", str(tmp_path / "mods")]) == 0
-    assert drift(mod) == []
+    assert stale_files(mod) == []
 
 
 def test_committed_mods_are_in_sync():
     repo_mods = Path(__file__).resolve().parents[1] / "mods"
     for mod in sorted(p.parent for p in repo_mods.glob("*/mod.toml")):
-        assert drift(mod) == [], f"{mod.name}: run `sparkmods sync {mod.name}`"
+        assert stale_files(mod) == [], f"{mod.name}: run `sparkmods sync {mod.name}`"
 
 
 def test_runtime_is_stdlib_only_and_python39_syntax():

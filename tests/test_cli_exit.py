@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from modfactory import make_mod, make_site
-from sparkmods import gcpause
+from sparkmods.pyindex import gcpause
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -47,7 +47,7 @@ def test_sync_says_what_it_did_even_when_nothing_changed(tmp_path, capsys):
     assert capsys.readouterr().out == "2 mods synced: 0 files written (all up to date)\n"
     (mods / "two" / "run.sh").unlink()
     assert main(["sync", "--check", "--mods-dir", str(mods)]) == 1
-    assert capsys.readouterr().out.splitlines()[-1] == "2 mods checked: 1 generated files drifted"
+    assert capsys.readouterr().out.splitlines()[-1] == "2 mods checked: 1 generated files stale"
     assert main(["sync", "--mods-dir", str(mods)]) == 0
     assert capsys.readouterr().out == "two: wrote run.sh\n2 mods synced: 1 files written\n"
     assert main(["sync", "--check", "--mods-dir", str(mods)]) == 0

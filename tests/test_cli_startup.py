@@ -13,7 +13,7 @@ import pytest
 from sparkmods.cli import build_parser
 from sparkmods.commands import COMMANDS
 
-HEAVY = ("rich", "yaml", "packaging", "ssl", "http.client", "sparkmods.check", "sparkmods.drift",
+HEAVY = ("rich", "yaml", "packaging", "ssl", "http.client", "sparkmods.checking", "sparkmods.pyindex",
          "sparkmods.rebase", "sparkmods.sources.index", "sparkmods.sources.http", "sparkmods.launch",
          "sparkmods.checkpoint", "sparkmods.runtime.engine")
 

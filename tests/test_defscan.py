@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkmods.defscan import defines
-from sparkmods.rebase.resolve import Module, VllmTree
+from sparkmods.pyindex.defscan import defines
+from sparkmods.pyindex.resolve import Module, VllmTree
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools" / "sparkmods"
 

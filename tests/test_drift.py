@@ -12,7 +12,7 @@ import pytest
 
 from modfactory import make_mod, make_site, unified
 from sparkmods.cli import main
-from sparkmods.drift import check_patched, drift_status, new_findings
+from sparkmods.checking.drift import check_patched, drift_status, new_findings
 from sparkmods.runtime.manifest import load_manifest
 from sparkmods.runtime.modcheck import check_mod, variant_patches
 from test_rebase_kit import src
@@ -266,7 +266,7 @@ def test_a_module_read_while_another_thread_collects_it_waits_for_the_whole_tabl
     import threading
     import time
 
-    from sparkmods.rebase import resolve
+    from sparkmods.pyindex import resolve
 
     started = threading.Event()
     collect = resolve._collect

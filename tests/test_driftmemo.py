@@ -7,9 +7,9 @@ from typing import Dict, List
 
 import pytest
 
-from sparkmods import drift
-from sparkmods.driftmemo import DriftMemo, changes_key
-from sparkmods.rebase.resolve import VllmTree
+from sparkmods.checking import drift
+from sparkmods.checking.driftmemo import DriftMemo, changes_key
+from sparkmods.pyindex.resolve import VllmTree
 from test_drift import IMPORTS, MOD, TREE, add
 
 HELPERS = "vllm/model_executor/layers/quantization/helpers.py"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from sparkmods import gcpause
+from sparkmods.pyindex import gcpause
 
 
 def test_the_first_allocations_after_a_pause_collect_nothing():

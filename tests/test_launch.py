@@ -24,8 +24,8 @@ from sparkmods.launch.plan import CLUSTER, STANDALONE, LaunchOptions, build_plan
 from sparkmods.launch.recipe import load_recipe
 from sparkmods.launch.rules import validate
 from sparkmods.launch.servecmd import ServeCommand, ServeCommandError
-from sparkmods.launch.target import TargetFacts, literal_alias
-from sparkmods.launch.target_open import check_with_engine
+from sparkmods.launch.vllmfacts import VllmFacts, literal_alias
+from sparkmods.launch.vllmopen import check_with_engine
 from sparkmods.sources import open_targets
 from sparkmods.sync import sync
 
@@ -110,8 +110,8 @@ class Repo:
     def target(self) -> str:
         return f"dir:{self.site}#{VERSION}"
 
-    def facts(self) -> TargetFacts:
-        return TargetFacts(open_targets(self.target)[0])
+    def facts(self) -> VllmFacts:
+        return VllmFacts(open_targets(self.target)[0])
 
     def problems(self, opts: LaunchOptions = LaunchOptions(), recipe: Optional[Path] = None) -> List[str]:
         path = recipe or self.recipe

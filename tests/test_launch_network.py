@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from sparkmods.cli import main
-from sparkmods.launch.target import TargetFacts
+from sparkmods.launch.vllmfacts import VllmFacts
 from sparkmods.sources import open_targets
 
 pytestmark = pytest.mark.network
@@ -24,8 +24,8 @@ RECIPES = REPO / "launch" / "recipes"
 STAND_IN = REPO / "tests" / "fixtures" / "launch-cluster.sh"
 
 
-def facts(version: str) -> TargetFacts:
-    found = TargetFacts(open_targets(f"pypi:{version}")[0])
+def facts(version: str) -> VllmFacts:
+    found = VllmFacts(open_targets(f"pypi:{version}")[0])
     found.prefetch()
     return found
 

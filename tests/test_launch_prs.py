@@ -18,7 +18,7 @@ from sparkmods.gitdiff import blob_id
 from sparkmods.launch.plan import LaunchOptions, build_plan
 from sparkmods.launch.recipe import load_recipe
 from sparkmods.launch.rules import validate
-from sparkmods.launch.target_open import check_with_engine
+from sparkmods.launch.vllmopen import check_with_engine
 from test_launch import RECIPE, Repo, launch
 
 

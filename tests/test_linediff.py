@@ -11,8 +11,8 @@ from typing import List, Sequence
 
 import pytest
 
-from sparkmods import linediff
-from sparkmods.linediff import changed_lines
+from sparkmods.checking import linediff
+from sparkmods.checking.linediff import changed_lines
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools" / "sparkmods"
 
@@ -80,7 +80,7 @@ def test_anchors_spare_the_full_search(monkeypatch) -> None:
         searched.append(ahi - alo)
         return real(self, alo, ahi, blo, bhi)
     monkeypatch.setattr(linediff._Matcher, "_search", search)
-    old = (TOOLS / "drift.py").read_text().splitlines()
+    old = (TOOLS / "checking" / "drift.py").read_text().splitlines()
     new = old[:100] + ["        x = helper(y)", ""] + old[100:250] + old[260:]
     assert changed_lines(old, new) == reference(old, new)
     assert all(n < 50 for n in searched), searched

@@ -14,7 +14,7 @@ import pytest
 
 from dockerimg import build_vllm_image, default_build_metadata, run_mod_like_launch_cluster, running_container
 from modfactory import make_mod
-from sparkmods.check import check_mods
+from sparkmods.checking.batch import check_mods
 from sparkmods.sources import open_targets
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]

@@ -24,7 +24,7 @@ from sparkmods.launch.flagrules import kv_cache_dtype
 from sparkmods.launch.plan import LaunchOptions, build_plan
 from sparkmods.launch.problem import Context
 from sparkmods.launch.recipe import load_recipe
-from sparkmods.launch.target import TargetFacts
+from sparkmods.launch.vllmfacts import VllmFacts
 from sparkmods.runtime.manifest import Upstream, load_manifest
 from sparkmods.runtime.modcheck import ModResult
 from sparkmods.runtime.udiff import parse_patch
@@ -121,7 +121,7 @@ def problems(tmp_path: Path, version: str, cache_py: str, arg_utils: str, result
              more: Optional[Dict[str, str]] = None) -> List[str]:
     site = make_site(tmp_path / f"site-{version}", version, {
         "vllm/config/cache.py": cache_py, "vllm/engine/arg_utils.py": arg_utils, **(more or {})})
-    facts = TargetFacts(open_targets(f"dir:{site}#{version}")[0])
+    facts = VllmFacts(open_targets(f"dir:{site}#{version}")[0])
     plan = build_plan(load_recipe(RECIPE), LaunchOptions(), root=REPO)
     return [p.message for p in kv_cache_dtype(Context(plan, facts, list(results)))]
 

@@ -14,7 +14,7 @@ from sparkmods.cli import main
 from sparkmods.runtime.manifest import load_manifest
 from sparkmods.runtime.modcheck import check_mod
 from sparkmods.sources import open_targets
-from sparkmods.sync import drift, sync
+from sparkmods.sync import stale_files, sync
 from test_sources_kit import fresh_cache, loopback_index, make_wheel  # noqa: F401 (fixtures)
 
 # 0.20.0 changed the line after the patched one: the exact engine refuses the old patch there.
@@ -101,7 +101,7 @@ def test_write_adds_a_valid_disjoint_variant_and_keeps_the_manifest_hand_written
     new = manifest.variants[1]
     assert new.patches == ["patches/v1-0.20.0/demo.patch"] and new.verified == [] and new.notes == "Add --demo to vllm serve"
     assert not manifest.variants[0].vllm.overlaps(new.vllm)
-    assert drift(mod) == []  # run.sh, _sparkmods.py and manifest.json were regenerated
+    assert stale_files(mod) == []  # run.sh, _sparkmods.py and manifest.json were regenerated
     for version, label in (("0.19.1", "v1"), ("0.20.0", "v1-0.20.0")):
         (source,) = open_targets(version, index_url=index)
         result = check_mod(manifest, mod, version, source.read)

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from sparkmods import report
-from sparkmods.check import CheckRow
+from sparkmods.checking import report
+from sparkmods.checking.rows import CheckRow
 from sparkmods.runtime.engine import FileResult, HunkResult
 from sparkmods.runtime.modcheck import ModResult
 

@@ -14,8 +14,8 @@ from typing import List
 import pytest
 
 from modfactory import ORIGINAL, TARGET, make_mod, make_site
-from sparkmods import resultcache
-from sparkmods.check import check_mods
+from sparkmods.checking import resultcache
+from sparkmods.checking.batch import check_mods
 from sparkmods.cli import main
 from sparkmods.sources import open_targets
 from test_sources_kit import fresh_cache, loopback_index, make_wheel  # noqa: F401
@@ -142,7 +142,7 @@ def test_real_mods_on_real_releases_reused_equal_checked(fresh_cache, capsys):  
 
 
 def test_a_patch_edited_between_two_checks_in_one_process_is_read_again(two_wheels, tmp_path, capsys):
-    """Patches are parsed once per mod content (check._patches): an edit between two checks in
+    """Patches are parsed once per mod content (batch._patches): an edit between two checks in
     one process is a new content hash and must be read again, and a patch made unreadable fails
     every time (errors are not kept)."""
     first = check_json(capsys, *two_wheels, "--no-cache")

@@ -15,7 +15,7 @@ import pytest
 from modfactory import edit_runtime, make_mod, make_site
 from sparkmods import sync as sync_module
 from sparkmods.errors import SparkmodsError
-from sparkmods.sync import RUNTIME_DIR, drift, runtime_file, sync
+from sparkmods.sync import RUNTIME_DIR, runtime_file, stale_files, sync
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,9 +57,9 @@ def test_the_old_runtime_folder_is_drift_and_sync_removes_it(tmp_path: Path) -> 
     mod = make_mod(tmp_path / "mods")
     (mod / "_sparkmods").mkdir()
     (mod / "_sparkmods" / "applier.py").write_text("# the old layout\n")
-    assert drift(mod) == ["_sparkmods/ is the old runtime folder (the runtime is _sparkmods.py now)"]
+    assert stale_files(mod) == ["_sparkmods/ is the old runtime folder (the runtime is _sparkmods.py now)"]
     assert sync(mod) == ["_sparkmods/ (removed)"]
-    assert drift(mod) == [] and not (mod / "_sparkmods").exists()
+    assert stale_files(mod) == [] and not (mod / "_sparkmods").exists()
 
 
 def test_a_traceback_names_the_module_inside_the_file_and_shows_its_line(tmp_path: Path) -> None:

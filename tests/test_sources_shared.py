@@ -1,6 +1,6 @@
 """What the wheels of one run share: members stored by the sha256 their wheel's RECORD lists
 (memberstore.py), the paths siblings were asked for (siblings.py), and the check slots
-(slots.py)."""
+(checking/cpuslots.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 from typing import List
 
 from modfactory import ORIGINAL, TARGET, make_mod
-from sparkmods import check, resultcache, slots
+from sparkmods.checking import batch, cpuslots, resultcache
 from sparkmods.sources import memberstore, open_targets, stats
 from sparkmods.sources.base import MemorySource
 from sparkmods.sources.siblings import Siblings
@@ -151,7 +151,7 @@ class _SlowSource(MemorySource):
 def test_no_more_sources_are_checked_at_once_than_there_are_check_slots(tmp_path):
     resultcache.start(reuse=False)
     mod = make_mod(tmp_path / "mods", "demo")
-    sources = [_SlowSource("0.19.1", {TARGET: ORIGINAL}) for _ in range(3 * check.SOURCE_JOBS)]
-    rows = check.check_mods([mod], sources)
+    sources = [_SlowSource("0.19.1", {TARGET: ORIGINAL}) for _ in range(3 * batch.SOURCE_JOBS)]
+    rows = batch.check_mods([mod], sources)
     assert [r.result.status for r in rows] == ["ok"] * len(sources)
-    assert _SlowSource.most == slots.CHECK_SLOTS < check.SOURCE_JOBS
+    assert _SlowSource.most == cpuslots.CHECK_SLOTS < batch.SOURCE_JOBS

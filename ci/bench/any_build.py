@@ -3,7 +3,7 @@
 
 For each `[NAME=]git:PATH@REF` given (a fork's clone without release tags, or vLLM main; NAME
 is what the report calls it, e.g. the repository it was cloned from), two targets:
-  git:PATH@REF  `sparkmods check`'s own path (check.check_mods: the decision plus drift), with
+  git:PATH@REF  `sparkmods check`'s own path (checking.batch.check_mods: the decision plus drift), with
                 the version vLLM's build gives that commit (0.1.dev<commits>+g<hash> without tags);
   dir:TREE      the commit's vllm/ folder exported with a dist-info whose METADATA carries that
                 version, as an image built from it has; every mod's run.sh entry point
@@ -36,8 +36,8 @@ sys.path.insert(0, str(REPO / "tools"))
 sys.path.insert(0, str(REPO / "tests"))
 
 from realtree import run_quietly, snapshot  # noqa: E402
-from sparkmods import resultcache  # noqa: E402
-from sparkmods.check import check_mods  # noqa: E402
+from sparkmods.checking import resultcache  # noqa: E402
+from sparkmods.checking.batch import check_mods  # noqa: E402
 from sparkmods.sources import open_targets  # noqa: E402
 
 

@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import List, Sequence
 
-from sparkmods.check import SOURCE_JOBS
+from sparkmods.checking.batch import SOURCE_JOBS
 from sparkmods.sources import open_targets, stats
 from sparkmods.sources.remote import RemoteWheel
 

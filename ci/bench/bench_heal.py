@@ -40,7 +40,7 @@ import tomllib
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from sparkmods.check import check_mods
+from sparkmods.checking.batch import check_mods
 from sparkmods.heal import PROPOSED, UNTESTED, heal_break, pytest_runner
 from sparkmods.nightly import break_lines
 from sparkmods.rebase.report import drift_lines, result_lines

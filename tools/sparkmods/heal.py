@@ -24,16 +24,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from sparkmods.check import check_mods
+from sparkmods.checking.batch import check_mods
 from sparkmods.errors import SparkmodsError
+from sparkmods.matrix.build import build_counted, sort_sources
+from sparkmods.matrix.compare import compare
+from sparkmods.matrix.document import JSON_NAME, rendered, write_all
 from sparkmods.modsdir import load, mod_dirs
+from sparkmods.outputfile import write_into
 from sparkmods.rebase.modrebase import ModPlan, plan_mod, write_plan
 from sparkmods.rebase.report import drift_lines, result_lines
 from sparkmods.rebase.tomledit import TomlEditError, set_verified
 from sparkmods.runtime.manifest import MANIFEST_TOML, ManifestError, load_manifest
 from sparkmods.runtime.modcheck import GREEN
 from sparkmods.runtime.pep440 import Version
-from sparkmods.outputfile import write_into
+from sparkmods.sources import open_targets
+from sparkmods.sources.index import fetch_page
+from sparkmods.sources.spec import default_index
+from sparkmods.sync import sync
 
 PROPOSED, FLAGGED, TESTS_FAILED, UNTESTED = "proposed", "flagged", "tests-failed", "no-runtime-tests"
 
@@ -147,8 +154,6 @@ def heal_break(mod_dir: Path, onto, open_release: Callable[[str], object], *, st
 def _write_and_prove(heal: Heal, mod_dir: Path, manifest, onto, run_tests: Optional[TestRunner],
                      matrix_dir: Optional[Path], index_url: Optional[str]) -> Heal:
     """heal_break's steps after an exact plan: write, check, test, mark verified, matrix."""
-    from sparkmods.sync import sync
-
     plan = heal.plan
     assert plan is not None
     heal.written = write_plan(mod_dir, manifest, plan, write_into, onto.read)
@@ -203,9 +208,6 @@ def _wheel_for(onto, index_url: Optional[str], folder: Path) -> "tuple[Optional[
     url = getattr(onto, "url", None)
     if not url:
         raise SparkmodsError(f"{onto.label}: no wheel URL to install it from for the runtime tests")
-    from sparkmods.sources.index import fetch_page
-    from sparkmods.sources.spec import default_index
-
     version = Version(onto.version)
     below = [v for v in fetch_page(default_index(index_url), offline=False).versions()
              if not Version(str(v)).is_prerelease and Version(str(v)) < version]
@@ -271,11 +273,6 @@ def _junit_cases(path: Path) -> List[Dict[str, str]]:
 def regenerate_matrix(matrix_dir: Path, mods_root: Path, onto, index_url: Optional[str]) -> List[str]:
     """Rewrite matrix_dir for the mods in mods_root on the matrix's own targets (plus onto when
     it is a release): cells whose inputs did not change are reused. Returns what changed."""
-    from sparkmods.commands.matrix import JSON_NAME, _write_all, rendered
-    from sparkmods.matrix.build import build_counted, sort_sources
-    from sparkmods.matrix.compare import compare
-    from sparkmods.sources import open_targets
-
     path = matrix_dir / JSON_NAME
     if not path.is_file():
         return [f"{path} does not exist: no matrix to regenerate"]
@@ -285,7 +282,7 @@ def regenerate_matrix(matrix_dir: Path, mods_root: Path, onto, index_url: Option
         labels.append(onto.label)
     sources = [onto if label == onto.label else open_targets(label, index_url=index_url)[0] for label in labels]
     built = build_counted(mod_dirs(mods_root), sort_sources(sources), previous)
-    _write_all(matrix_dir, rendered(built.doc))
+    write_all(matrix_dir, rendered(built.doc))
     diff = compare(previous, built.doc)
     lines = [f"new release column: {v}" for v in diff.new_releases]
     lines += [f"new cell: {c['mod']} on vLLM {c['vllm']}: {c['status']}" + (f" (variant {c['variant']})" if c["variant"] else "")
@@ -304,9 +301,10 @@ def _edit_rows(plan: ModPlan) -> List[str]:
             for part in f.parts:
                 where = f"`{f.path}`" + (f" -> `{part.target}` (file moved)" if part.target != f.path else "")
                 for o in part.outcomes:
-                    onto_line = "" if o.o0 is None else str(o.o0 + 1)
+                    onto_line = "" if o.onto_start is None else str(o.onto_start + 1)
                     how = o.outcome + (f" ({o.rule})" if o.rule else "") + (f": {o.reason}" if o.reason else "")
-                    rows.append(f"| `{p.source}` | {where} | {o.edit.hunk} | {o.edit.b0 + 1} | {onto_line} | {how} |")
+                    rows.append(f"| `{p.source}` | {where} | {o.edit.hunk} | {o.edit.base_start + 1} | {onto_line} "
+                                f"| {how} |")
             if not f.parts:
                 rows.append(f"| `{p.source}` | `{f.path}` | | | | {f.status}{': ' + f.reason if f.reason else ''} |")
     return rows

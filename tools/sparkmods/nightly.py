@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from sparkmods.check import CheckRow, check_mods
+from sparkmods.checking.batch import check_mods
+from sparkmods.checking.rows import CheckRow, breaks
 from sparkmods.errors import SparkmodsError
-from sparkmods.runtime.modcheck import DRIFT, GREEN
+from sparkmods.runtime.modcheck import DRIFT
 from sparkmods.runtime.pep440 import InvalidVersion, Version
 from sparkmods.sources import open_targets
 from sparkmods.sources.http import get
@@ -69,7 +70,7 @@ class Report:
 
     @property
     def broken(self) -> List[CheckRow]:
-        return [r for r in self.rows if r.result.status not in GREEN]
+        return [r for r in self.rows if not r.result.green]
 
     def markdown(self) -> str:
         out = ["## sparkmods: mods against new vLLM builds", ""]
@@ -87,7 +88,7 @@ class Report:
             by_mod.setdefault(row.result.mod, {})[row.target] = row.result
         for mod, cells in by_mod.items():
             out.append(f"| {mod} | " + " | ".join(
-                f"{'✅' if cells[t].status in GREEN else '❌'} {cells[t].status}" if t in cells else ""
+                f"{'✅' if cells[t].green else '❌'} {cells[t].status}" if t in cells else ""
                 for t in targets) + " |")
         out.append("")
         if not self.broken:
@@ -108,16 +109,14 @@ def break_lines(res) -> List[str]:
     """What broke in one check result, as a Markdown list: each conflicting hunk (with up to
     three of its differing lines), each missing file, and the reason of a drift or no-variant."""
     out = []
-    for f in res.files:
-        for h in f.hunks:
-            if h.outcome != "conflict":
-                continue
-            out.append(f"- `{f.path}` hunk {h.index} (stated line {h.stated_line}): {h.reason}")
-            if h.near is not None:
-                for line, expected, found in h.near.differing[:3]:
-                    out.append(f"  - line {line}: expected `{expected.strip()}`, found `{found.strip()}`")
-        if f.status == "missing-file":
+    for f, h in breaks(res.files):
+        if h is None:
             out.append(f"- `{f.path}` does not exist in this build")
+            continue
+        out.append(f"- `{f.path}` hunk {h.index} (stated line {h.stated_line}): {h.reason}")
+        if h.near is not None:
+            for line, expected, found in h.near.differing[:3]:
+                out.append(f"  - line {line}: expected `{expected.strip()}`, found `{found.strip()}`")
     if res.reason and (res.status == DRIFT or not res.files):
         out.append(f"- {res.reason}")
     return out

@@ -7,14 +7,12 @@ non-UTF-8 or oversized file is one line naming it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, List
+from typing import Callable, List
 
 from sparkmods.errors import SparkmodsError
+from sparkmods.gitdiff import Change, parse_git_diff, reverse_change
 from sparkmods.inputfile import read_text_file
 from sparkmods.runtime.udiff import FilePatch, PatchParseError, parse_patch, reverse
-
-if TYPE_CHECKING:
-    from sparkmods.gitdiff import Change
 
 MAX_PATCH_BYTES = 64 * 1024 * 1024  # the largest real mod patch is a few hundred KB
 
@@ -27,12 +25,10 @@ def read_patch_file(path: Path, strip: int = 1, reversed_: bool = False) -> List
     return [reverse(fp) for fp in patches] if reversed_ else patches
 
 
-def read_diff_file(path: Path, strip: int = 1, reversed_: bool = False) -> "List[Change]":
+def read_diff_file(path: Path, strip: int = 1, reversed_: bool = False) -> List[Change]:
     """The file's changes, git's extended headers included (renames, copies, modes, binary
     changes, index lines: what `git apply --binary` reads, gitdiff.py); otherwise as
     read_patch_file."""
-    from sparkmods.gitdiff import parse_git_diff, reverse_change
-
     changes = _parsed(path, strip, parse_git_diff)
     return [reverse_change(c) for c in changes] if reversed_ else changes
 

@@ -3,7 +3,7 @@
 A mod folder must be self-contained (launch-cluster.sh copies only that folder, and workers get
 no dotfiles), so every mod carries `run.sh`, `_sparkmods.py` (the whole runtime in one file:
 runtime/boot.py, then every other runtime module as text, byte for byte) and `manifest.json`.
-They are generated, never edited: `sparkmods sync --check` reports any drift and the test suite
+They are generated, never edited: `sparkmods sync --check` reports any stale one and the test suite
 runs it, so the copy in a mod cannot silently differ from tools/.
 """
 
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from sparkmods.errors import SparkmodsError
+from sparkmods.modsdir import load
 from sparkmods.outputfile import write_atomic
 from sparkmods.runtime import __file__ as _runtime_init
 from sparkmods.runtime.manifest import MANIFEST_JSON
@@ -96,14 +97,12 @@ def runtime_file() -> bytes:
 
 def expected_files(mod_dir: Path) -> Dict[str, bytes]:
     """Relative path -> content of every generated file this mod must have."""
-    from sparkmods.modsdir import load
-
     manifest = load(mod_dir)
     return {"run.sh": RUN_SH.encode(), RUNTIME_FILE: runtime_file(),
             MANIFEST_JSON: (json.dumps(manifest.raw, indent=2, sort_keys=True) + "\n").encode()}
 
 
-def drift(mod_dir: Path) -> List[str]:
+def stale_files(mod_dir: Path) -> List[str]:
     """Generated files that are missing, differ, are not executable, or should not be there."""
     problems = []
     wanted = expected_files(mod_dir)

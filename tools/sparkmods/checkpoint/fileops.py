@@ -3,7 +3,8 @@
 Hugging Face caches keep files as blobs that snapshot folders point to through symlinks.
 Writing *through* such a symlink would silently change the cached blob (and every other
 snapshot sharing it), so every write here goes to a temporary file in the destination
-folder and is renamed over the destination: a symlink is replaced, its target untouched.
+folder and is renamed over the destination (outputfile.py): a symlink is replaced, its
+target untouched.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import glob
 import os
 import re
 import shutil
-import uuid
 from pathlib import Path
 from typing import Callable
 
 from sparkmods.errors import SparkmodsError
+from sparkmods.outputfile import replacing, temp_name
 
 # Bounded buffer for the user-space fallbacks: peak memory never depends on file size.
 CHUNK = 8 << 20
@@ -26,15 +27,10 @@ RANGE_STEP = 64 << 20
 _NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM}
 
 
-def temp_sibling(path: Path) -> Path:
-    """A fresh hidden name next to `path` (same folder, so a rename is atomic)."""
-    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-
-
 def remove_stale_temps(path: Path) -> list[Path]:
     """Remove temp siblings of `path` (and of its backups) that a killed run left; returns them.
 
-    Only names temp_sibling makes match, so nothing of the user's is touched.
+    Only names outputfile.temp_name makes match, so nothing of the user's is touched.
     """
     pattern = re.compile(rf"\.{re.escape(path.name)}(\.bak(\.\d+)?)?\.[0-9a-f]{{12}}\.tmp")
     stale = [p for p in path.parent.glob(f".{glob.escape(path.name)}*.tmp") if pattern.fullmatch(p.name)]
@@ -43,31 +39,13 @@ def remove_stale_temps(path: Path) -> list[Path]:
     return stale
 
 
-def _fsync(path: Path, directory: bool = False) -> None:
-    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.EROFS):  # a folder some filesystems cannot sync
-            raise
-    finally:
-        os.close(fd)
-
-
 def atomic_write_text(path: Path, text: str) -> None:
     """Write `text` to `path` via temp file + fsync + rename; a symlink at `path` is replaced.
 
     Readers (vLLM) see the old file or the complete new one, also after a crash.
     """
-    tmp = temp_sibling(path)
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        _fsync(tmp)
-        os.replace(tmp, path)
-        _fsync(path.parent, directory=True)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with replacing(path, durable=True) as out:
+        out.write(text.encode("utf-8"))
 
 
 def backup_file(path: Path) -> Path:
@@ -84,13 +62,8 @@ def backup_file(path: Path) -> Path:
         if candidate.is_file() and not candidate.is_symlink() and files_identical(path, candidate):
             return candidate
         n += 1
-    tmp = temp_sibling(candidate)
-    try:
-        shutil.copyfile(path, tmp)
-        os.replace(tmp, candidate)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with replacing(candidate) as out, path.open("rb") as source:
+        shutil.copyfileobj(source, out)
     return candidate
 
 
@@ -184,7 +157,7 @@ def place_file(src: Path, dst: Path, on_bytes: Callable[[int], None] = lambda n:
         if files_identical(src, dst):
             return "same" if os.path.samefile(src, dst) else "identical"
         raise SparkmodsError(f"{dst} exists and differs from {src}: remove it and run again")
-    tmp = temp_sibling(dst)
+    tmp = temp_name(dst)
     try:
         how = link_or_copy(src, tmp, on_bytes)
         os.replace(tmp, dst)

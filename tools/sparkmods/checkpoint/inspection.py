@@ -23,7 +23,7 @@ EXAMPLES = 3
 
 
 @dataclass(frozen=True)
-class Finding:
+class CheckpointIssue:
     level: Level
     code: str
     message: str
@@ -34,7 +34,7 @@ class Finding:
 class Report:
     root: str
     summary: dict[str, Any]
-    findings: list[Finding] = field(default_factory=list)
+    findings: list[CheckpointIssue] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -45,7 +45,7 @@ class Report:
         return {"root": self.root, "summary": self.summary, "findings": [asdict(f) for f in self.findings]}
 
     def add(self, level: Level, code: str, message: str, hint: str | None = None) -> None:
-        self.findings.append(Finding(level, code, message, hint))
+        self.findings.append(CheckpointIssue(level, code, message, hint))
 
 
 def _examples(names: Iterable[str]) -> str:

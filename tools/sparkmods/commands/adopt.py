@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from sparkmods.commands import help_for
-from sparkmods.targets import add_target_args
+from sparkmods.sources.options import add_target_args
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from sparkmods.community.runsh import is_community_mod, read_mod
     from sparkmods.errors import SparkmodsError
     from sparkmods.sync import sync
-    from sparkmods.targets import open_sources
+    from sparkmods.sources.options import open_sources
 
     folder, out = Path(args.mod), Path(args.out)
     if not is_community_mod(folder):

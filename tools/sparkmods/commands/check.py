@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from sparkmods.commands import help_for
-from sparkmods.targets import add_cache_arg, add_target_args
+from sparkmods.sources.options import add_cache_arg, add_target_args
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -31,19 +31,20 @@ def register(sub: "argparse._SubParsersAction") -> None:
     add_cache_arg(p)
     p.set_defaults(func=run_check)
 
-    q = sub.add_parser("check-patch", help=help_for("check-patch"))
-    q.add_argument("patch", metavar="FILE")
-    q.add_argument("-p", dest="strip", type=int, default=1,
-                   help="leading path components to strip, as GNU patch's -p N (default 1)")
-    q.add_argument("-R", "--reverse", action="store_true", help="check the patch reversed, as `patch -R` applies it")
-    q.add_argument("--json", action="store_true")
-    add_target_args(q, default=None)
-    add_cache_arg(q)
-    q.set_defaults(func=run_check_patch)
+    patch_parser = sub.add_parser("check-patch", help=help_for("check-patch"))
+    patch_parser.add_argument("patch", metavar="FILE")
+    patch_parser.add_argument("-p", dest="strip", type=int, default=1,
+                              help="leading path components to strip, as GNU patch's -p N (default 1)")
+    patch_parser.add_argument("-R", "--reverse", action="store_true",
+                              help="check the patch reversed, as `patch -R` applies it")
+    patch_parser.add_argument("--json", action="store_true")
+    add_target_args(patch_parser, default=None)
+    add_cache_arg(patch_parser)
+    patch_parser.set_defaults(func=run_check_patch)
 
 
 def _finish(args: argparse.Namespace, rows: list, started: float) -> int:
-    from sparkmods import report, resultcache
+    from sparkmods.checking import report, resultcache
     from sparkmods.sources import stats
 
     fetch = stats.snapshot()
@@ -59,10 +60,10 @@ def _finish(args: argparse.Namespace, rows: list, started: float) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from sparkmods import resultcache
-    from sparkmods.check import check_mods
+    from sparkmods.checking import resultcache
+    from sparkmods.checking.batch import check_mods
     from sparkmods.modsdir import resolve_mods
-    from sparkmods.targets import open_sources
+    from sparkmods.sources.options import open_sources
 
     if args.community or args.mods:  # only then can it be about community mods (their import is 10 ms)
         from sparkmods.community.cli import run_check as run_community, wants_community
@@ -92,11 +93,12 @@ def _mark_served(rows: list, mod_dirs: list) -> None:
 
 
 def run_check_patch(args: argparse.Namespace) -> int:
-    from sparkmods import resultcache
-    from sparkmods.check import check_patch_source
+    from sparkmods.checking import resultcache
+    from sparkmods.checking.batch import check_patch_source
+    from sparkmods.checking.fingerprints import patch_hash
     from sparkmods.errors import SparkmodsError
     from sparkmods.patchfile import read_diff_file
-    from sparkmods.targets import open_sources
+    from sparkmods.sources.options import open_sources
 
     started = time.monotonic()
     resultcache.start(reuse=not args.no_cache)
@@ -105,6 +107,6 @@ def run_check_patch(args: argparse.Namespace) -> int:
     path = Path(args.patch)
     changes = read_diff_file(path, args.strip, args.reverse)
     name = path.name + (" -R" if args.reverse else "")
-    subject = resultcache.patch_hash(name, args.strip, path.read_bytes())
+    subject = patch_hash(name, args.strip, path.read_bytes())
     rows = [check_patch_source(name, subject, changes, source) for source in open_sources(args)]
     return _finish(args, rows, started)

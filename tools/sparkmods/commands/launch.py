@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, List, Tuple
 
 from sparkmods.commands import help_for
 from sparkmods.errors import SparkmodsError
-from sparkmods.targets import add_cache_arg, add_target_args
+from sparkmods.sources.options import add_cache_arg, add_target_args
 
 if TYPE_CHECKING:  # imported when a launch is planned, not when the command line is parsed
     from sparkmods.launch.plan import LaunchOptions
@@ -86,13 +86,13 @@ def options_from(args: argparse.Namespace) -> "LaunchOptions":
 
 
 def run_launch(args: argparse.Namespace) -> int:
-    from sparkmods import resultcache
-    from sparkmods.launch.ontargets import validate_on
+    from sparkmods.checking import resultcache
+    from sparkmods.launch.pervllm import validate_on
     from sparkmods.launch.plan import STANDALONE, build_plan, describe
     from sparkmods.launch.recipe import load_recipe
     from sparkmods.launch.render import about, find_launcher, named_launcher, render, write_script
-    from sparkmods.launch.target import TargetFacts
-    from sparkmods.launch.target_open import open_launch_targets, check_with_engine
+    from sparkmods.launch.vllmfacts import VllmFacts
+    from sparkmods.launch.vllmopen import open_launch_targets, check_with_engine
     from sparkmods.modsdir import mods_root
     from sparkmods.outputfile import check_target
 
@@ -104,7 +104,7 @@ def run_launch(args: argparse.Namespace) -> int:
     path = Path(args.recipe)
     plan = build_plan(load_recipe(path), options_from(args), mods_dir=mods_root(args.mods_dir) if args.mods_dir else None)
     sources = open_launch_targets(plan.image, args.vllm or [], index_url=args.index_url, offline=args.offline)
-    checked = validate_on(plan, [TargetFacts(s) for s in sources], check_with_engine)
+    checked = validate_on(plan, [VllmFacts(s) for s in sources], check_with_engine)
     text = None
     if not checked.errors:
         launcher = None if plan.form == STANDALONE else find_launcher(args.launch_cluster, plan.root)

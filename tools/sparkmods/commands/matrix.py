@@ -7,14 +7,12 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Optional
 
 from sparkmods.commands import help_for
 from sparkmods.errors import SparkmodsError
-from sparkmods.outputfile import write_atomic
-from sparkmods.targets import add_target_args, open_sources
+from sparkmods.sources.options import add_target_args, open_sources
 
-JSON_NAME, MD_NAME, SVG_NAME = "matrix.json", "MATRIX.md", "matrix.svg"
 _REPO_MATRIX = Path(__file__).resolve().parents[3] / "matrix"
 
 
@@ -40,48 +38,19 @@ def register(sub: "argparse._SubParsersAction") -> None:
 
 
 def _out_dir(arg: Optional[str]) -> Path:
+    from sparkmods.matrix.document import folder
+
     if arg:
-        return _folder(Path(arg))
+        return folder(Path(arg))
     local = Path.cwd() / "matrix"
     return local if local.is_dir() else _REPO_MATRIX
 
 
-def _folder(out: Path) -> Path:
-    """out, refused before any work when something other than a folder is there."""
-    if os.path.lexists(out) and not out.is_dir():
-        raise SparkmodsError(f"--out {out}: not a folder; name the folder to write the matrix files in")
-    return out
-
-
-def _read(path: Path) -> Optional[dict]:
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise SparkmodsError(f"{path}: not valid JSON ({exc})") from None
-
-
-def rendered(doc: dict) -> Dict[str, str]:
-    from sparkmods.matrix.render import to_markdown, to_svg
-
-    return {JSON_NAME: json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False) + "\n",
-            MD_NAME: to_markdown(doc), SVG_NAME: to_svg(doc)}
-
-
-def _write_all(out: Path, files: Dict[str, str]) -> None:
-    try:
-        _folder(out).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SparkmodsError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
-    for name, text in files.items():
-        write_atomic(out / name, text)
-
-
 def _check(out: Path, mod_dirs) -> int:
     from sparkmods.matrix.compare import stale_mods, stale_served
+    from sparkmods.matrix.document import JSON_NAME, read, rendered
 
-    doc = _read(out / JSON_NAME)
+    doc = read(out / JSON_NAME)
     if doc is None:
         print(f"{out / JSON_NAME} is missing: run `sparkmods matrix`")
         return 1
@@ -109,11 +78,12 @@ def _progress(total: int):
 
 
 def run(args: argparse.Namespace) -> int:
-    from sparkmods import resultcache
+    from sparkmods.checking import resultcache
+    from sparkmods.checking.rows import Tally
     from sparkmods.matrix.build import build_counted, sort_sources
     from sparkmods.matrix.compare import compare, without_timestamp
+    from sparkmods.matrix.document import JSON_NAME, MD_NAME, SVG_NAME, read, rendered, write_all
     from sparkmods.modsdir import resolve_mods
-    from sparkmods.runtime.modcheck import GREEN
 
     if args.community:
         from sparkmods.community.cli import run_matrix
@@ -123,8 +93,8 @@ def run(args: argparse.Namespace) -> int:
     mod_dirs = resolve_mods([], args.mods_dir)
     if args.check:
         return _check(out, mod_dirs)
-    previous = _read(out / JSON_NAME)
-    against = _read(Path(args.against)) if args.against else None
+    previous = read(out / JSON_NAME)
+    against = read(Path(args.against)) if args.against else None
     if args.against and against is None:
         raise SparkmodsError(f"{args.against}: no such file")
     sources = sort_sources(open_sources(args))
@@ -143,12 +113,12 @@ def run(args: argparse.Namespace) -> int:
     doc = built.doc
     if previous is not None and without_timestamp(previous) == without_timestamp(doc):
         doc = previous  # nothing changed: keep the old timestamp so git sees no diff
-    _write_all(out, rendered(doc))
+    write_all(out, rendered(doc))
     diff = compare(against, doc) if against is not None else None
-    bad = [c for c in doc["cells"] if c["status"] not in GREEN]
+    bad = Tally.of(c["status"] for c in doc["cells"]).not_green
     if args.json:
         summary = {"out": str(out), "mods": len(doc["mods"]), "targets": len(doc["releases"]),
-                   "cells": len(doc["cells"]), "not_green": len(bad), "reused": built.reused,
+                   "cells": len(doc["cells"]), "not_green": bad, "reused": built.reused,
                    "reused_from_result_cache": built.from_cache, "rechecked": built.rechecked}
         if diff is not None:
             summary.update(diff.to_dict())
@@ -159,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
               f"(inputs unchanged{stored}), {built.rechecked} re-checked"
               + ("; --rebuild re-checks all" if built.reused else ""))
         print(f"wrote {out}/{{{JSON_NAME},{MD_NAME},{SVG_NAME}}}: {len(doc['mods'])} mods x "
-              f"{len(doc['releases'])} targets, {len(bad)} cells not green")
+              f"{len(doc['releases'])} targets, {bad} cells not green")
         if diff is not None:
             for kind in ("regressions", "fixes", "changed"):
                 for line in getattr(diff, kind):

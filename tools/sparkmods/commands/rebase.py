@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from sparkmods.commands import help_for, only_one
-from sparkmods.drift import Finding
+from sparkmods.checking.drift import DriftFinding
 from sparkmods.errors import SparkmodsError
 from sparkmods.modsdir import load, resolve_mods
 from sparkmods.patchfile import read_patch_file
@@ -47,15 +47,16 @@ def register(sub: "argparse._SubParsersAction") -> None:
     _source_args(p)
     p.set_defaults(func=run_rebase_patch)
 
-    q = sub.add_parser("rebase", help=help_for("rebase"),
-                       description="Rebase the nearest variant's patches onto a vLLM; --write adds the variant.")
-    q.add_argument("mod", metavar="MOD")
-    q.add_argument("--onto", required=True, action="append", metavar="SPEC", help="the vLLM the mod should work on")
-    q.add_argument("--write", action="store_true", help="add the variant to mod.toml and write its patches")
-    q.add_argument("--label", help="label of the new variant (default: <source label>-<onto version>)")
-    q.add_argument("--mods-dir", help="folder holding the mods")
-    _source_args(q)
-    q.set_defaults(func=run_rebase)
+    mod_parser = sub.add_parser("rebase", help=help_for("rebase"),
+                                description="Rebase the nearest variant's patches onto a vLLM; --write adds the variant.")
+    mod_parser.add_argument("mod", metavar="MOD")
+    mod_parser.add_argument("--onto", required=True, action="append", metavar="SPEC",
+                            help="the vLLM the mod should work on")
+    mod_parser.add_argument("--write", action="store_true", help="add the variant to mod.toml and write its patches")
+    mod_parser.add_argument("--label", help="label of the new variant (default: <source label>-<onto version>)")
+    mod_parser.add_argument("--mods-dir", help="folder holding the mods")
+    _source_args(mod_parser)
+    mod_parser.set_defaults(func=run_rebase)
 
 
 def _one(spec: str, args: argparse.Namespace, flag: str):
@@ -94,7 +95,7 @@ def run_rebase_patch(args: argparse.Namespace) -> int:
         result = rebase_patches(patches, base, onto)
     except BaseMismatch as exc:
         raise SparkmodsError(f"{path}: {exc}") from None
-    drift: List[Finding] = drift_of(patches, result, base, onto) if result.clean else []
+    drift: List[DriftFinding] = drift_of(patches, result, base, onto) if result.clean else []
     ok = result.clean and not drift
     written = None
     if ok and args.output and result.patch:

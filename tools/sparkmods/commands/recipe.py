@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, List, Optional, Sequence
 from sparkmods.commands import help_for
 from sparkmods.errors import SparkmodsError
 from sparkmods.outputfile import write_atomic
-from sparkmods.targets import add_cache_arg, add_target_args
+from sparkmods.sources.options import add_cache_arg, add_target_args
 
 if TYPE_CHECKING:  # imported when a recipe is checked, not when the command line is parsed
-    from sparkmods.launch.ontargets import Finding
-    from sparkmods.launch.target import TargetFacts
+    from sparkmods.launch.pervllm import TargetProblem
+    from sparkmods.launch.vllmfacts import VllmFacts
 
 _REPO_RECIPES = Path(__file__).resolve().parents[3] / "launch" / "recipes"
 # Placeholder addresses for checking cluster_only recipes; never written anywhere.
@@ -56,29 +56,29 @@ def default_recipes() -> List[Path]:
     raise SparkmodsError("no recipes given and none found in ./launch/recipes")
 
 
-def check_one(path: Path, targets: Sequence["TargetFacts"], mods_dir: Optional[Path]) -> List["Finding"]:
+def check_one(path: Path, targets: Sequence["VllmFacts"], mods_dir: Optional[Path]) -> List["TargetProblem"]:
     """The recipe's problems on every target; a schema error is one problem, not an exception."""
-    from sparkmods.launch.ontargets import Finding, validate_on
+    from sparkmods.launch.pervllm import TargetProblem, validate_on
     from sparkmods.launch.plan import LaunchOptions, build_plan
     from sparkmods.launch.recipe import load_recipe
     from sparkmods.launch.rules import Problem
-    from sparkmods.launch.target_open import check_with_engine
+    from sparkmods.launch.vllmopen import check_with_engine
 
     try:
         recipe = load_recipe(path)
         opts = LaunchOptions(nodes=_CHECK_NODES) if recipe.cluster_only else LaunchOptions()
         plan = build_plan(recipe, opts, mods_dir=mods_dir)
     except SparkmodsError as exc:
-        return [Finding(Problem("schema", str(exc).replace(f"{path}: ", "", 1)))]
+        return [TargetProblem(Problem("schema", str(exc).replace(f"{path}: ", "", 1)))]
     return validate_on(plan, targets, check_with_engine).findings
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from sparkmods import resultcache
+    from sparkmods.checking import resultcache
     from sparkmods.launch.rules import ERROR
-    from sparkmods.launch.target import TargetFacts
+    from sparkmods.launch.vllmfacts import VllmFacts
     from sparkmods.modsdir import mods_root
-    from sparkmods.targets import open_sources
+    from sparkmods.sources.options import open_sources
 
     resultcache.start(reuse=not args.no_cache)
     paths = [Path(p) for p in args.recipes] or default_recipes()
@@ -86,7 +86,7 @@ def run_check(args: argparse.Namespace) -> int:
         if not path.is_file():
             raise SparkmodsError(f"{path}: {'not a regular file' if path.exists() else 'no such file'}; "
                                  "name a recipe (.yaml)")
-    targets = [TargetFacts(s) for s in open_sources(args)]
+    targets = [VllmFacts(s) for s in open_sources(args)]
     mods_dir = mods_root(args.mods_dir) if args.mods_dir else None
     report = {str(p): check_one(p, targets, mods_dir) for p in paths}
     bad = sum(1 for findings in report.values() if any(f.problem.severity == ERROR for f in findings))

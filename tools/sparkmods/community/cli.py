@@ -8,7 +8,6 @@ command line is judged as a mod folder of its own."""
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import re
 import sys
@@ -17,10 +16,19 @@ import time
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Tuple
 
+from sparkmods.checking import report
+from sparkmods.checking.rows import CheckRow, Tally
 from sparkmods.community.judge import NOT_CHECKABLE, SKIPPED, CommunityResult, judge, judge_all
 from sparkmods.community.runsh import CommunityMod, is_community_mod, read_mod
-from sparkmods.community.sandbox import SITE_DIR, RunResult, agrees
+from sparkmods.community.sandbox import (SITE_DIR, RunResult, _client, agrees, check_image, release_tree, run_mod,
+                                         sandbox_image, tree_image)
 from sparkmods.errors import SparkmodsError
+from sparkmods.matrix.build import cell_from_result, sort_sources
+from sparkmods.matrix.document import JSON_NAME, MD_NAME, SVG_NAME, document, rendered, write_all
+from sparkmods.matrix.render import LEGEND
+from sparkmods.runtime.udiff import PatchParseError, parse_patch
+from sparkmods.sources import stats
+from sparkmods.sources.options import open_sources
 
 __all__ = ["collect", "load_mods", "loose_mod", "run_cells", "run_check", "run_matrix", "wants_community"]
 
@@ -37,7 +45,6 @@ def wants_community(args: argparse.Namespace) -> bool:
 
 
 def _is_diff(text: str) -> bool:
-    from sparkmods.runtime.udiff import PatchParseError, parse_patch
     if text.startswith("#!"):
         return False
     try:
@@ -106,8 +113,6 @@ def run_cells(mods: Sequence[CommunityMod], sources: Sequence, image: str,
               timeout: float) -> Iterator[Tuple[object, CommunityMod, RunResult, Optional[CommunityResult]]]:
     """(source, mod, what its run did, the static judgment where run.sh can be read) for every
     mod on every source, one container at a time."""
-    from sparkmods.community.sandbox import _client, release_tree, run_mod, tree_image
-
     client = _client()
     for source in sources:
         with tempfile.TemporaryDirectory(prefix="sparkmods-tree-") as tmp:
@@ -124,11 +129,6 @@ def run_cells(mods: Sequence[CommunityMod], sources: Sequence, image: str,
 def _run_check(args: argparse.Namespace, mods: Sequence[CommunityMod]) -> int:
     """A row per mod and target with the run's status; exit 1 when a row is not green or the run
     and the static reading disagree."""
-    from sparkmods import report
-    from sparkmods.check import CheckRow
-    from sparkmods.community.sandbox import check_image, sandbox_image
-    from sparkmods.targets import open_sources
-
     image = sandbox_image(args.sandbox_image)
     check_image(image)
     sources = open_sources(args)
@@ -160,11 +160,6 @@ def _run_check(args: argparse.Namespace, mods: Sequence[CommunityMod]) -> int:
 def _static_check(args: argparse.Namespace, mods: Sequence[CommunityMod]) -> int:
     """Print the rows (a table, or one JSON document); exit 1 when a row is not green or a mod
     cannot be judged."""
-    from sparkmods import report
-    from sparkmods.check import CheckRow
-    from sparkmods.sources import stats
-    from sparkmods.targets import open_sources
-
     started = time.monotonic()
     judged = [m for m in mods if m.checkable]
     sources = open_sources(args) if judged else []
@@ -195,23 +190,13 @@ def _static_check(args: argparse.Namespace, mods: Sequence[CommunityMod]) -> int
 
 def community_doc(mods: Sequence[CommunityMod], sources: Sequence, label: str) -> dict:
     """A matrix document (the schema `sparkmods matrix` writes) for community mods."""
-    from sparkmods import __version__
-    from sparkmods.check import checker_hash
-    from sparkmods.matrix.build import cell_from_result
-
     per_source = judge_all(mods, sources)
     cells = [cell_from_result(per_source[j][i], s.label, "", s.sha256)
              for i in range(len(mods)) for j, s in enumerate(sources)]
     for cell in cells:
         cell.pop("mod_hash")
-    return {
-        "schema": 1, "generated_by": f"sparkmods {__version__}", "checker": checker_hash(),
-        "generated_at": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
-        "community": {"source": label, "mods": len(mods), "checkable": sum(1 for m in mods if m.checkable)},
-        "releases": [{"vllm": s.version, "target": s.label, "commit": s.commit, "wheel_sha256": s.sha256} for s in sources],
-        "mods": [{"name": m.name, "summary": _summary(m), "variants": []} for m in mods],
-        "cells": cells,
-    }
+    return document(sources, [{"name": m.name, "summary": _summary(m), "variants": []} for m in mods], cells,
+                    community={"source": label, "mods": len(mods), "checkable": sum(1 for m in mods if m.checkable)})
 
 
 def _summary(mod: CommunityMod) -> str:
@@ -223,11 +208,6 @@ def _summary(mod: CommunityMod) -> str:
 
 def run_matrix(args: argparse.Namespace) -> int:
     """Write MATRIX.md, matrix.json and matrix.svg for the community mods into --out."""
-    from sparkmods.commands.matrix import _write_all
-    from sparkmods.matrix.build import sort_sources
-    from sparkmods.matrix.render import LEGEND, to_markdown, to_svg
-    from sparkmods.targets import open_sources
-
     if args.check or args.against:
         raise SparkmodsError("--community writes a matrix; --check and --against work on ours only")
     out = Path(args.out) if args.out else Path("matrix") / "community"
@@ -237,9 +217,8 @@ def run_matrix(args: argparse.Namespace) -> int:
         sources.extend(open_sources(argparse.Namespace(**{**vars(args), "vllm": [spec]})))
     doc = community_doc(mods, sources, args.source_label or str(Path(args.community).resolve()))
     legend = {**LEGEND, **LEGEND_EXTRA}
-    _write_all(out, {"matrix.json": json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False) + "\n",
-                     "MATRIX.md": to_markdown(doc, legend), "matrix.svg": to_svg(doc, legend)})
-    bad = sum(1 for c in doc["cells"] if c["status"] not in ("ok", "ok-offset", "applied", "upstream"))
-    print(f"wrote {out}/{{matrix.json,MATRIX.md,matrix.svg}}: {len(mods)} community mods "
+    write_all(out, rendered(doc, legend))
+    bad = Tally.of(c["status"] for c in doc["cells"]).not_green
+    print(f"wrote {out}/{{{JSON_NAME},{MD_NAME},{SVG_NAME}}}: {len(mods)} community mods "
           f"({doc['community']['checkable']} checkable) x {len(sources)} targets, {bad} cells not green")
     return 0

@@ -12,8 +12,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from sparkmods import gcpause
-from sparkmods.check import SOURCE_JOBS
+from sparkmods.pyindex import gcpause
+from sparkmods.checking.batch import SOURCE_JOBS
 from sparkmods.community.runsh import CommunityMod, PatchStep
 from sparkmods.runtime.engine import APPLIED, CONFLICT, EXACT, OFFSET, OK, OK_OFFSET, FileResult, plan
 from sparkmods.runtime.modcheck import ModResult, aggregate
@@ -87,7 +87,7 @@ def _with_fuzz(step: PatchStep, read) -> Optional[Tuple[List[FileResult], str, s
 def judge(mod: CommunityMod, source, keep_bytes: bool = False) -> CommunityResult:
     """The row for one checkable mod on one source (read, version; prefetch/list_files optional).
     keep_bytes: the row's files keep the vLLM files before and after every step (for adopt)."""
-    from sparkmods.drift import drift_status  # parses vLLM's Python: only when a row is judged
+    from sparkmods.checking.drift import drift_status  # parses vLLM's Python: only when a row is judged
 
     overlay: Dict[str, Optional[bytes]] = {}
     originals: Dict[str, Optional[bytes]] = {}

@@ -3,8 +3,9 @@
 recipe.py    the recipe model and its schema check
 servecmd.py  the `vllm serve` command of a recipe: parse, query, re-render on one line
 plan.py      recipe + command-line choices -> one LaunchPlan (nodes, mods, env, serve argv)
-target.py    facts read from the target vLLM's own source (speculative methods, cache dtypes)
-target_open.py  which vLLM to check against (the image, else --vllm), and the mod check
+vllmfacts.py  facts read from the vLLM's own source (speculative methods, cache dtypes)
+vllmopen.py  which vLLM to check against (the image, else --vllm), and the mod check
+pervllm.py   one plan validated on every vLLM named (TargetProblem: a problem and its vLLM)
 problem.py   Problem and the Context a rule sees
 modrules.py  rules about the mods; flagrules.py: rules about flags, layout and shell safety
 rules.py     validate(): runs every rule

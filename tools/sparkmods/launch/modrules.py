@@ -10,6 +10,7 @@ from sparkmods.errors import SparkmodsError
 from sparkmods.launch.problem import WARNING, Context, Problem
 from sparkmods.runtime.manifest import MANIFEST_TOML, ManifestError, Variant, load_manifest
 from sparkmods.runtime.modcheck import BASE_ENV, BaseMismatch, check_mod
+from sparkmods.sync import stale_files
 
 __all__ = ["RULES"]
 
@@ -29,13 +30,11 @@ def mods(ctx: Context) -> Iterator[Problem]:
 
 def mod_files(ctx: Context) -> Iterator[Problem]:
     """The folder the launcher copies must carry an up-to-date generated run.sh and runtime."""
-    from sparkmods.sync import drift
-
     for folder in ctx.plan.mod_dirs:
         if not (folder / MANIFEST_TOML).is_file():
             continue
         try:
-            found = drift(folder)
+            found = stale_files(folder)
         except SparkmodsError as exc:
             yield Problem("mod-files", str(exc))
             continue

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Tuple
+from typing import Dict, Tuple
 
+from sparkmods.gitdiff import Change
+from sparkmods.patchfile import read_diff_file
 from sparkmods.runtime.engine import PACKAGE
-
-if TYPE_CHECKING:
-    from sparkmods.gitdiff import Change
 
 __all__ = ["PrDiff", "read_pr_diff"]
 
@@ -20,16 +19,14 @@ class PrDiff:
     """A PR's diff as the launcher applies it: only its changes under vllm/."""
 
     path: Path
-    changes: Tuple["Change", ...]
+    changes: Tuple[Change, ...]
 
     @property
-    def files(self) -> Dict[str, "Change"]:
+    def files(self) -> Dict[str, Change]:
         return {p: c for c in self.changes for p in c.paths}
 
 
 def read_pr_diff(path: Path) -> PrDiff:
     """The diff file (a bad one is one line naming it), kept to what the launcher applies."""
-    from sparkmods.patchfile import read_diff_file
-
     changes = read_diff_file(path)
     return PrDiff(path, tuple(c for c in changes if all(p.startswith(PACKAGE + "/") for p in c.paths)))

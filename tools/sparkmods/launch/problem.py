@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from sparkmods.launch.plan import LaunchPlan
-from sparkmods.launch.target import TargetFacts
+from sparkmods.launch.vllmfacts import VllmFacts
 from sparkmods.runtime.modcheck import ModResult
 
 __all__ = ["Problem", "Context", "ERROR", "WARNING"]
@@ -34,7 +34,7 @@ class Context:
     """What every rule sees: the plan, the target's facts (None: no target), the mod results."""
 
     plan: LaunchPlan
-    facts: Optional[TargetFacts]
+    facts: Optional[VllmFacts]
     mod_results: Sequence[ModResult]
 
     @property

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
+from sparkmods.gitdiff import plan_changes
 from sparkmods.launch.prdiff import PrDiff
 from sparkmods.launch.problem import WARNING, Context, Problem
 from sparkmods.runtime.engine import OK, OK_OFFSET
@@ -64,8 +65,6 @@ def pr_overlap(ctx: Context) -> Iterator[Problem]:
 
 def _after_pr(pr: PrDiff, shared: List[str], read) -> Optional[Dict[str, Optional[bytes]]]:
     """The shared files as the PR leaves them (None: the PR does not apply to them)."""
-    from sparkmods.gitdiff import plan_changes
-
     out: Dict[str, Optional[bytes]] = {}
     for change in (c for c in pr.changes if set(c.paths) & set(shared)):
         planned = plan_changes([change], read)

@@ -16,7 +16,7 @@ from typing import Callable, List, Optional, Sequence
 from sparkmods.launch import flagrules, modrules, prrules
 from sparkmods.launch.plan import LaunchPlan
 from sparkmods.launch.problem import ERROR, WARNING, Context, Problem
-from sparkmods.launch.target import TargetFacts
+from sparkmods.launch.vllmfacts import VllmFacts
 from sparkmods.runtime.manifest import MANIFEST_TOML
 from sparkmods.runtime.modcheck import ModResult
 
@@ -37,7 +37,7 @@ class Validation:
         return [p for p in self.problems if p.severity == ERROR]
 
 
-def validate(plan: LaunchPlan, facts: Optional[TargetFacts], check: Optional[CheckMods]) -> Validation:
+def validate(plan: LaunchPlan, facts: Optional[VllmFacts], check: Optional[CheckMods]) -> Validation:
     """Every problem of the plan on its target (errors first, each one line) and the mod results.
 
     Without facts (no target) the target-dependent rules stay silent: that is `recipe check`.

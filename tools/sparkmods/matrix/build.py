@@ -4,28 +4,28 @@ A cell's inputs are the mod's content hash (every file of the mod folder, the ge
 runtime included, so an engine change re-checks everything) and the wheel's sha256 from the
 index. When both equal what the previous matrix recorded, the old cell is reused without a
 byte of network traffic. Sources without a sha256 (dir:, git:, image:) are always re-checked,
-and so is everything when the drift-check code changed (`checker`, see check.checker_hash).
-Cells the previous matrix cannot give come from check.check_source, which reuses the rows
+and so is everything when the drift-check code changed (`checker`, see checking/fingerprints.py).
+Cells the previous matrix cannot give come from checking.batch.check_source, which reuses the rows
 `sparkmods check` stored for the same inputs (resultcache.py) before checking anything.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from sparkmods import __version__, gcpause, resultcache
-from sparkmods.check import SOURCE_JOBS, check_source, checker_hash
+from sparkmods.checking import resultcache
+from sparkmods.checking.batch import SOURCE_JOBS, check_source
+from sparkmods.checking.fingerprints import checker_hash, mod_hash
 from sparkmods.matrix import served
+from sparkmods.matrix.document import document
 from sparkmods.modsdir import load
 from sparkmods.runtime.manifest import Manifest
 from sparkmods.runtime.modcheck import ModResult
+from sparkmods.pyindex import gcpause
 from sparkmods.runtime.pep440 import Version
-
-SCHEMA = 1
-TIMESTAMP_KEY = "generated_at"
 
 
 def _mod_entry(manifest: Manifest, content_hash: str) -> dict:
@@ -91,10 +91,8 @@ def build_counted(mod_dirs: Sequence[Path], sources: Sequence, previous: Optiona
                   on_progress: Optional[Callable[[str], None]] = None, jobs: int = SOURCE_JOBS) -> Built:
     """build(), counting reused and re-checked cells; each green cell marked with the GPU run
     that served its variant, if one did."""
-    from concurrent.futures import ThreadPoolExecutor
-
     mods = [(d, load(d)) for d in mod_dirs]
-    hashes = {m.name: resultcache.mod_hash(d) for d, m in mods}
+    hashes = {m.name: mod_hash(d) for d, m in mods}
     checker = checker_hash()
     counts = resultcache.active().counts
     stored_before = counts.reused
@@ -122,17 +120,8 @@ def build_counted(mod_dirs: Sequence[Path], sources: Sequence, previous: Optiona
     per_source = [cells for cells, _ in done]
     from_cache = counts.reused - stored_before
     rechecked = sum(n for _, n in done) - from_cache
-    releases = [{"vllm": s.version, "target": s.label, "commit": s.commit, "wheel_sha256": s.sha256} for s in sources]
     cells = [per_source[j][i] for i in range(len(mods)) for j in range(len(sources))]
-    doc = {
-        "schema": SCHEMA,
-        "generated_by": f"sparkmods {__version__}",
-        "checker": checker,
-        TIMESTAMP_KEY: _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
-        "releases": releases,
-        "mods": [_mod_entry(m, hashes[m.name]) for _, m in mods],
-        "cells": cells,
-    }
+    doc = document(sources, [_mod_entry(m, hashes[m.name]) for _, m in mods], cells)
     served.attach(doc, served_index(mod_dirs))
     return Built(doc, len(cells) - rechecked, rechecked, from_cache)
 

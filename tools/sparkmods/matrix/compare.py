@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
-from sparkmods.check import checker_hash
-from sparkmods.matrix.build import TIMESTAMP_KEY, served_index
+from sparkmods.checking.fingerprints import checker_hash, mod_hash
+from sparkmods.matrix.build import served_index
+from sparkmods.matrix.document import TIMESTAMP_KEY
 from sparkmods.matrix.served import attach
-from sparkmods.resultcache import mod_hash
 from sparkmods.runtime.modcheck import GREEN
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from html import escape
 from typing import Dict, List, Tuple
 
+from sparkmods.checking.rows import breaks, files_from_dicts
 from sparkmods.runtime.modcheck import GREEN
 
 # status -> (symbol, colour, meaning)
@@ -45,13 +46,11 @@ def _column_title(doc: dict, target: str) -> str:
 
 
 def _breakage(cell: dict) -> str:
-    for f in cell.get("files", []):
-        for h in f.get("hunks", []):
-            if h["outcome"] == "conflict":
-                near = f" (closest match line {h['near']['line']})" if h.get("near") else ""
-                return f"`{f['path']}` hunk {h['hunk']} at line {h['stated_line']}: {h.get('reason', '')}{near}"
-        if f["status"] == "missing-file":
-            return f"`{f['path']}` does not exist"
+    for f, h in breaks(files_from_dicts(cell.get("files", []))):
+        if h is None:
+            return f"`{f.path}` does not exist"
+        near = f" (closest match line {h.near.line})" if h.near else ""
+        return f"`{f.path}` hunk {h.index} at line {h.stated_line}: {h.reason}{near}"
     return cell.get("reason", "")
 
 

@@ -50,36 +50,37 @@ class Alignment:
         line = self.base[b]
         return bool(line.strip()) and self._count_b[line] == 1 and self._count_o[line] == 1
 
-    def anchored(self, run: Run, b0: int, b1: int) -> bool:
-        """True when the run pins base[b0:b1] from both sides: a line unique in both files
-        in run[:b1] and one in run[b0:] (the file's edge counts when the run reaches it)."""
+    def anchored(self, run: Run, base_start: int, base_end: int) -> bool:
+        """True when the run pins base[base_start:base_end] from both sides: a line unique in both files
+        in run[:base_end] and one in run[base_start:] (the file's edge counts when the run reaches it)."""
         end = run.b + run.size
-        before = (run.b == 0 and run.o == 0) or any(self._unique(b) for b in range(b1 - 1, run.b - 1, -1))
+        before = (run.b == 0 and run.o == 0) or any(self._unique(b) for b in range(base_end - 1, run.b - 1, -1))
         after = (end == len(self.base) and run.o + run.size == len(self.onto)) or any(
-            self._unique(b) for b in range(b0, end))
+            self._unique(b) for b in range(base_start, end))
         return before and after
 
-    def place(self, b0: int, b1: int) -> Tuple[Optional[int], str]:
-        """diff3: the onto index for base[b0:b1] (b0 == b1: an insertion point), or None and why."""
+    def place(self, base_start: int, base_end: int) -> Tuple[Optional[int], str]:
+        """diff3: the onto index for base[base_start:base_end] (equal bounds: an insertion point),
+        or None and why."""
         nb, no = len(self.base), len(self.onto)
-        lo, hi = b0 - 1, b1  # the neighbours that must be unchanged too
+        lo, hi = base_start - 1, base_end  # the neighbours that must be unchanged too
         span = [i for i in range(max(lo, 0), min(hi, nb - 1) + 1)]
         if not span:
             return (0, "") if nb == 0 and no == 0 else (None, "empty file")
         run = self.run_at(span[0])
         if run is None or span[-1] >= run.b + run.size:
             return None, "next to or inside lines that changed upstream"
-        o0 = run.o + (b0 - run.b)
+        onto_start = run.o + (base_start - run.b)
         if lo < 0 and (run.b != 0 or run.o != 0):
             return None, "at the start of a file whose start changed upstream"
         if hi >= nb and (run.b + run.size != nb or run.o + run.size != no):
             return None, "at the end of a file whose end changed upstream"
-        if not self.anchored(run, b0, b1):
+        if not self.anchored(run, base_start, base_end):
             return None, "the unchanged lines around it are too generic to locate"
-        return o0, ""
+        return onto_start, ""
 
     def changed_b_lines(self) -> List[Tuple[int, int, int, int]]:
-        """The changed chunks as (b0, b1, o0, o1), in order (either side may be empty)."""
+        """The changed chunks as (base_start, base_end, onto_start, onto_end), in order (either side may be empty)."""
         out = []
         pb = po = 0
         for run in self.runs + [Run(len(self.base), len(self.onto), 0)]:

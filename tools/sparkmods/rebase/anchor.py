@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 from typing import List, Optional, Sequence, Tuple
 
-from sparkmods import pyparse
+from sparkmods.pyindex import safeparse
 
 from .pyscope import Block, PyFile, Stmt, indent_of, is_trivia
 
@@ -37,8 +37,8 @@ SIMILAR = 0.6  # a changed neighbour must keep this much of its text to count as
 
 @dataclass(frozen=True)
 class Placement:
-    o0: int
-    o1: int
+    onto_start: int
+    onto_end: int
     rule: str
 
 
@@ -60,36 +60,39 @@ class Anchorer:
         self.b, self.o = base, onto
 
     # -- entry point ---------------------------------------------------------------------
-    def place(self, b0: int, b1: int, new: Sequence[str]) -> Answer:
-        veto = self._cut_statement_changed(b0, b1)
+    def place(self, base_start: int, base_end: int, new: Sequence[str]) -> Answer:
+        veto = self._cut_statement_changed(base_start, base_end)
         if veto:
             return Answer(None, veto, veto=True)
-        if b0 == b1:
-            slot = self._slot(b0, b1, new)
+        if base_start == base_end:
+            slot = self._slot(base_start, base_end, new)
             if slot is not None:
-                return Answer(*self._insert(b0, new, *slot))
-            return self._intra(b0, b1)
-        aligned = self._aligned(b0, b1)
+                return Answer(*self._insert(base_start, new, *slot))
+            return self._intra(base_start, base_end)
+        aligned = self._aligned(base_start, base_end)
         if aligned is not None:
             if isinstance(aligned, str):
                 return Answer(None, aligned)
-            return Answer(*self._replace(b0, b1, *aligned))
-        if all(is_trivia(line) for line in self.b.lines[b0:b1]):
-            slot = self._slot(b0, b1, self.b.lines[b0:b1])
+            return Answer(*self._replace(base_start, base_end, *aligned))
+        if all(is_trivia(line) for line in self.b.lines[base_start:base_end]):
+            slot = self._slot(base_start, base_end, self.b.lines[base_start:base_end])
             if slot is None:
                 return Answer(None, "edits comment lines whose place cannot be told")
-            return Answer(*self._gap_edit(b0, b1, *slot))
-        return self._intra(b0, b1)
+            return Answer(*self._gap_edit(base_start, base_end, *slot))
+        return self._intra(base_start, base_end)
 
-    def _cut_statement_changed(self, b0: int, b1: int) -> str:
+    def _cut_statement_changed(self, base_start: int, base_end: int) -> str:
         """Why the edit must be flagged whatever else says: it cuts into a simple statement
         (changes some of its lines, or inserts inside it) that upstream changed too. A line
         merge would combine both edits of one statement; its meaning changed under us."""
         for st in self.b.stmts:
             if st.blocks:
                 continue
-            inside = st.start < b0 < st.end if b0 == b1 else (st.start < b1 and b0 < st.end)
-            if not inside or (b0 != b1 and b0 <= st.start and st.end <= b1):
+            if base_start == base_end:
+                inside = st.start < base_start < st.end
+            else:
+                inside = st.start < base_end and base_start < st.end
+            if not inside or (base_start != base_end and base_start <= st.start and st.end <= base_end):
                 continue
             key = self.b.key(st)
             if not self.o.scope_exists(self.b, st.scope):
@@ -120,8 +123,8 @@ class Anchorer:
         g1 = stmts[j].start if j < len(stmts) else self._gap_end(pf, g0)
         return (g0, g1) if g0 <= g1 else None
 
-    def _slot(self, b0: int, b1: int, lines: Sequence[str]) -> Optional[Tuple[Block, int, int, int]]:
-        """The one (block, j, g0, g1) whose gap holds [b0, b1) at the lines' indentation."""
+    def _slot(self, base_start: int, base_end: int, lines: Sequence[str]) -> Optional[Tuple[Block, int, int, int]]:
+        """The one (block, j, g0, g1) whose gap holds [base_start, base_end) at the lines' indentation."""
         code = [line for line in lines if not is_trivia(line)] or [line for line in lines if line.strip()]
         want = indent_of(code[0]) if code else None
         found = []
@@ -130,7 +133,7 @@ class Anchorer:
                 continue
             for j in range(len(block.stmts) + 1):
                 gap = self._gap(self.b, block, j)
-                if gap and gap[0] <= b0 and b1 <= gap[1]:
+                if gap and gap[0] <= base_start and base_end <= gap[1]:
                     found.append((block, j, gap[0], gap[1]))
         return found[0] if len(found) == 1 else None
 
@@ -264,19 +267,20 @@ class Anchorer:
             return None, "the statement before the insertion changed beyond recognition"
         return None, "both statements around the insertion changed upstream"
 
-    def _gap_place(self, b0: int, b1: int, g0: int, g1: int, oblock: Block, slot: int, rule: str) -> Result:
+    def _gap_place(self, base_start: int, base_end: int, g0: int, g1: int, oblock: Block, slot: int,
+                   rule: str) -> Result:
         """Carry a position inside the base gap [g0, g1) into the onto gap at slot."""
         h = self._gap(self.o, oblock, slot)
         if h is None:
             return None, "the header of the block could not be located in onto"
         h0, h1 = h
         if self.b.lines[g0:g1] == self.o.lines[h0:h1]:
-            return Placement(h0 + (b0 - g0), h0 + (b1 - g0), rule), ""
-        if b0 == b1 == g0:
+            return Placement(h0 + (base_start - g0), h0 + (base_end - g0), rule), ""
+        if base_start == base_end == g0:
             return Placement(h0, h0, rule), ""
         return None, "the comments or blank lines around it changed upstream"
 
-    def _gap_edit(self, b0: int, b1: int, block: Block, j: int, g0: int, g1: int) -> Result:
+    def _gap_edit(self, base_start: int, base_end: int, block: Block, j: int, g0: int, g1: int) -> Result:
         space = self.search_space(block)
         if space is None:
             return None, f"the enclosing {_where(block)} is not found in onto"
@@ -289,13 +293,13 @@ class Anchorer:
         slot = to.index if to is not None else (so.index + 1 if so is not None else 0)
         if so is not None and to is not None and to.index != so.index + 1:
             return None, "onto has other code between the statements around the edited lines"
-        return self._gap_place(b0, b1, g0, g1, oblock, slot, "statement")
+        return self._gap_place(base_start, base_end, g0, g1, oblock, slot, "statement")
 
     # -- replacing whole statements ----------------------------------------------------------
-    def _aligned(self, b0: int, b1: int):
-        """(block, i, k) when [b0, b1) is statements i..k of one block plus blank/comment
+    def _aligned(self, base_start: int, base_end: int):
+        """(block, i, k) when [base_start, base_end) is statements i..k of one block plus blank/comment
         lines; a reason string when it partly overlaps statements; None when it holds none."""
-        inside = [s for s in self.b.stmts if b0 <= s.start and s.end <= b1]
+        inside = [s for s in self.b.stmts if base_start <= s.start and s.end <= base_end]
         if not inside:
             return None
         top = [s for s in inside if not (s.block.owner is not None and s.block.owner in inside)]
@@ -304,17 +308,17 @@ class Anchorer:
         if any(s.block is not block for s in top) or idx != list(range(idx[0], idx[-1] + 1)):
             return "the removed lines span statements of different blocks"
         for s in self.b.stmts:
-            overlaps = s.start < b1 and b0 < s.end
-            if overlaps and s not in inside and not (s.start <= b0 and b1 <= s.end):
+            overlaps = s.start < base_end and base_start < s.end
+            if overlaps and s not in inside and not (s.start <= base_start and base_end <= s.end):
                 return None  # cuts through a statement: an intra-statement edit
         covered = set()
         for s in top:
             covered.update(range(s.start, s.end))
-        if any(not is_trivia(self.b.lines[i]) for i in range(b0, b1) if i not in covered):
+        if any(not is_trivia(self.b.lines[i]) for i in range(base_start, base_end) if i not in covered):
             return "the removed lines are not whole statements"
         return block, idx[0], idx[-1]
 
-    def _replace(self, b0: int, b1: int, block: Block, i: int, k: int) -> Result:
+    def _replace(self, base_start: int, base_end: int, block: Block, i: int, k: int) -> Result:
         space = self.search_space(block)
         if space is None:
             return None, f"the enclosing {_where(block)} is not found in onto (renamed, removed or ambiguous)"
@@ -327,30 +331,32 @@ class Anchorer:
             return None, f"the removed statements are {why} in onto"
         first, last = hits[0][0], hits[0][-1]
         bs, bt = block.stmts[i].start, block.stmts[k].end
-        lead, trail = self.b.lines[b0:bs], self.b.lines[bt:b1]
-        o0, o1 = first.start - len(lead), last.end + len(trail)
+        lead, trail = self.b.lines[base_start:bs], self.b.lines[bt:base_end]
+        onto_start, onto_end = first.start - len(lead), last.end + len(trail)
         if self.b.lines[bs:bt] == self.o.lines[first.start:last.end]:
-            if o0 >= 0 and self.o.lines[o0:first.start] == lead and self.o.lines[last.end:o1] == trail:
-                return Placement(o0, o1, "replace"), ""
+            if (onto_start >= 0 and self.o.lines[onto_start:first.start] == lead
+                    and self.o.lines[last.end:onto_end] == trail):
+                return Placement(onto_start, onto_end, "replace"), ""
             return None, "the comments around the removed statements changed upstream"
         if lead or trail or first.indent != block.stmts[i].indent:
             return None, "the removed statements were reformatted upstream together with comments around them"
         return Placement(first.start, last.end, "replace-reformatted"), ""
 
     # -- edits inside one statement -------------------------------------------------------------
-    def _intra(self, b0: int, b1: int) -> Answer:
-        st = self.b.innermost(b0, b1)
+    def _intra(self, base_start: int, base_end: int) -> Answer:
+        st = self.b.innermost(base_start, base_end)
         if st is None:
             return Answer(None, "not inside any statement and not between statements")
         if not self.o.scope_exists(self.b, st.scope):
             return Answer(None, f"{st.scope or 'the module'} is not found once in onto")
         head = self.b.head_span(st)
-        if head is not None and b0 < head and b1 <= head:
+        if head is not None and base_start < head and base_end <= head:
             so = self.counterpart_owner(st)
             if so is not None:
                 ohead = self.o.head_span(so)
                 if ohead is not None and self.b.text(st.start, head) == self.o.text(so.start, ohead):
-                    return Answer(Placement(so.start + (b0 - st.start), so.start + (b1 - st.start), "intra-header"))
+                    return Answer(Placement(so.start + (base_start - st.start), so.start + (base_end - st.start),
+                                            "intra-header"))
                 return Answer(None, f"the header of {_describe(st)} changed upstream", veto=True)
             return Answer(None, f"{_describe(st)} is not found once in onto")
         key = self.b.key(st)
@@ -362,7 +368,7 @@ class Anchorer:
             return Answer(None, f"{_describe(st)} changed upstream")
         if self.b.text(st.start, st.end) != self.o.text(so.start, so.end):
             return Answer(None, f"{_describe(st)} was reformatted upstream")
-        return Answer(Placement(so.start + (b0 - st.start), so.start + (b1 - st.start), "intra"))
+        return Answer(Placement(so.start + (base_start - st.start), so.start + (base_end - st.start), "intra"))
 
 
 def _runs_of(pf: PyFile, stmts: Sequence[Stmt], keys: List[str]) -> List[List[Stmt]]:
@@ -404,7 +410,7 @@ def _all_imports(new: Sequence[str]) -> bool:
     if not text.strip():
         return False
     try:
-        tree = pyparse.parse(textwrap.dedent(text))
+        tree = safeparse.parse(textwrap.dedent(text))
     except SyntaxError:
         return False
     return bool(tree.body) and all(_is_import(n) for n in tree.body)

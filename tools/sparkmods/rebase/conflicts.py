@@ -35,7 +35,7 @@ def _regions(align: Alignment, bad: Sequence[Edit]) -> List[Tuple[int, int]]:
     chunks = align.changed_b_lines()
     regions: List[Tuple[int, int]] = []
     for e in bad:
-        lo, hi = e.b0, e.b1
+        lo, hi = e.base_start, e.base_end
         for c0, c1, _, _ in chunks:
             if (c0 < hi + 1 and lo - 1 < c1) or (c0 == c1 and lo <= c0 <= hi):
                 lo, hi = min(lo, c0), max(hi, c1)
@@ -53,15 +53,17 @@ def _regions(align: Alignment, bad: Sequence[Edit]) -> List[Tuple[int, int]]:
 def conflict_lines(align: Alignment, outcomes: Sequence[EditOutcome], onto_label: str, base_label: str) -> List[str]:
     base, onto = align.base, align.onto
     regions = _regions(align, [x.edit for x in outcomes if x.outcome == CONFLICT])
-    inside = lambda e: any(lo <= e.b0 and e.b1 <= hi for lo, hi in regions)  # noqa: E731
-    repl = [(x.o0, x.o1, list(x.edit.new)) for x in outcomes if x.outcome == PLACED and not inside(x.edit)]
+    inside = lambda e: any(lo <= e.base_start and e.base_end <= hi for lo, hi in regions)  # noqa: E731
+    repl = [(x.onto_start, x.onto_end, list(x.edit.new)) for x in outcomes
+            if x.outcome == PLACED and not inside(x.edit)]
     for lo, hi in regions:
-        o0, o1 = _o_left(align, lo), _o_right(align, hi)
-        mine = [(e.b0 - lo, e.b1 - lo, e.new) for e in (x.edit for x in outcomes) if lo <= e.b0 and e.b1 <= hi]
-        block = ([f"<<<<<<< onto ({onto_label})\n"] + _ended(onto[o0:o1])
+        onto_start, onto_end = _o_left(align, lo), _o_right(align, hi)
+        mine = [(e.base_start - lo, e.base_end - lo, e.new) for e in (x.edit for x in outcomes)
+                if lo <= e.base_start and e.base_end <= hi]
+        block = ([f"<<<<<<< onto ({onto_label})\n"] + _ended(onto[onto_start:onto_end])
                  + [f"||||||| base ({base_label})\n"] + _ended(base[lo:hi])
                  + ["=======\n"] + _ended(apply_edits(base[lo:hi], mine)) + [">>>>>>> patch\n"])
-        repl.append((o0, o1, block))
+        repl.append((onto_start, onto_end, block))
     repl.sort(key=lambda r: (r[0], r[1]))
     keep: List[Tuple[int, int, list]] = []
     for r in repl:

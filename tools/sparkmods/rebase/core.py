@@ -184,7 +184,7 @@ def _finish(path: str, parts: List[Part], base_lines: List[str]) -> FileOutcome:
     outcomes = [o for p in parts for o in p.outcomes]
     if any(p.merged is None for p in parts):
         bad = [o for o in outcomes if o.outcome == CONFLICT]
-        reason = "; ".join(f"hunk {o.edit.hunk} (base line {o.edit.b0 + 1}): {o.reason}" for o in bad[:3])
+        reason = "; ".join(f"hunk {o.edit.hunk} (base line {o.edit.base_start + 1}): {o.reason}" for o in bad[:3])
         return FileOutcome(path, FILE_CONFLICT, parts, reason or "conflict", base=base_lines)
     if all(o.outcome == ALREADY for o in outcomes):
         return FileOutcome(path, UNCHANGED, parts, "onto already has every change of this file", base=base_lines)

@@ -1,4 +1,4 @@
-"""A file patch as edits on its base file: (base lines b0:b1) -> new lines.
+"""A file patch as edits on its base file: (base lines base_start:base_end) -> new lines.
 
 The patch is first applied to the base with the engine (exact or offset, never fuzz), so the
 edits are located where the engine located them; each run of removed/added lines inside a
@@ -27,8 +27,8 @@ class BaseMismatch(ValueError):
 @dataclass(frozen=True)
 class Edit:
     hunk: int  # 1-based hunk number in its file patch
-    b0: int  # base lines [b0, b1) are replaced; b0 == b1 inserts before base line b0
-    b1: int
+    base_start: int  # base lines [base_start, base_end) are replaced; equal bounds insert before base_start
+    base_end: int
     new: Tuple[str, ...]
 
 
@@ -88,7 +88,7 @@ def extract_edits(fp: FilePatch, base: bytes, label: str) -> Tuple[List[str], Li
             edits.append(Edit(number, k, k + minus, tuple(after[m:m + plus])))
             k, m = k + minus, m + plus
         delta = m - k
-    rebuilt = apply_edits(base_lines, [(e.b0, e.b1, e.new) for e in edits])
+    rebuilt = apply_edits(base_lines, [(e.base_start, e.base_end, e.new) for e in edits])
     if rebuilt != after:
         raise BaseMismatch(f"{fp.path}: internal: the edits do not rebuild the patched file (line endings?)")
     return base_lines, after, edits

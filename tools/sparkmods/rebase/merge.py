@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
-from sparkmods import pyparse
+from sparkmods.pyindex import safeparse
 from sparkmods.runtime.engine import APPLIED, plan_file
 from sparkmods.runtime.udiff import FilePatch
 
@@ -31,17 +31,18 @@ class EditOutcome:
     edit: Edit
     outcome: str
     rule: str = ""
-    o0: Optional[int] = None  # 0-based onto line where it goes (placed)
-    o1: Optional[int] = None
+    onto_start: Optional[int] = None  # 0-based onto line where it goes (placed)
+    onto_end: Optional[int] = None
     reason: str = ""
 
     def to_dict(self) -> dict:
-        out = {"hunk": self.edit.hunk, "base_line": self.edit.b0 + 1, "removes": self.edit.b1 - self.edit.b0,
+        out = {"hunk": self.edit.hunk, "base_line": self.edit.base_start + 1,
+               "removes": self.edit.base_end - self.edit.base_start,
                "adds": len(self.edit.new), "outcome": self.outcome}
         if self.rule:
             out["rule"] = self.rule
-        if self.o0 is not None:
-            out["onto_line"] = self.o0 + 1
+        if self.onto_start is not None:
+            out["onto_line"] = self.onto_start + 1
         if self.reason:
             out["reason"] = self.reason
         return out
@@ -66,30 +67,30 @@ def _scopes(pf: PyFile, lo: int, hi: int) -> "tuple[str, str]":
 
 
 def _diff3(align: Alignment, bf: Optional[PyFile], of: Optional[PyFile], e: Edit) -> "tuple[Optional[Placement], str]":
-    o0, why = align.place(e.b0, e.b1)
-    if o0 is None:
+    onto_start, why = align.place(e.base_start, e.base_end)
+    if onto_start is None:
         return None, why
     if bf is not None and of is not None:
-        size = e.b1 - e.b0
-        if _scopes(bf, e.b0 - 1, e.b1) != _scopes(of, o0 - 1, o0 + size):
+        size = e.base_end - e.base_start
+        if _scopes(bf, e.base_start - 1, e.base_end) != _scopes(of, onto_start - 1, onto_start + size):
             return None, "the enclosing def/class differs at the aligned place"
-    return Placement(o0, o0 + (e.b1 - e.b0), "diff3"), ""
+    return Placement(onto_start, onto_start + (e.base_end - e.base_start), "diff3"), ""
 
 
 def _place(align: Alignment, anchors: Optional[Anchorer], bf, of, e: Edit) -> EditOutcome:
     d, dwhy = _diff3(align, bf, of, e)
-    answer = anchors.place(e.b0, e.b1, e.new) if anchors is not None else Answer(None)
+    answer = anchors.place(e.base_start, e.base_end, e.new) if anchors is not None else Answer(None)
     s, swhy = answer.placement, answer.reason
     if answer.veto:
         return EditOutcome(e, CONFLICT, reason=swhy + " (both sides changed this statement)")
     if d is not None and s is not None:
-        if (d.o0, d.o1) != (s.o0, s.o1):
-            return EditOutcome(e, CONFLICT, reason=f"diff3 puts it at onto line {d.o0 + 1}, Python anchoring "
-                                                   f"({s.rule}) at line {s.o0 + 1}: refusing to choose")
-        return EditOutcome(e, PLACED, "diff3", d.o0, d.o1)
+        if (d.onto_start, d.onto_end) != (s.onto_start, s.onto_end):
+            return EditOutcome(e, CONFLICT, reason=f"diff3 puts it at onto line {d.onto_start + 1}, Python anchoring "
+                                                   f"({s.rule}) at line {s.onto_start + 1}: refusing to choose")
+        return EditOutcome(e, PLACED, "diff3", d.onto_start, d.onto_end)
     chosen = d or s
     if chosen is not None:
-        return EditOutcome(e, PLACED, chosen.rule, chosen.o0, chosen.o1)
+        return EditOutcome(e, PLACED, chosen.rule, chosen.onto_start, chosen.onto_end)
     reasons = [r for r in (dwhy, swhy) if r]
     return EditOutcome(e, CONFLICT, reason="; ".join(dict.fromkeys(reasons)) or "cannot be placed")
 
@@ -98,7 +99,7 @@ def _order(outcomes: List[EditOutcome]) -> None:
     """Placements must keep base order and not overlap; offenders become conflicts."""
     placed = [x for x in outcomes if x.outcome == PLACED]
     for a, b in zip(placed, placed[1:]):
-        if b.o0 < a.o1:  # type: ignore[operator]
+        if b.onto_start < a.onto_end:  # type: ignore[operator]
             for x in (a, b):
                 x.outcome, x.reason = CONFLICT, "placed out of order with a neighbouring edit"
 
@@ -133,11 +134,12 @@ def merge_file(fp: FilePatch, base: Sequence[str], onto: Sequence[str], edits: S
     if any(x.outcome == CONFLICT for x in outcomes):
         return FileMerge(outcomes, None, alignment=align)
     eol = "\r\n" if sum(1 for x in onto if x.endswith("\r\n")) * 2 > len(onto) else "\n"
-    placed = [(x.o0, x.o1, [_with_eol(line, eol) for line in x.edit.new]) for x in outcomes if x.outcome == PLACED]
+    placed = [(x.onto_start, x.onto_end, [_with_eol(line, eol) for line in x.edit.new])
+              for x in outcomes if x.outcome == PLACED]
     merged = apply_edits(list(onto), placed)  # type: ignore[arg-type]
     if python and of is not None:
         try:
-            pyparse.parse(join_lines(merged))
+            safeparse.parse(join_lines(merged))
         except SyntaxError as exc:
             for x in outcomes:
                 if x.outcome == PLACED:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from sparkmods.drift import Finding, check_patched, new_findings
+from sparkmods.checking.drift import DriftFinding, check_patched, new_findings
 from sparkmods.errors import SparkmodsError
 from sparkmods.runtime.engine import plan as engine_plan
 from sparkmods.runtime.manifest import MANIFEST_TOML, Manifest, ManifestError, Variant
@@ -36,7 +36,7 @@ class PatchPlan:
     source: str  # patches/<old label>/x.patch
     target: str  # patches/<new label>/x.patch
     result: RebaseResult
-    drift: List[Finding] = field(default_factory=list)
+    drift: List[DriftFinding] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -202,7 +202,7 @@ def plan_mod(mod_dir: Path, manifest: Manifest, onto: Tree, open_release: Callab
                          f"verified releases ({'; '.join(problems) or 'none listed'})")
 
 
-def drift_of(fps: Sequence[FilePatch], result: RebaseResult, base: Tree, onto: Tree) -> List[Finding]:
+def drift_of(fps: Sequence[FilePatch], result: RebaseResult, base: Tree, onto: Tree) -> List[DriftFinding]:
     """Drift the rebased patch shows on onto that the original did not show on base."""
     on_base = {f.path: (f.before, f.after) for f in engine_plan(fps, base.read) if f.changes}
     before = check_patched(on_base, base.read, base.list_files)

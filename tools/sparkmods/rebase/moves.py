@@ -52,7 +52,7 @@ class MoveSearch:
 
 
 def _probe(base: Sequence[str], e: Edit) -> Set[str]:
-    lo, hi = max(0, e.b0 - AROUND), min(len(base), e.b1 + AROUND)
+    lo, hi = max(0, e.base_start - AROUND), min(len(base), e.base_end + AROUND)
     return {line.strip() for line in base[lo:hi] if not is_trivia(line) and len(line.strip()) >= 6}
 
 
@@ -60,8 +60,8 @@ def _scope(pf: Optional[PyFile], e: Edit) -> str:
     """The innermost def/class holding the edit and both its neighbouring lines ("" for none)."""
     if pf is None:
         return ""
-    lo = pf.scope_at(max(e.b0 - 1, 0)).split(".")
-    hi = pf.scope_at(min(e.b1, len(pf.lines) - 1)).split(".")
+    lo = pf.scope_at(max(e.base_start - 1, 0)).split(".")
+    hi = pf.scope_at(min(e.base_end, len(pf.lines) - 1)).split(".")
     common = []
     for a, b in zip(lo, hi):
         if a != b:

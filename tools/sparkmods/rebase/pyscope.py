@@ -15,7 +15,7 @@ import tokenize
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence
 
-from sparkmods import pyparse
+from sparkmods.pyindex import safeparse
 
 __all__ = ["Stmt", "Block", "PyFile", "parse_py", "indent_of", "is_trivia"]
 
@@ -186,12 +186,15 @@ class PyFile:
         """Every statement whose enclosing def/class is `scope` (any nesting of if/for/...)."""
         return (st for st in self.stmts if st.scope == scope)
 
-    def innermost(self, b0: int, b1: int) -> Optional[Stmt]:
-        """The innermost statement whose span holds lines [b0, b1) and, for an insertion
-        (b0 == b1), holds the point strictly inside."""
+    def innermost(self, base_start: int, base_end: int) -> Optional[Stmt]:
+        """The innermost statement whose span holds lines [base_start, base_end) and, for an insertion
+        (base_start == base_end), holds the point strictly inside."""
         best = None
         for st in self.stmts:
-            inside = st.start < b0 < st.end if b0 == b1 else st.start <= b0 and b1 <= st.end
+            if base_start == base_end:
+                inside = st.start < base_start < st.end
+            else:
+                inside = st.start <= base_start and base_end <= st.end
             if inside:
                 best = st  # statements are in pre-order: a later hit is nested deeper
         return best
@@ -233,7 +236,7 @@ def _is_elif(lines: Sequence[str], node: ast.stmt) -> bool:
 def parse_py(lines: Sequence[str]) -> Optional[PyFile]:
     """A PyFile, or None when the text is not Python this interpreter can parse."""
     try:
-        tree = pyparse.parse("".join(lines))
+        tree = safeparse.parse("".join(lines))
     except (SyntaxError, ValueError, RecursionError):
         return None
     return PyFile(lines, tree)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import List, Sequence
 
-from sparkmods.drift import Finding
+from sparkmods.checking.drift import DriftFinding
 
 from .core import RebaseResult
 from .merge import CONFLICT
@@ -25,7 +25,7 @@ def result_lines(result: RebaseResult, indent: str = "") -> List[str]:
                      + (f": {f.reason}" if f.reason and not outcomes else ""))
         for o in outcomes:
             if o.outcome == CONFLICT:
-                lines.append(f"{indent}  hunk {o.edit.hunk}, base line {o.edit.b0 + 1}: {o.reason}")
+                lines.append(f"{indent}  hunk {o.edit.hunk}, base line {o.edit.base_start + 1}: {o.reason}")
         if f.candidates and f.status != "rebased":
             lines.append(f"{indent}  candidates: " + ", ".join(f"{c.path} ({c.score:.0%})" for c in f.candidates))
     if result.problem:
@@ -33,5 +33,5 @@ def result_lines(result: RebaseResult, indent: str = "") -> List[str]:
     return lines
 
 
-def drift_lines(findings: Sequence[Finding], indent: str = "") -> List[str]:
+def drift_lines(findings: Sequence[DriftFinding], indent: str = "") -> List[str]:
     return [f"{indent}drift: {f}" for f in findings]

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-import re
 from abc import ABC, abstractmethod
 from typing import Dict, Iterable, List, Optional
 
 from sparkmods.errors import SparkmodsError
-
-_DRIVE = re.compile(r"^[A-Za-z]:")
+from sparkmods.runtime.engine import UnsafePath, check_relpath
 
 
 def is_safe_member(name: str) -> bool:
-    """False for names that would escape the tree: absolute, drive-letter, or with a `..` part."""
-    if not name or name.startswith(("/", "\\")) or _DRIVE.match(name) or "\x00" in name:
+    """False for names that would escape the tree, by run.sh's own rule (engine.check_relpath):
+    absolute, drive-letter, with a `..` part or a control character."""
+    try:
+        check_relpath(name)
+    except UnsafePath:
         return False
-    return ".." not in re.split(r"[/\\]", name)
+    return True
 
 
 def check_member(label: str, path: str) -> str:

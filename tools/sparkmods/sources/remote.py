@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import tempfile
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from sparkmods import slots
+from sparkmods.checking import cpuslots
 from sparkmods.errors import SparkmodsError
+from sparkmods.outputfile import replacing
 from sparkmods.runtime.pep440 import InvalidVersion, Version
 from sparkmods.sources.base import VllmSource, check_member
 from sparkmods.sources import memberstore
@@ -40,22 +39,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sparkmods.sources")
 
+# The measurements behind the three values below: ci/bench/results/host-constants.md.
 # The first request reads this much of the file's end: the end records and, in the same
-# request, the whole central directory of a vLLM wheel (0.16 MB in 0.18.0, 0.59 MB in 0.33.0).
+# request, the whole central directory of a vLLM wheel.
 TAIL_BYTES = 1 << 20
-# Members closer than this share one request. A request costs a round trip (about 65 ms over
-# PyPI, in parallel with the others), a byte costs CPU: every 16 KB TLS record needs the GIL,
-# which a thread running a check holds for 5 ms at a time. The members a check reads lie in a
+# Members closer than this share one request: a request costs a round trip, a byte costs CPU
+# (every TLS record needs the GIL a checking thread holds). The members a check reads lie in a
 # few clusters, and the ones a sibling's hint adds (siblings.py) fill the gaps between them.
 COALESCE_GAP = 2 << 20
 # The members asked for (not the hinted ones) also bring the members around them, this far on
 # each side (see ZipMembers.widened): the modules an import chain reaches next lie near each
-# other, which saves rounds where no hint knows the chain yet. Cold `sparkmods check` of 23
-# releases (hints, member store, central directories fetched ahead, 6 sources in flight):
-# read-ahead 256 KiB with this gap 65-68 requests, 98-102 MB; with a 1 MiB gap 80-87
-# requests, 80-82 MB, no faster (median of 4, alternating). Earlier, with 4 sources in flight:
-# 128 KiB and a 1 MiB gap 83-86 requests, 69 MB; 256 KiB and 512 KiB 89-91 requests, 67 MB
-# (1 MiB with a 64 KiB gap and none of the rest: 89 requests, 185 MB).
+# other, which saves rounds where no hint knows the chain yet.
 READ_AHEAD = 256 << 10
 _CHUNK = 1 << 20
 
@@ -159,7 +153,7 @@ class RemoteWheel(VllmSource):
                 return
             fetch, others = self._claim(missing)
             hinted: List[str] = []
-            with slots.waiting():
+            with cpuslots.waiting():
                 try:
                     if fetch:  # a round trip anyway: what the nearest siblings were asked for comes with it
                         hinted, _ = self._claim([p for p in self._siblings.hints(self._place) if p in layout and
@@ -367,9 +361,8 @@ class RemoteWheel(VllmSource):
         self._entry.dir.mkdir(parents=True, exist_ok=True)
         hasher = hashlib.sha256()
         total = 0
-        fd, tmp = tempfile.mkstemp(dir=self._entry.dir, prefix=".wheel.", suffix=".tmp")
         try:
-            with os.fdopen(fd, "wb") as out:
+            with replacing(self._entry.whole, mode=0o600) as out:
                 while True:
                     try:
                         chunk = exc.stream.read(_CHUNK)
@@ -381,19 +374,18 @@ class RemoteWheel(VllmSource):
                     hasher.update(chunk)
                     out.write(chunk)
                     total += len(chunk)
-            stats.add(nbytes=total, full_downloads=1)
-            got = hasher.hexdigest()
-            if self.sha256 is None:
-                log.warning("%s: the index gives no sha256 for %s; the download is unverified",
-                            self.label, self.filename)
-            elif got != self.sha256:
-                raise SparkmodsError(f"{self.label}: {self.filename} sha256 is {got}, the index says "
-                                     f"{self.sha256}; refusing the download")
-            self._bind_download(Path(tmp), total)
-            os.replace(tmp, self._entry.whole)
+                out.flush()
+                stats.add(nbytes=total, full_downloads=1)
+                got = hasher.hexdigest()
+                if self.sha256 is None:
+                    log.warning("%s: the index gives no sha256 for %s; the download is unverified",
+                                self.label, self.filename)
+                elif got != self.sha256:
+                    raise SparkmodsError(f"{self.label}: {self.filename} sha256 is {got}, the index says "
+                                         f"{self.sha256}; refusing the download")
+                self._bind_download(Path(out.name), total)
         finally:
             exc.stream.close()
-            Path(tmp).unlink(missing_ok=True)
 
     def _bind_download(self, path: Path, size: int) -> None:
         """A downloaded wheel must be the one earlier range reads recorded (or becomes the record)."""

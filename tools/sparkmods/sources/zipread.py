@@ -241,7 +241,7 @@ def _locate(fileobj: BinaryIO) -> Tuple[int, int, int]:
 
 def _maybe_unsafe(name: str) -> bool:
     """A cheap superset of the names is_safe_member refuses (most wheels have none)."""
-    return not name or ".." in name or name[0] in "/\\" or name[1:2] == ":" or "\x00" in name
+    return not name or ".." in name or name[0] in "/\\" or name[1:2] == ":" or not name.isprintable()
 
 
 def _zip64(extra: bytes, fsize: int, compressed: int, offset: int) -> "tuple[int, int, int]":

@@ -6,23 +6,21 @@ A row (one mod or loose patch on one vLLM) depends on exactly:
   source   what the vLLM's bytes are: a wheel's index sha256 together with the digest of the
            central directory the cache entry recorded (wheelentry.Identity: what was really
            read, CRC-32 of every member included), or a git tree's object id;
-  checker  the drift-check fingerprint the matrix records (check.checker_hash);
-  code     the host code that makes the rest of the decision (runtime/, check.py, the patch
-           reader), which a mod's own runtime copy covers only once `sparkmods sync` ran;
+  checker  the drift-check fingerprint the matrix records (fingerprints.checker_hash);
+  code     the host code that makes the rest of the decision (runtime/, batch.py, the patch
+           reader; fingerprints.code_hash), which a mod's own runtime copy covers only once `sparkmods sync` ran;
   python   the interpreter's minor version (what `ast` accepts decides `syntax` findings).
 Sources whose bytes have no such name (dir:, wheel:PATH, image:) are always checked.
 
 Entries live in one folder, <cache>/results-v2/, one JSON file per key, written atomically
-(results-v1 spread them over 256 subfolders, and a cold check, one entry per mod and release,
-created a folder for most of them: on ext4 a folder costs more to create than a file); a file
-that is unreadable, names another key, or does not decode to a well-formed result is a miss.
+(no subfolders: a cold check writes an entry per mod and release, and a folder costs more to
+create than a file); a file that is unreadable, names another key, or does not decode to a well-formed result is a miss.
 The folder is bounded: past MAX_ENTRIES the least recently used entries go.
 `--no-cache` (ResultCache(reuse=False)) checks every row again and stores the fresh results.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -30,42 +28,16 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Optional
 
+from sparkmods.checking.fingerprints import checker_hash, code_hash
+from sparkmods.checking.rows import result_from_dict
 from sparkmods.errors import SparkmodsError
-from sparkmods.runtime.engine import FileResult, HunkResult, NearMatch
 from sparkmods.runtime.modcheck import ModResult
 from sparkmods.sources.cache import cache_root, read_bytes, write_atomic
 
 SCHEMA = 1
-MAX_ENTRIES = 20_000  # a few KB each: 23 releases x 5 mods is 115
-_HERE = Path(__file__).resolve().parent
-# Host code besides the drift checks (check.checker_hash) that decides a row.
-_DECIDING = ("check.py", "patchfile.py", "pyparse.py", "resultcache.py")
-
-
-def mod_hash(mod_dir: Path) -> str:
-    """sha256 over the sorted relative paths and bytes of every file in the mod."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in mod_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        digest.update(path.relative_to(mod_dir).as_posix().encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
-
-
-def patch_hash(name: str, strip: int, data: bytes) -> str:
-    """The subject hash of a loose patch: its name (the row's `mod`), -p and bytes."""
-    return hashlib.sha256(f"patch\0{name}\0{strip}\0".encode() + data).hexdigest()
-
-
-@functools.lru_cache(maxsize=1)
-def code_hash() -> str:
-    """sha256 over the host runtime and the other deciding modules (read once per process)."""
-    digest = hashlib.sha256()
-    files = sorted((_HERE / "runtime").glob("*.py")) + [_HERE / rel for rel in _DECIDING]
-    for path in files:
-        digest.update(path.relative_to(_HERE).as_posix().encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
+MAX_ENTRIES = 20_000  # a few KB each; a matrix run stores one per mod and release
 
 
 @dataclass
@@ -97,8 +69,6 @@ class ResultCache:
 
     def key(self, subject: str, source: Any) -> Optional[dict]:
         """Everything the row is a function of, or None when the source's bytes have no name."""
-        from sparkmods.check import checker_hash
-
         named = getattr(source, "content_key", None)  # duck-typed sources without it: never stored
         content = named() if named is not None else None
         if content is None:
@@ -170,53 +140,12 @@ def _decode(raw: Optional[bytes], key: dict, mod: str, version: str) -> Optional
         entry = json.loads(raw)
         if not isinstance(entry, dict) or entry.get("key") != key:
             return None
-        result = _result(entry["result"])
+        result = result_from_dict(entry["result"])
     except (ValueError, KeyError, TypeError, RecursionError):
         return None
     if result.mod != mod or result.version != version or result.to_dict() != entry["result"]:
         return None
     return result
-
-
-def _typed(value: Any, kind: Any) -> Any:
-    """value when it is of kind (bool is never an int here), else TypeError."""
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-        raise TypeError(f"{value!r} is not {kind}")
-    return value
-
-
-def _opt(value: Any, kind: Any) -> Any:
-    return None if value is None else _typed(value, kind)
-
-
-def _listed(value: Any, item: Callable[[Any], Any]) -> List[Any]:
-    return [item(v) for v in _typed(value, list)]
-
-
-def _near(d: Dict[str, Any]) -> NearMatch:
-    return NearMatch(_typed(d["line"], int), _typed(d["matching"], int), _typed(d["total"], int),
-                     _listed(d["differing"], lambda x: (_typed(x["line"], int), _typed(x["expected"], str),
-                                                        _typed(x["found"], str))))
-
-
-def _hunk(d: Dict[str, Any]) -> HunkResult:
-    near = d.get("near")
-    return HunkResult(_typed(d["hunk"], int), _typed(d["outcome"], str), _typed(d["stated_line"], int),
-                      _opt(d["line"], int), _typed(d["offset"], int), _typed(d.get("reason", ""), str),
-                      _near(_typed(near, dict)) if near is not None else None)
-
-
-def _file(d: Dict[str, Any]) -> FileResult:
-    return FileResult(_typed(d["path"], str), _typed(d["status"], str), _listed(d["hunks"], _hunk),
-                      _typed(d.get("reason", ""), str))
-
-
-def _result(d: Dict[str, Any]) -> ModResult:
-    """A ModResult from its to_dict() form (the bytes before/after a patch are not kept)."""
-    _typed(d, dict)
-    return ModResult(_typed(d["mod"], str), _typed(d["vllm"], str), _typed(d["status"], str),
-                     _opt(d["variant"], str), _typed(d.get("reason", ""), str), _listed(d["files"], _file),
-                     _typed(d.get("chosen_by", ""), str))
 
 
 _active = ResultCache()

@@ -14,55 +14,21 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set
 
-from sparkmods import gcpause, resultcache, slots
+from sparkmods.checking import cpuslots, resultcache
+from sparkmods.checking.fingerprints import mod_hash
+from sparkmods.checking.rows import CheckRow
+from sparkmods.gitdiff import Change, plan_changes
 from sparkmods.modsdir import load
+from sparkmods.pyindex import gcpause
 from sparkmods.runtime.manifest import Manifest, Upstream, Variant
 from sparkmods.runtime.modcheck import (BASE_ENV, BaseMismatch, ModResult, aggregate, by_version, check_mod,
                                        variant_patches)
 from sparkmods.runtime.pep440 import InvalidVersion
 from sparkmods.runtime.udiff import FilePatch
-
-if TYPE_CHECKING:
-    from sparkmods.gitdiff import Change
-
-
-# Host code that can change a row's status beyond the mod's own files (whose runtime copy is
-# part of the mod's content hash): a change here must re-check every matrix cell.
-_DRIFT_CODE = ("drift.py", "driftmemo.py", "linediff.py", "defscan.py", "rebase/resolve.py")
-
-
-@functools.lru_cache(maxsize=1)
-def checker_hash() -> str:
-    """sha256 over the drift-check sources, recorded in the matrix beside each mod's hash."""
-    here = Path(__file__).resolve().parent
-    digest = hashlib.sha256()
-    for rel in _DRIFT_CODE:
-        digest.update(rel.encode() + b"\0" + hashlib.sha256((here / rel).read_bytes()).digest())
-    return digest.hexdigest()
-
-
-@dataclass
-class CheckRow:
-    """One mod on one target."""
-
-    target: str  # the spec it came from, e.g. pypi:0.19.1
-    commit: "str | None"
-    sha256: "str | None"
-    result: ModResult
-    served: "dict | None" = None  # the GPU run that served this variant here (matrix/served.py)
-
-    def to_dict(self) -> dict:
-        out = {"target": self.target, "commit": self.commit, "wheel_sha256": self.sha256}
-        out.update(self.result.to_dict())
-        if self.served is not None:
-            out["served"] = self.served
-        return out
 
 
 def paths_needed(manifest: Manifest, mod_dir: Path, version: str, content: Optional[str] = None) -> Set[str]:
@@ -93,7 +59,7 @@ def check_source(mods: Sequence["tuple[Path, Manifest]"], source,
     result cache where stored; the source is read only for the rest, and released after.
     """
     cache = resultcache.active()
-    hashes = hashes if hashes is not None else {m.name: resultcache.mod_hash(d) for d, m in mods}
+    hashes = hashes if hashes is not None else {m.name: mod_hash(d) for d, m in mods}
     results = {m.name: cache.get(hashes[m.name], source, m.name) for _, m in mods}
     todo = [(d, m) for d, m in mods if results[m.name] is None]
     try:
@@ -101,12 +67,12 @@ def check_source(mods: Sequence["tuple[Path, Manifest]"], source,
             wanted: Set[str] = set()
             for mod_dir, manifest in todo:
                 wanted |= paths_needed(manifest, mod_dir, source.version, hashes[manifest.name])
-            # Parsing vLLM's Python: only when a row is checked. Imported before the fetch
-            # below, which waits for the network, rather than in the first check (30 ms).
-            from sparkmods.drift import drift_status
+            # The drift checks (ast and the Python index) load only when a row is checked, and
+            # before the fetch below, whose network wait hides the import.
+            from sparkmods.checking.drift import drift_status
 
             source.prefetch(sorted(wanted))
-            with slots.checking():
+            with cpuslots.checking():
                 for mod_dir, manifest in todo:
                     result = _checked(manifest, mod_dir, source, hashes[manifest.name], drift_status)
                     cache.put(hashes[manifest.name], source, result)
@@ -148,7 +114,7 @@ def _drift_free(manifest: Manifest, mod_dir: Path, source, content: str, chosen:
 
 def _patches(mod_dir: Path, variant: Variant, content: Optional[str]) -> List[FilePatch]:
     """variant_patches, read and parsed once per process for a mod whose content hash is given
-    (it covers every file a variant reads, so equal hashes mean equal patches): check.py would
+    (it covers every file a variant reads, so equal hashes mean equal patches): this module would
     otherwise resolve, read and parse the same patch files twice more per mod and release.
     Errors are not kept: a bad patch raises every time."""
     if content is None:
@@ -163,15 +129,14 @@ def _parsed_patches(mod_dir: Path, label: str, content: str) -> "tuple[FilePatch
     return tuple(variant_patches(mod_dir, chosen))
 
 
-def check_patch_source(name: str, subject: str, changes: Sequence["Change"], source) -> CheckRow:
+def check_patch_source(name: str, subject: str, changes: Sequence[Change], source) -> CheckRow:
     """A loose diff (no manifest; git's renames, modes and binary changes read as `git apply`
     reads them, gitdiff.py) on one source: the plan, then the drift checks; reused from the
-    result cache under `subject` (resultcache.patch_hash) when stored."""
+    result cache under `subject` (fingerprints.patch_hash) when stored."""
     cache = resultcache.active()
     result = cache.get(subject, source, name)
     if result is None:
-        from sparkmods.drift import drift_status
-        from sparkmods.gitdiff import plan_changes
+        from sparkmods.checking.drift import drift_status  # see check_source
 
         try:
             source.prefetch(sorted({path for c in changes for path in c.paths}))
@@ -204,10 +169,9 @@ def _release(source) -> None:
 
 
 # Sources in flight at once (check, matrix, community judge), each holding its wheel's central
-# directory and fetched bytes until released; of those, at most slots.CHECK_SLOTS run their
+# directory and fetched bytes until released; of those, at most cpuslots.CHECK_SLOTS run their
 # checks at a time (check_source), the others fetch (the community judge takes no slot).
-# Cold check of 23 releases / 50 nightly builds (median of 8 / 3, alternating): 4 and 2
-# slots 3.07 s / 75 MiB, 6 and 3 2.77 s / 83 MiB, 8 and 4 2.92 s / 90 MiB.
+# More sources cost memory and no longer time (ci/bench/results/host-constants.md).
 SOURCE_JOBS = 6
 
 
@@ -246,7 +210,7 @@ def check_mods(mod_dirs: Iterable[Path], sources: Sequence, jobs: int = SOURCE_J
     """Every mod on every source; sources are checked in parallel, results keep input order."""
     with warming(sources):
         mods = [(d, load(d)) for d in mod_dirs]
-        hashes = {m.name: resultcache.mod_hash(d) for d, m in mods}
+        hashes = {m.name: mod_hash(d) for d, m in mods}
         with gcpause.paused(), ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources)))) as pool:
             per_source = list(pool.map(lambda s: check_source(mods, s, hashes), sources))
     return [row for rows in per_source for row in rows]

@@ -17,8 +17,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from sparkmods import pyparse
-from sparkmods.defscan import defines
+from sparkmods.pyindex import safeparse
+from sparkmods.pyindex.defscan import defines
 
 __all__ = ["Module", "Symbol", "Signature", "VllmTree", "module_name", "absolute", "signature_keeping", "parse"]
 
@@ -293,12 +293,12 @@ class _ParseCache:
                 table.popitem(last=False)
 
     def parse(self, data: bytes) -> ast.Module:
-        """pyparse.parse(data), answered once per distinct content."""
+        """safeparse.parse(data), answered once per distinct content."""
         key = hashlib.sha1(data).digest()
         found = self._get(self._parsed, key)
         if found is None:
             try:
-                found = pyparse.parse(data)
+                found = safeparse.parse(data)
             except (SyntaxError, ValueError) as exc:
                 found = exc
             self._put(self._parsed, key, found)

@@ -22,21 +22,21 @@ import functools
 from dataclasses import dataclass
 from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
 
-from sparkmods.driftmemo import Changes, DriftMemo, changes_key
-from sparkmods.linediff import changed_lines
-from sparkmods.rebase.resolve import Module, Signature, Symbol, VllmTree, module_name, parse, signature_keeping
+from sparkmods.checking.driftmemo import Changes, DriftMemo, changes_key
+from sparkmods.checking.linediff import changed_lines
+from sparkmods.pyindex.resolve import Module, Signature, Symbol, VllmTree, module_name, parse, signature_keeping
 from sparkmods.runtime.engine import APPLIED, OK, OK_OFFSET, plan_file
 from sparkmods.runtime.modcheck import DRIFT
 from sparkmods.runtime.udiff import FilePatch, reverse
 
-__all__ = ["DRIFT", "Finding", "check_patched", "new_findings", "drift_status"]
+__all__ = ["DRIFT", "DriftFinding", "check_patched", "new_findings", "drift_status"]
 
 Reader = Callable[[str], Optional[bytes]]
 _CONSTRUCTORS = {"__init__", "__new__", "__post_init__", "__init_subclass__"}
 
 
 @dataclass(frozen=True)
-class Finding:
+class DriftFinding:
     path: str
     line: int
     kind: str  # syntax, import, call, override
@@ -92,13 +92,13 @@ class _FileCheck:
         self.tree, self.path, self.mod = tree, path, mod
         self.touched = sorted(touched)
         self.import_lines = import_lines  # sorted lines whose text has "import": no other line can hold one
-        self.found: List[Finding] = []
+        self.found: List[DriftFinding] = []
 
     def add(self, node: ast.AST, kind: str, message: str, key: str) -> None:
-        self.found.append(Finding(self.path, getattr(node, "lineno", 0), kind, message, f"{kind}|{key}"))
+        self.found.append(DriftFinding(self.path, getattr(node, "lineno", 0), kind, message, f"{kind}|{key}"))
 
     # -- walk with context (enclosing classes / functions) ------------------------------------
-    def run(self) -> List[Finding]:
+    def run(self) -> List[DriftFinding]:
         self._walk(self.mod.tree.body, None, {})  # type: ignore[union-attr]
         return self.found
 
@@ -303,7 +303,7 @@ def _accepts(mine: Signature, theirs: Signature) -> List[str]:
 _MEMO = DriftMemo()
 
 
-def check_patched(changes: Changes, read: Reader, list_files: Optional[Callable[[], Sequence[str]]] = None) -> List[Finding]:
+def check_patched(changes: Changes, read: Reader, list_files: Optional[Callable[[], Sequence[str]]] = None) -> List[DriftFinding]:
     """Drift findings for the patched files in `changes`, seen in the tree `read` serves
     (taken from the process's memo when an earlier tree answered the same; driftmemo.py)."""
     overlay = {p: after for p, (_, after) in changes.items()}
@@ -317,8 +317,8 @@ def check_patched(changes: Changes, read: Reader, list_files: Optional[Callable[
     return found
 
 
-def _findings(changes: Changes, tree: VllmTree) -> List[Finding]:
-    found: List[Finding] = []
+def _findings(changes: Changes, tree: VllmTree) -> List[DriftFinding]:
+    found: List[DriftFinding] = []
     for path in sorted(changes):
         before, after = changes[path]
         name = module_name(path)
@@ -329,7 +329,7 @@ def _findings(changes: Changes, tree: VllmTree) -> List[Finding]:
         except SyntaxError as exc:
             if before is not None and not _parses(before):
                 continue  # not Python this interpreter reads, before the patch either
-            found.append(Finding(path, exc.lineno or 0, "syntax", f"does not parse: {exc.msg}",
+            found.append(DriftFinding(path, exc.lineno or 0, "syntax", f"does not parse: {exc.msg}",
                                  f"syntax|{exc.msg}"))
             continue
         mod = tree.module(name)
@@ -353,7 +353,7 @@ def _parses(data: bytes) -> bool:
         return False
 
 
-def new_findings(onto: Sequence[Finding], base: Sequence[Finding]) -> List[Finding]:
+def new_findings(onto: Sequence[DriftFinding], base: Sequence[DriftFinding]) -> List[DriftFinding]:
     """Findings on onto that the same patch did not have on its base release."""
     known = {f.key for f in base}
     return [f for f in onto if f.key not in known]
@@ -362,7 +362,7 @@ def new_findings(onto: Sequence[Finding], base: Sequence[Finding]) -> List[Findi
 def drift_status(source, mod_result, patches: Optional[Sequence[FilePatch]] = None) -> Optional[Tuple[str, str]]:
     """("drift", reason) when a mod that applies to `source` would break it; else None.
 
-    `sparkmods check` (check.check_source) calls it for every green variant row and replaces
+    `sparkmods check` (batch.check_source) calls it for every green variant row and replaces
     the status with `drift` when it returns a value. `applied` rows need the variant's parsed
     patches (to recover the unpatched file). `source` needs read() and, optionally, list_files().
     """

@@ -13,14 +13,14 @@ from typing import List, Optional, Sequence, Tuple
 from sparkmods.launch.plan import LaunchPlan
 from sparkmods.launch.problem import ERROR, Problem
 from sparkmods.launch.rules import CheckMods, validate
-from sparkmods.launch.target import TargetFacts
+from sparkmods.launch.vllmfacts import VllmFacts
 from sparkmods.runtime.modcheck import ModResult
 
-__all__ = ["Finding", "MultiValidation", "validate_on"]
+__all__ = ["TargetProblem", "MultiValidation", "validate_on"]
 
 
 @dataclass(frozen=True)
-class Finding:
+class TargetProblem:
     """A problem, and the target it belongs to (None: every target, or no target at all)."""
 
     problem: Problem
@@ -35,22 +35,22 @@ class Finding:
 
 @dataclass
 class MultiValidation:
-    findings: List[Finding]
+    findings: List[TargetProblem]
     checked: List[Tuple[str, List[ModResult]]]  # (target label, its mod results), in the order given
 
     @property
-    def errors(self) -> List[Finding]:
+    def errors(self) -> List[TargetProblem]:
         return [f for f in self.findings if f.problem.severity == ERROR]
 
 
-def validate_on(plan: LaunchPlan, targets: Sequence[TargetFacts], check: Optional[CheckMods]) -> MultiValidation:
+def validate_on(plan: LaunchPlan, targets: Sequence[VllmFacts], check: Optional[CheckMods]) -> MultiValidation:
     """Every problem of the plan on each target; with no targets, the target-independent ones."""
     if not targets:
-        return MultiValidation([Finding(p) for p in validate(plan, None, None).problems], [])
+        return MultiValidation([TargetProblem(p) for p in validate(plan, None, None).problems], [])
     runs = [(facts.label, validate(plan, facts, check)) for facts in targets]
     everywhere = set.intersection(*(set(v.problems) for _, v in runs))
-    findings = [Finding(p) for p in runs[0][1].problems if p in everywhere]
+    findings = [TargetProblem(p) for p in runs[0][1].problems if p in everywhere]
     for label, run in runs:
-        findings += [Finding(p, label) for p in run.problems if p not in everywhere]
+        findings += [TargetProblem(p, label) for p in run.problems if p not in everywhere]
     findings.sort(key=lambda f: f.problem.severity != ERROR)
     return MultiValidation(findings, [(label, run.mod_results) for label, run in runs])

@@ -7,9 +7,9 @@ import os
 import sys
 from typing import List, Optional, Sequence
 
-from sparkmods.check import CheckRow
+from sparkmods.checking.rows import CheckRow, Tally, breaks
 from sparkmods.matrix.served import describe
-from sparkmods.runtime.modcheck import GREEN
+from sparkmods.runtime.engine import OFFSET, OK_OFFSET
 
 STYLE = {"ok": "green", "ok-offset": "green", "applied": "cyan", "upstream": "blue",
          "no-variant": "yellow", "conflict": "red", "missing-file": "red", "drift": "magenta"}
@@ -26,14 +26,16 @@ def detail(row: CheckRow) -> str:
 
 def _why(row: CheckRow) -> str:
     res = row.result
-    for f in res.files:
-        for h in f.hunks:
-            if h.outcome == "conflict":
-                where = f" near line {h.near.line}" if h.near else ""
-                return f"{f.path} hunk {h.index}: {h.reason}{where}"
-            if h.outcome == "offset" and res.status == "ok-offset":
-                return f"{f.path} hunk {h.index} at offset {h.offset:+d}"
-    if res.how and res.status in GREEN:
+    for f, h in breaks(res.files):
+        if h is not None:
+            where = f" near line {h.near.line}" if h.near else ""
+            return f"{f.path} hunk {h.index}: {h.reason}{where}"
+    if res.status == OK_OFFSET:
+        for f in res.files:
+            for h in f.hunks:
+                if h.outcome == OFFSET:
+                    return f"{f.path} hunk {h.index} at offset {h.offset:+d}"
+    if res.how and res.green:
         return res.how  # a build whose variant its files chose (modcheck)
     return res.reason if res.status not in ("ok", "applied") else ""
 
@@ -76,7 +78,7 @@ _RICH_ENV = ("COLUMNS", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "JUP
 def _plain_table(columns: List[str], cells: List[List[str]]) -> Optional[str]:
     """The table exactly as rich lays it out for a pipe (no colour, nothing folded: columns as
     wide as their widest cell, two spaces apart, line ends trimmed), written without loading
-    rich (a tenth of a second for a hundred rows); None when rich could lay it out otherwise:
+    rich (which costs more than the table); None when rich could lay it out otherwise:
     a terminal, a set width, text rich would read as markup or emoji codes, or a line that
     would not fit."""
     if sys.stdout.isatty() or any(name in os.environ for name in _RICH_ENV):
@@ -97,8 +99,8 @@ def _plain_table(columns: List[str], cells: List[List[str]]) -> Optional[str]:
 
 
 def summary_line(rows: Sequence[CheckRow]) -> str:
-    bad = sum(1 for r in rows if r.result.status not in GREEN)
-    return f"{len(rows)} checked, {len(rows) - bad} green, {bad} not"
+    tally = Tally.of(r.result.status for r in rows)
+    return f"{tally.total} checked, {tally.green} green, {tally.not_green} not"
 
 
 def print_json(rows: Sequence[CheckRow], fetch: dict, result_cache: Optional[dict] = None) -> None:
@@ -106,10 +108,9 @@ def print_json(rows: Sequence[CheckRow], fetch: dict, result_cache: Optional[dic
     if result_cache is not None:
         doc["result_cache"] = result_cache  # rows reused from stored results vs checked now
     # One write: json.dump writes token by token, and where stdout is unbuffered
-    # (PYTHONUNBUFFERED, common in containers and CI) every token is a system call: 13,700
-    # for a check of 23 releases.
+    # (PYTHONUNBUFFERED, common in containers and CI) every token is a system call.
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False) + "\n")
 
 
-def exit_code(rows: List[CheckRow]) -> int:
-    return 0 if all(r.result.status in GREEN for r in rows) else 1
+def exit_code(rows: Sequence[CheckRow]) -> int:
+    return 0 if Tally.of(r.result.status for r in rows).not_green == 0 else 1

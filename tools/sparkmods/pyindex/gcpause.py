@@ -1,13 +1,11 @@
 """The cyclic garbage collector paused while a batch of checks runs.
 
-A check parses vLLM modules into ASTs and keeps them in the parse cache (rebase/resolve.py):
-hundreds of thousands of tracked objects per release. pyparse pauses the collector while a tree
+A check parses vLLM modules into ASTs and keeps them in the parse cache (resolve.py):
+hundreds of thousands of tracked objects per release. safeparse pauses the collector while a tree
 is built, but the new nodes still enter the youngest generation, so the next collections
 traverse every one of them on their way to the oldest, and each full collection walks every
 tree the cache holds. None of that frees anything: a tree has no reference cycles, and
-refcounting frees it when the cache drops it. With this pause and cli.entry's exit, `sparkmods
-check --no-cache` over 23 releases went from 4.00 to 2.71 s and the 50-build nightly row kept
-its 87 MiB (ci/bench/results/check.md as committed in 598c088, against 1eea07a).
+refcounting frees it when the cache drops it (the figures: ci/bench/results/host-constants.md).
 
 Pauses nest across threads (the matrix and the community judge check from pools): the
 collector runs again when the last batch ends, and only if it was running when the first began.

@@ -19,7 +19,7 @@ import threading
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence, Tuple, TypeVar
 
-from sparkmods.rebase.resolve import Observation, VllmTree
+from sparkmods.pyindex.resolve import Observation, VllmTree
 
 Changes = Dict[str, Tuple[Optional[bytes], Optional[bytes]]]  # path -> (before, after)
 T = TypeVar("T")

@@ -2,10 +2,9 @@
 that waits for the network meanwhile lends its slot out.
 
 The checks are CPU-bound under one GIL, so more checking threads add only switching; the
-other sources in flight (check.SOURCE_JOBS, where the measurements are) fetch what their
-checks will read instead, and each check finishes sooner, so the next sources start fetching
-sooner. A check that
-reads a member no hint brought (sources/siblings.py) waits a round trip for it, once per
+other sources in flight (batch.SOURCE_JOBS; the figures: ci/bench/results/host-constants.md)
+fetch what their checks will read instead, and each check finishes sooner, so the next sources
+start fetching sooner. A check that reads a member no hint brought (sources/siblings.py) waits a round trip for it, once per
 module of an import chain; holding its slot meanwhile would idle the CPU while sources that
 are fetched and ready wait for one.
 """

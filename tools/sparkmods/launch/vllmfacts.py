@@ -10,9 +10,9 @@ from __future__ import annotations
 import ast
 from typing import Dict, FrozenSet, Iterable, Optional, Set
 
-from sparkmods import pyparse
+from sparkmods.pyindex import safeparse
 
-__all__ = ["TargetFacts", "literal_alias", "SPECULATIVE_PY", "CACHE_PY", "ARG_UTILS_PY", "RUNNER_PY", "KV_INTERFACE_PY"]
+__all__ = ["VllmFacts", "literal_alias", "SPECULATIVE_PY", "CACHE_PY", "ARG_UTILS_PY", "RUNNER_PY", "KV_INTERFACE_PY"]
 
 SPECULATIVE_PY = "vllm/config/speculative.py"
 CACHE_PY = "vllm/config/cache.py"
@@ -69,7 +69,7 @@ def _strings(node: ast.expr, aliases: Dict[str, ast.expr], seen: Set[str]) -> Op
 def literal_alias(source_text: str, name: str) -> Optional[FrozenSet[str]]:
     """Evaluate the module-level Literal alias `name` of a Python file; None if absent/unknown."""
     try:
-        tree = pyparse.parse(source_text)
+        tree = safeparse.parse(source_text)
     except SyntaxError:
         return None
     aliases = _aliases(tree)
@@ -79,7 +79,7 @@ def literal_alias(source_text: str, name: str) -> Optional[FrozenSet[str]]:
     return frozenset(got) if got is not None else None
 
 
-class TargetFacts:
+class VllmFacts:
     """Lazy, cached reads of one VllmSource (anything with label, version, read(), prefetch())."""
 
     def __init__(self, source) -> None:

@@ -76,6 +76,6 @@ def _same_release(spec: str, version: str) -> bool:
 
 def check_with_engine(mod_dirs: Sequence[Path], source) -> List[ModResult]:
     """`sparkmods check`'s engine on one source: one ModResult per mod folder, in order."""
-    from sparkmods.check import check_mods
+    from sparkmods.checking.batch import check_mods
 
     return [row.result for row in check_mods(list(mod_dirs), [source])]

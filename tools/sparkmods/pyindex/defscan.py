@@ -1,10 +1,9 @@
 """Whether a Python file defines a module-level def or class of a given name, read from its
 bytes without parsing it.
 
-The drift checks ask of every `from vllm.x import Y` a patch writes whether vllm.x binds Y,
-and used to parse vllm.x whole to know, although modules such as layers/linear.py are
-asked only whether they define one class. Most imported names are a def or a class, and
-those are found here.
+The drift checks ask of every `from vllm.x import Y` a patch writes whether vllm.x binds Y;
+most imported names are a def or a class, and those are found here without parsing vllm.x
+whole (modules such as layers/linear.py are asked only whether they define one class).
 
 A line that begins with `def Y(`, `async def Y(` or `class Y(` / `class Y:` in a file that
 parses is a module-level statement defining Y unless it lies inside a string literal: no
