@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set
 
 from sparkmods import gcpause, resultcache, slots
+from sparkmods.fingerprint import mod_fingerprint
 from sparkmods.modsdir import load
 from sparkmods.runtime.manifest import Manifest, Upstream, Variant
 from sparkmods.runtime.modcheck import (BASE_ENV, BaseMismatch, ModResult, aggregate, by_version, check_mod,
@@ -30,21 +30,6 @@ from sparkmods.runtime.udiff import FilePatch
 
 if TYPE_CHECKING:
     from sparkmods.gitdiff import Change
-
-
-# Host code that can change a row's status beyond the mod's own files (whose runtime copy is
-# part of the mod's content hash): a change here must re-check every matrix cell.
-_DRIFT_CODE = ("drift.py", "driftmemo.py", "linediff.py", "defscan.py", "rebase/resolve.py")
-
-
-@functools.lru_cache(maxsize=1)
-def checker_hash() -> str:
-    """sha256 over the drift-check sources, recorded in the matrix beside each mod's hash."""
-    here = Path(__file__).resolve().parent
-    digest = hashlib.sha256()
-    for rel in _DRIFT_CODE:
-        digest.update(rel.encode() + b"\0" + hashlib.sha256((here / rel).read_bytes()).digest())
-    return digest.hexdigest()
 
 
 @dataclass
@@ -89,11 +74,11 @@ def check_source(mods: Sequence["tuple[Path, Manifest]"], source,
                  hashes: Optional[Dict[str, str]] = None) -> List[CheckRow]:
     """All mods on one source (anything with version, read(), prefetch()), in order.
 
-    hashes: mod name -> content hash (computed when not given). Rows are taken from the active
+    hashes: mod name -> fingerprint (computed when not given). Rows are taken from the active
     result cache where stored; the source is read only for the rest, and released after.
     """
     cache = resultcache.active()
-    hashes = hashes if hashes is not None else {m.name: resultcache.mod_hash(d) for d, m in mods}
+    hashes = hashes if hashes is not None else {m.name: mod_fingerprint(d) for d, m in mods}
     results = {m.name: cache.get(hashes[m.name], source, m.name) for _, m in mods}
     todo = [(d, m) for d, m in mods if results[m.name] is None]
     try:
@@ -147,7 +132,7 @@ def _drift_free(manifest: Manifest, mod_dir: Path, source, content: str, chosen:
 
 
 def _patches(mod_dir: Path, variant: Variant, content: Optional[str]) -> List[FilePatch]:
-    """variant_patches, read and parsed once per process for a mod whose content hash is given
+    """variant_patches, read and parsed once per process for a mod whose fingerprint is given
     (it covers every file a variant reads, so equal hashes mean equal patches): check.py would
     otherwise resolve, read and parse the same patch files twice more per mod and release.
     Errors are not kept: a bad patch raises every time."""
@@ -166,7 +151,7 @@ def _parsed_patches(mod_dir: Path, label: str, content: str) -> "tuple[FilePatch
 def check_patch_source(name: str, subject: str, changes: Sequence["Change"], source) -> CheckRow:
     """A loose diff (no manifest; git's renames, modes and binary changes read as `git apply`
     reads them, gitdiff.py) on one source: the plan, then the drift checks; reused from the
-    result cache under `subject` (resultcache.patch_hash) when stored."""
+    result cache under `subject` (fingerprint.patch_fingerprint) when stored."""
     cache = resultcache.active()
     result = cache.get(subject, source, name)
     if result is None:
@@ -246,7 +231,7 @@ def check_mods(mod_dirs: Iterable[Path], sources: Sequence, jobs: int = SOURCE_J
     """Every mod on every source; sources are checked in parallel, results keep input order."""
     with warming(sources):
         mods = [(d, load(d)) for d in mod_dirs]
-        hashes = {m.name: resultcache.mod_hash(d) for d, m in mods}
+        hashes = {m.name: mod_fingerprint(d) for d, m in mods}
         with gcpause.paused(), ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources)))) as pool:
             per_source = list(pool.map(lambda s: check_source(mods, s, hashes), sources))
     return [row for rows in per_source for row in rows]

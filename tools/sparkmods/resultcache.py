@@ -2,13 +2,13 @@
 inputs need not be checked twice.
 
 A row (one mod or loose patch on one vLLM) depends on exactly:
-  subject  the mod's content hash (every file of its folder) or the patch file's bytes;
+  subject  the mod's fingerprint (fingerprint.py) or the patch file's bytes;
   source   what the vLLM's bytes are: a wheel's index sha256 together with the digest of the
            central directory the cache entry recorded (wheelentry.Identity: what was really
            read, CRC-32 of every member included), or a git tree's object id;
-  checker  the drift-check fingerprint the matrix records (check.checker_hash);
+  checker  the drift-check fingerprint the matrix records;
   code     the host code that makes the rest of the decision (runtime/, check.py, the patch
-           reader), which a mod's own runtime copy covers only once `sparkmods sync` ran;
+           reader), by what it does (fingerprint.py);
   python   the interpreter's minor version (what `ast` accepts decides `syntax` findings).
 Sources whose bytes have no such name (dir:, wheel:PATH, image:) are always checked.
 
@@ -22,7 +22,6 @@ The folder is bounded: past MAX_ENTRIES the least recently used entries go.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -33,39 +32,13 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from sparkmods.errors import SparkmodsError
+from sparkmods.fingerprint import checker_fingerprint, code_fingerprint
 from sparkmods.runtime.engine import FileResult, HunkResult, NearMatch
 from sparkmods.runtime.modcheck import ModResult
 from sparkmods.sources.cache import cache_root, read_bytes, write_atomic
 
 SCHEMA = 1
 MAX_ENTRIES = 20_000  # a few KB each: 23 releases x 5 mods is 115
-_HERE = Path(__file__).resolve().parent
-# Host code besides the drift checks (check.checker_hash) that decides a row.
-_DECIDING = ("check.py", "patchfile.py", "pyparse.py", "resultcache.py")
-
-
-def mod_hash(mod_dir: Path) -> str:
-    """sha256 over the sorted relative paths and bytes of every file in the mod."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in mod_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        digest.update(path.relative_to(mod_dir).as_posix().encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
-
-
-def patch_hash(name: str, strip: int, data: bytes) -> str:
-    """The subject hash of a loose patch: its name (the row's `mod`), -p and bytes."""
-    return hashlib.sha256(f"patch\0{name}\0{strip}\0".encode() + data).hexdigest()
-
-
-@functools.lru_cache(maxsize=1)
-def code_hash() -> str:
-    """sha256 over the host runtime and the other deciding modules (read once per process)."""
-    digest = hashlib.sha256()
-    files = sorted((_HERE / "runtime").glob("*.py")) + [_HERE / rel for rel in _DECIDING]
-    for path in files:
-        digest.update(path.relative_to(_HERE).as_posix().encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
 
 
 @dataclass
@@ -97,14 +70,12 @@ class ResultCache:
 
     def key(self, subject: str, source: Any) -> Optional[dict]:
         """Everything the row is a function of, or None when the source's bytes have no name."""
-        from sparkmods.check import checker_hash
-
         named = getattr(source, "content_key", None)  # duck-typed sources without it: never stored
         content = named() if named is not None else None
         if content is None:
             return None
         return {"schema": SCHEMA, "subject": subject, "source": content, "vllm": source.version,
-                "checker": checker_hash(), "code": code_hash(), "python": "%d.%d" % sys.version_info[:2]}
+                "checker": checker_fingerprint(), "code": code_fingerprint(), "python": "%d.%d" % sys.version_info[:2]}
 
     def _path(self, key: dict) -> Path:
         name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()

@@ -95,6 +95,7 @@ def run_check_patch(args: argparse.Namespace) -> int:
     from sparkmods import resultcache
     from sparkmods.check import check_patch_source
     from sparkmods.errors import SparkmodsError
+    from sparkmods.fingerprint import patch_fingerprint
     from sparkmods.patchfile import read_diff_file
     from sparkmods.targets import open_sources
 
@@ -105,6 +106,6 @@ def run_check_patch(args: argparse.Namespace) -> int:
     path = Path(args.patch)
     changes = read_diff_file(path, args.strip, args.reverse)
     name = path.name + (" -R" if args.reverse else "")
-    subject = resultcache.patch_hash(name, args.strip, path.read_bytes())
+    subject = patch_fingerprint(name, args.strip, path.read_bytes())
     rows = [check_patch_source(name, subject, changes, source) for source in open_sources(args)]
     return _finish(args, rows, started)

@@ -196,7 +196,7 @@ def _static_check(args: argparse.Namespace, mods: Sequence[CommunityMod]) -> int
 def community_doc(mods: Sequence[CommunityMod], sources: Sequence, label: str) -> dict:
     """A matrix document (the schema `sparkmods matrix` writes) for community mods."""
     from sparkmods import __version__
-    from sparkmods.check import checker_hash
+    from sparkmods.fingerprint import checker_fingerprint
     from sparkmods.matrix.build import cell_from_result
 
     per_source = judge_all(mods, sources)
@@ -205,7 +205,7 @@ def community_doc(mods: Sequence[CommunityMod], sources: Sequence, label: str) -
     for cell in cells:
         cell.pop("mod_hash")
     return {
-        "schema": 1, "generated_by": f"sparkmods {__version__}", "checker": checker_hash(),
+        "schema": 1, "generated_by": f"sparkmods {__version__}", "checker": checker_fingerprint(),
         "generated_at": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
         "community": {"source": label, "mods": len(mods), "checkable": sum(1 for m in mods if m.checkable)},
         "releases": [{"vllm": s.version, "target": s.label, "commit": s.commit, "wheel_sha256": s.sha256} for s in sources],

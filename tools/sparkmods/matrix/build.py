@@ -1,10 +1,10 @@
 """Compute the matrix document, re-checking only cells whose inputs changed.
 
-A cell's inputs are the mod's content hash (every file of the mod folder, the generated
-runtime included, so an engine change re-checks everything) and the wheel's sha256 from the
-index. When both equal what the previous matrix recorded, the old cell is reused without a
+A cell's inputs are the mod's fingerprint (its manifest, patches, installed files and the
+runtime's code: fingerprint.py, so an engine change re-checks everything, a docstring edit
+nothing) and the wheel's sha256 from the index. When both equal what the previous matrix recorded, the old cell is reused without a
 byte of network traffic. Sources without a sha256 (dir:, git:, image:) are always re-checked,
-and so is everything when the drift-check code changed (`checker`, see check.checker_hash).
+and so is everything when the drift-check code changed (`checker`, fingerprint.checker_fingerprint).
 Cells the previous matrix cannot give come from check.check_source, which reuses the rows
 `sparkmods check` stored for the same inputs (resultcache.py) before checking anything.
 """
@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from sparkmods import __version__, gcpause, resultcache
-from sparkmods.check import SOURCE_JOBS, check_source, checker_hash
+from sparkmods.check import SOURCE_JOBS, check_source
+from sparkmods.fingerprint import checker_fingerprint, mod_fingerprint
 from sparkmods.matrix import served
 from sparkmods.modsdir import load
 from sparkmods.runtime.manifest import Manifest
@@ -94,8 +95,8 @@ def build_counted(mod_dirs: Sequence[Path], sources: Sequence, previous: Optiona
     from concurrent.futures import ThreadPoolExecutor
 
     mods = [(d, load(d)) for d in mod_dirs]
-    hashes = {m.name: resultcache.mod_hash(d) for d, m in mods}
-    checker = checker_hash()
+    hashes = {m.name: mod_fingerprint(d) for d, m in mods}
+    checker = checker_fingerprint()
     counts = resultcache.active().counts
     stored_before = counts.reused
     old = _reusable(previous, checker)

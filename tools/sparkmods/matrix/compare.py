@@ -7,10 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
-from sparkmods.check import checker_hash
+from sparkmods.fingerprint import checker_fingerprint, mod_fingerprint
 from sparkmods.matrix.build import TIMESTAMP_KEY, served_index
 from sparkmods.matrix.served import attach
-from sparkmods.resultcache import mod_hash
 from sparkmods.runtime.modcheck import GREEN
 
 
@@ -55,17 +54,17 @@ def without_timestamp(doc: dict) -> dict:
 
 
 def stale_mods(doc: dict, mod_dirs: Sequence[Path]) -> List[str]:
-    """One line per mod whose files changed (or that was added or removed) since doc was made,
+    """One line per mod whose fingerprint changed (or that was added or removed) since doc was made,
     and one if the drift-check code changed (every cell's status may differ then)."""
     problems = []
-    if doc.get("checker") != checker_hash():
+    if doc.get("checker") != checker_fingerprint():
         problems.append("the drift checks changed since the matrix was generated")
     recorded = {m["name"]: m["content_hash"] for m in doc["mods"]}
     present = {d.name: d for d in mod_dirs}
     for name, path in sorted(present.items()):
         if name not in recorded:
             problems.append(f"mod {name} is not in the matrix")
-        elif recorded[name] != mod_hash(path):
+        elif recorded[name] != mod_fingerprint(path):
             problems.append(f"mod {name} changed since the matrix was generated")
     for name in sorted(set(recorded) - set(present)):
         problems.append(f"mod {name} is in the matrix but no longer exists")
