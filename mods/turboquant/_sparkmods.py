@@ -1088,6 +1088,8 @@ from typing import Callable, List, Optional, Union
 
 StrPath = Union[str, "os.PathLike[str]"]  # host callers pass pathlib paths; the runtime uses str
 TMP_SUFFIX = ".sparkmods-tmp"  # names the runtime's temp files end with
+# The state folder in site-packages, its journal and its lock (journal.py, lock.py, stamp.py).
+STATE_DIR, JOURNAL_NAME, LOCK_NAME = ".sparkmods", ".journal.json", ".lock"
 
 __all__ = ["TMP_SUFFIX", "FAULT_AFTER", "FAULT_SIGNAL", "arm", "arm_from_env", "on_step", "step", "temp_path",
            "digest", "read_regular", "write_file", "stage", "publish", "remove", "remove_tree", "make_dirs",
@@ -1410,7 +1412,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from . import fsops
 from .engine import confine, plain_path
-from .fsops import StrPath
+from .fsops import JOURNAL_NAME, STATE_DIR, StrPath
 from .interrupts import Interrupted, shielded
 from .manifest import MOD_NAME
 
@@ -1418,8 +1420,6 @@ __all__ = ["STATE_DIR", "JOURNAL_NAME", "STATE_FILE", "FORWARD", "BACK", "Entry"
            "state_dir", "orig_rel", "applied_rel", "temp_rel", "check_state", "transact", "recover", "sweep",
            "drop_bytecode"]
 
-STATE_DIR = ".sparkmods"
-JOURNAL_NAME = ".journal.json"
 STATE_FILE = "state.json"
 APPLY, REVERT = "apply", "revert"
 FORWARD, BACK = "forward", "back"
@@ -1883,12 +1883,11 @@ from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
 
 from . import fsops
-from .fsops import StrPath
+from .fsops import LOCK_NAME, StrPath
 
 __all__ = ["LOCK_NAME", "LOCK_TIMEOUT", "DEFAULT_TIMEOUT_S", "LockTimeout", "ReadOnlyTree", "UntrustedState",
            "tree_lock", "timeout_s", "trust"]
 
-LOCK_NAME = ".lock"
 LOCK_TIMEOUT = "SPARKMODS_LOCK_TIMEOUT"
 DEFAULT_TIMEOUT_S = 120.0
 _READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
@@ -3041,9 +3040,7 @@ import os
 import sys
 from hashlib import sha256
 
-from .fsops import TMP_SUFFIX
-from .journal import JOURNAL_NAME, STATE_DIR
-from .lock import LOCK_NAME
+from .fsops import JOURNAL_NAME, LOCK_NAME, STATE_DIR, TMP_SUFFIX
 from .output import say_to
 
 STAMP_NAME = "stamp"

@@ -29,6 +29,8 @@ from typing import Callable, List, Optional, Union
 
 StrPath = Union[str, "os.PathLike[str]"]  # host callers pass pathlib paths; the runtime uses str
 TMP_SUFFIX = ".sparkmods-tmp"  # names the runtime's temp files end with
+# The state folder in site-packages, its journal and its lock (journal.py, lock.py, stamp.py).
+STATE_DIR, JOURNAL_NAME, LOCK_NAME = ".sparkmods", ".journal.json", ".lock"
 
 __all__ = ["TMP_SUFFIX", "FAULT_AFTER", "FAULT_SIGNAL", "arm", "arm_from_env", "on_step", "step", "temp_path",
            "digest", "read_regular", "write_file", "stage", "publish", "remove", "remove_tree", "make_dirs",

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from . import fsops
 from .engine import confine, plain_path
-from .fsops import StrPath
+from .fsops import JOURNAL_NAME, STATE_DIR, StrPath
 from .interrupts import Interrupted, shielded
 from .manifest import MOD_NAME
 
@@ -35,8 +35,6 @@ __all__ = ["STATE_DIR", "JOURNAL_NAME", "STATE_FILE", "FORWARD", "BACK", "Entry"
            "state_dir", "orig_rel", "applied_rel", "temp_rel", "check_state", "transact", "recover", "sweep",
            "drop_bytecode"]
 
-STATE_DIR = ".sparkmods"
-JOURNAL_NAME = ".journal.json"
 STATE_FILE = "state.json"
 APPLY, REVERT = "apply", "revert"
 FORWARD, BACK = "forward", "back"

@@ -21,12 +21,11 @@ from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
 
 from . import fsops
-from .fsops import StrPath
+from .fsops import LOCK_NAME, StrPath
 
 __all__ = ["LOCK_NAME", "LOCK_TIMEOUT", "DEFAULT_TIMEOUT_S", "LockTimeout", "ReadOnlyTree", "UntrustedState",
            "tree_lock", "timeout_s", "trust"]
 
-LOCK_NAME = ".lock"
 LOCK_TIMEOUT = "SPARKMODS_LOCK_TIMEOUT"
 DEFAULT_TIMEOUT_S = 120.0
 _READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)

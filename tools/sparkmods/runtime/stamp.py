@@ -21,9 +21,7 @@ import os
 import sys
 from hashlib import sha256
 
-from .fsops import TMP_SUFFIX
-from .journal import JOURNAL_NAME, STATE_DIR
-from .lock import LOCK_NAME
+from .fsops import JOURNAL_NAME, LOCK_NAME, STATE_DIR, TMP_SUFFIX
 from .output import say_to
 
 STAMP_NAME = "stamp"
