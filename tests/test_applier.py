@@ -149,6 +149,5 @@ def test_runtime_is_stdlib_only_and_python39_syntax():
                 continue
             for name in names:
                 top = name.split(".")[0]
-                # tomli: the host's TOML reader on 3.10; the stdlib's own SHA-256 (basics.py), whichever
-                # this interpreter does not list: _sha256 up to 3.11, _sha2 from 3.12
-                assert top in allowed or top in ("tomli", "_sha2", "_sha256"), f"{path.name} imports {name}"
+                # tomli: the host's TOML reader on 3.10
+                assert top in allowed or top == "tomli", f"{path.name} imports {name}"

@@ -72,6 +72,35 @@ def test_bad_input_is_still_one_line_and_exit_2(tmp_path):
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("sparkmods: error: ")
 
 
+# A command whose code raises what nothing expects: a bug.
+_BUGGY = """
+import sys
+import sparkmods.commands.check as command
+def broken(args):
+    raise KeyError("no such key")
+command.run_check = broken
+sys.argv = ["sparkmods", "check"]
+from sparkmods.cli import entry
+entry()
+"""
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_an_internal_error_is_one_line_saying_it_is_a_bug_and_exit_3(tmp_path, debug):
+    """Distinct from 1 (a finding) and 2 (bad input); the traceback only with SPARKMODS_DEBUG=1."""
+    env = {k: v for k, v in os.environ.items() if k != "SPARKMODS_DEBUG"}
+    env.update({"SPARKMODS_CACHE_DIR": str(tmp_path / "cache")}, **({"SPARKMODS_DEBUG": "1"} if debug else {}))
+    done = subprocess.run([sys.executable, "-c", _BUGGY], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 3 and done.stdout == "", done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("sparkmods: internal error (a bug in sparkmods): KeyError: 'no such key'; please report")
+    assert "SPARKMODS_DEBUG=1" in last
+    if debug:
+        assert "Traceback (most recent call last)" in done.stderr and "in broken" in done.stderr
+    else:
+        assert done.stderr.count("\n") == 1, done.stderr
+
+
 def test_a_thread_still_running_is_waited_for(demo, tmp_path):
     done = program(*demo, thread=True, cache=str(tmp_path / "cache"))
     assert done.returncode == 1

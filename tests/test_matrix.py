@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from modfactory import ORIGINAL, TARGET, make_mod, make_site
+from modfactory import ORIGINAL, PATCHED, TARGET, make_mod, make_site, unified
 from sparkmods.cli import main
 
 
@@ -45,11 +45,18 @@ def test_matrix_is_deterministic_apart_from_timestamp(tmp_path):
     assert first == second  # unchanged inputs keep even the timestamp
 
 
+def edit_patch(mod: Path) -> None:
+    """Change the demo mod's patch (it still applies)."""
+    (mod / "patches" / "v1" / "demo.patch").write_text(unified(TARGET, ORIGINAL, PATCHED.replace("# demo", "# a")))
+
+
 def test_check_detects_a_mod_change_and_hand_edits(tmp_path, capsys):
     mods, out, args = setup(tmp_path)
     main(args)
     assert main(["matrix", "--check", "--mods-dir", str(mods), "--out", str(out)]) == 0
-    (mods / "demo" / "README.md").write_text("changed\n")
+    (mods / "demo" / "README.md").write_text("changed\n")  # decides no cell
+    assert main(["matrix", "--check", "--mods-dir", str(mods), "--out", str(out)]) == 0
+    edit_patch(mods / "demo")
     assert main(["matrix", "--check", "--mods-dir", str(mods), "--out", str(out)]) == 1
     assert "mod demo changed since the matrix was generated" in capsys.readouterr().out
     main(args)
@@ -111,7 +118,11 @@ def test_incremental_rechecks_only_changed_inputs(tmp_path):
     rebuilt = _CountingSource(site, "0.19.1", "b" * 64)  # the wheel changed
     build([mod], [rebuilt], previous=doc)
     assert rebuilt.reads == 1
-    (mod / "README.md").write_text("edited\n")  # the mod changed
+    (mod / "README.md").write_text("edited\n")  # decides no cell
+    unchanged = _CountingSource(site, "0.19.1", "a" * 64)
+    build([mod], [unchanged], previous=doc)
+    assert unchanged.reads == 0
+    edit_patch(mod)  # the mod changed
     again = _CountingSource(site, "0.19.1", "a" * 64)
     build([mod], [again], previous=doc)
     assert again.reads == 1

@@ -34,11 +34,12 @@ def test_reuse_is_reported_and_rebuild_rechecks_everything(loopback_index, tmp_p
                                                        "0 re-checked; --rebuild re-checks all")
     assert len(loopback_index.file_hits()) == before  # reused: not a byte of any wheel read
 
-    (tmp_path / "mods" / "other" / "README.md").write_text("changed\n")
+    toml = tmp_path / "mods" / "other" / "mod.toml"
+    toml.write_text(toml.read_text().replace("a demo mod", "a changed demo mod"))
     assert matrix(tmp_path, loopback_index) == 0
     assert capsys.readouterr().out.splitlines()[0] == "2 targets x 2 mods: 2 cells reused (inputs unchanged), 2 re-checked; --rebuild re-checks all"
 
-    (tmp_path / "mods" / "other" / "README.md").unlink()
+    toml.write_text(toml.read_text().replace("a changed demo mod", "a demo mod"))
     assert matrix(tmp_path, loopback_index) == 0
     capsys.readouterr()
     written = {p.name: p.read_bytes() for p in (tmp_path / "matrix").iterdir()}

@@ -56,6 +56,7 @@ def test_commit_and_flags_from_dev_builds():
     assert Version("0.11.1rc6.dev16+g933cdea44.cu129").commit == "933cdea44"
     assert Version("0.19.1").commit is None and not Version("0.19.1").is_devbuild
     assert Version("0.19.1+cu129").commit is None
+    assert Version("0.19.1+g12345").commit is None and Version("0.19.1+gxyz1234567").commit is None
 
 
 @pytest.mark.parametrize("bad", ["", "abc", "0.19.1+", "1..2", "0.19.1 beta", "0.19.1+g_"])

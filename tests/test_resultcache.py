@@ -85,9 +85,10 @@ def test_a_damaged_or_foreign_entry_is_checked_again(two_wheels, fresh_cache, ca
     assert check_json(capsys, *two_wheels)["result_cache"]["reused"] == 4  # rewritten whole
 
 
-def test_any_change_to_the_mod_is_a_new_key(two_wheels, tmp_path, capsys):
+def test_a_change_to_what_decides_the_mod_is_a_new_key(two_wheels, tmp_path, capsys):
     check_json(capsys, *two_wheels)
-    (tmp_path / "mods" / "demo" / "README.md").write_text("changed\n")
+    toml = tmp_path / "mods" / "demo" / "mod.toml"
+    toml.write_text(toml.read_text().replace("a demo mod", "a changed demo mod"))
     doc = check_json(capsys, *two_wheels)
     assert doc["result_cache"] == {"reuse": True, "reused": 2, "checked": 2, "not_cacheable": 0}
     assert {r["mod"] for r in doc["results"]} == {"demo", "broken"}
@@ -97,7 +98,8 @@ def test_the_cache_is_bounded_least_recently_used_first(two_wheels, fresh_cache,
     monkeypatch.setattr(resultcache, "MAX_ENTRIES", 2)
     one_release = two_wheels[:-1] + ["0.19.1"]  # one source: rows are written in a known order
     check_json(capsys, *one_release)  # demo and broken stored
-    (Path(two_wheels[1]) / "demo" / "README.md").write_text("changed\n")
+    toml = Path(two_wheels[1]) / "demo" / "mod.toml"
+    toml.write_text(toml.read_text().replace("a demo mod", "a changed demo mod"))
     doc = check_json(capsys, *one_release)  # broken reused (touched), demo stored anew: 3 > 2
     assert doc["result_cache"] == {"reuse": True, "reused": 1, "checked": 1, "not_cacheable": 0}
     assert len(entries(fresh_cache)) == 2  # the old demo row went: the least recently used

@@ -1,5 +1,5 @@
 """run.sh on a tree the mod is already on answers from the stamp (runtime/stamp.py) without
-importing the engine, prints exactly what the full path prints, and takes the full path the
+the full decision (applier.py), prints exactly what the full path prints, and takes the full path the
 moment any input of that decision differs or an interrupted run left something behind."""
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ FULL = {"SPARKMODS_LOCK_TIMEOUT": "120"}  # a setting only the full path reads: 
 
 
 def run(mod: Path, site: Path, ws: Path, *args: str, env: Optional[Dict[str, str]] = None) -> Tuple[int, str, bool]:
-    """(exit code, stdout, whether the engine was imported) of one run.sh."""
+    """(exit code, stdout, whether the full decision ran) of one run.sh."""
     full = {"PATH": os.environ["PATH"], "PYTHON_ROOT": str(site), "SPARKMODS_PYTHON": sys.executable,
             "WORKSPACE_DIR": str(ws), "SPARKMODS_CACHE_DIR": str(ws.parent / "cache"), "PYTHONPROFILEIMPORTTIME": "1"}
     full.update(env or {})
     out = subprocess.run(["bash", str(mod / "run.sh"), *args], cwd=ws, env=full, text=True, capture_output=True,
                          timeout=120)
-    return out.returncode, out.stdout, "_sparkmods.engine" in out.stderr
+    return out.returncode, out.stdout, "_sparkmods.applier" in out.stderr
 
 
 @pytest.fixture
@@ -42,29 +42,27 @@ def applied(tmp_path: Path) -> Tuple[Path, Path, Path]:
     return mod, site, ws
 
 
-def test_constants_match_the_runtime() -> None:
-    assert stamp._TMP_SUFFIX == engine.TMP_SUFFIX
-    assert (stamp._STATE_DIR, stamp._JOURNAL, stamp._LOCK) == (journal.STATE_DIR, journal.JOURNAL_NAME, lock.LOCK_NAME)
+def test_every_setting_of_the_full_path_sends_a_run_there() -> None:
     assert set(stamp._FULL_PATH_ENV) >= {lock.LOCK_TIMEOUT, "SPARKMODS_FAULT_AFTER", "SPARKMODS_FAULT_SIGNAL"}
 
 
 @pytest.mark.parametrize("args", [(), ("apply",), ("check",), ("--dry-run",), ("apply", "--dry-run")])
-def test_applied_tree_answers_without_the_engine_and_says_the_same(applied, args) -> None:
+def test_applied_tree_answers_without_the_full_decision_and_says_the_same(applied, args) -> None:
     mod, site, ws = applied
     quick = run(mod, site, ws, *args)
     full = run(mod, site, ws, *args, env=FULL)
     assert quick[0] == full[0] == 0
     assert quick[1] == full[1] and "already applied (variant v1) to vLLM 0.19.1" in quick[1], quick[1]
     assert "t.jinja already installed in" in quick[1] and "--chat-template t.jinja" in quick[1]
-    assert not quick[2] and full[2]  # the stamp answered; the forced run imported the engine
+    assert not quick[2] and full[2]  # the stamp answered; the forced run decided
 
 
 def test_revert_and_other_arguments_take_the_full_path(applied) -> None:
     mod, site, ws = applied
     assert run(mod, site, ws, "--help")[2]
     assert run(mod, site, ws, "apply", "--site", str(site))[2]
-    rc, out, engine_used = run(mod, site, ws, "revert")
-    assert rc == 0 and "reverted" in out and engine_used
+    rc, out, full_used = run(mod, site, ws, "revert")
+    assert rc == 0 and "reverted" in out and full_used
     assert not (site / journal.STATE_DIR / "tmpl").exists()
 
 
@@ -87,8 +85,8 @@ def test_any_changed_input_or_leftover_takes_the_full_path(applied, change: str)
         (site / TARGET).with_name(f".x.py{engine.TMP_SUFFIX}").write_text("left by a killed run")
     else:
         (site / journal.STATE_DIR / journal.JOURNAL_NAME).write_text("{not json")
-    rc, out, engine_used = run(mod, site, ws)
-    assert engine_used, out
+    rc, out, full_used = run(mod, site, ws)
+    assert full_used, out
     full = run(mod, site, ws, env=FULL)  # the full path's own answer, for the record
     if change in ("runtime", "patch", "version", "workspace file", "temp"):
         assert rc == 0 and full[0] == 0
@@ -118,7 +116,7 @@ def test_a_damaged_stamp_only_costs_the_full_path(applied) -> None:
     mod, site, ws = applied
     path = site / journal.STATE_DIR / "tmpl" / stamp.STAMP_NAME
     path.write_bytes(path.read_bytes()[:40])
-    rc, out, engine_used = run(mod, site, ws)
-    assert rc == 0 and "already applied" in out and engine_used
-    rc, out, engine_used = run(mod, site, ws)  # the full path wrote it again
-    assert rc == 0 and "already applied" in out and not engine_used
+    rc, out, full_used = run(mod, site, ws)
+    assert rc == 0 and "already applied" in out and full_used
+    rc, out, full_used = run(mod, site, ws)  # the full path wrote it again
+    assert rc == 0 and "already applied" in out and not full_used

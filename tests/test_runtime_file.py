@@ -62,17 +62,23 @@ def test_the_old_runtime_folder_is_drift_and_sync_removes_it(tmp_path: Path) -> 
     assert stale_files(mod) == [] and not (mod / "_sparkmods").exists()
 
 
-def test_a_traceback_names_the_module_inside_the_file_and_shows_its_line(tmp_path: Path) -> None:
-    """An error in the runtime (a bug, not an input problem) reads like any Python traceback:
-    `<mod>/_sparkmods.py/applier.py`, line, and the source text of that line."""
+def test_a_runtime_bug_is_one_line_and_exit_3_and_its_traceback_shows_with_debug(tmp_path: Path) -> None:
+    """An error in the runtime (a bug, not an input problem) is one line saying so, exit 3
+    (distinct from 1, "does not apply"); with SPARKMODS_DEBUG=1 its traceback reads like any
+    Python traceback: `<mod>/_sparkmods.py/applier.py`, line, and the source text of that line."""
     site = make_site(tmp_path / "site")
     mod = make_mod(tmp_path / "mods")
     edit_runtime(mod, "applier", lambda text: text.replace(
         "    fsops.arm_from_env()\n", "    fsops.arm_from_env()\n    raise RuntimeError('a runtime bug')\n"))
-    env = {"PATH": os.environ["PATH"], "PYTHON_ROOT": str(site), "SPARKMODS_PYTHON": sys.executable,
-           "SPARKMODS_CACHE_DIR": str(tmp_path / "cache")}
+    env = {"PATH": os.environ["PATH"], "PYTHON_ROOT": str(site), "SPARKMODS_PYTHON": sys.executable}
     out = subprocess.run(["bash", str(mod / "run.sh")], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=60)
-    assert out.returncode == 1 and "RuntimeError: a runtime bug" in out.stderr
+    assert (out.returncode, out.stderr) == (3, ""), out.stderr
+    assert out.stdout.startswith("[demo] INTERNAL ERROR: a bug in sparkmods' run.sh runtime (RuntimeError: a runtime "
+                                 "bug); please report it") and out.stdout.count("\n") == 1, out.stdout
+    assert "SPARKMODS_DEBUG=1 ./run.sh" in out.stdout
+    out = subprocess.run(["bash", str(mod / "run.sh")], cwd=tmp_path, env={**env, "SPARKMODS_DEBUG": "1"},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 3 and "RuntimeError: a runtime bug" in out.stderr
     assert f'File "{mod.resolve()}/_sparkmods.py/applier.py", line' in out.stderr, out.stderr
     assert "    raise RuntimeError('a runtime bug')" in out.stderr

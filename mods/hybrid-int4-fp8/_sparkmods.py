@@ -8,38 +8,15 @@ lets Python import them as `_sparkmods.<name>`. Their file names read like zipim
 `<mod>/_sparkmods.py/applier.py` is the module `applier` inside this file, and tracebacks
 show its lines.
 
-run.sh starts Python with PYTHONDONTWRITEBYTECODE=1 so that nothing is ever written into the
-mod folder or vLLM's tree. Each module's compiled code is kept in the user's cache instead
-($SPARKMODS_CACHE_DIR, else $XDG_CACHE_HOME/sparkmods, else ~/.cache/sparkmods, folder
-`runtime-code/`), one file per module holding (interpreter magic, file name, source, code).
-An entry is used only when all of those equal what this run would compile, so an edited,
-moved or other runtime is never run from a stale entry. The mod's manifest.json is kept there
-the same way, decoded (`cached`). A cache that cannot be created or written (read-only home,
-another user's folder) only costs the compile.
-
-Only what the interpreter has loaded at start-up, plus its SHA-256 module (which `stamp` needs
-anyway), is imported here: an already applied tree is answered by `stamp` before anything
-heavier loads, and this file is compiled on every run (run.sh writes no bytecode beside it).
+One file rather than a folder of modules: a mod's runtime is replaced in one rename, so it is
+never a mix of two versions, and run.sh (started with PYTHONDONTWRITEBYTECODE=1) writes
+nothing into the mod folder or vLLM's tree.
 """
 
-# The import system's own modules, loaded before any code runs: `importlib.machinery` would
-# import the importlib package and warnings, and `signal` imports enum.
-import _frozen_importlib
-import _frozen_importlib_external
-import _signal
-import marshal
 import os
+import signal
 import sys
-
-try:  # the interpreter's own SHA-256, as basics.sha256 (which cannot be loaded before this names entries)
-    from _sha2 import sha256  # Python >= 3.12
-except ImportError:
-    try:
-        from _sha256 import sha256  # Python 3.9 - 3.11
-    except ImportError:  # an interpreter built without its own hashes
-        from hashlib import sha256
-
-MAGIC_NUMBER = _frozen_importlib_external.MAGIC_NUMBER
+from importlib.machinery import ModuleSpec
 
 # A SIGINT before the end of this file is held and then raised inside __main__, whose handler
 # says it in one line. run.sh's `-c` code holds it from its first line (`held` and the handler
@@ -55,61 +32,15 @@ if __name__ == "_sparkmods":
     if hasattr(_main, "held"):
         _held_sigint, _previous_handler = _main.held, _main.previous
     else:
-        _previous_handler = _signal.signal(_signal.SIGINT, lambda signum, frame: _held_sigint.append(signum))
+        _previous_handler = signal.signal(signal.SIGINT, lambda signum, frame: _held_sigint.append(signum))
     if sys.flags.no_site:
         import site
 
         site.main()
 
 
-def cache_dir():
-    """The folder for compiled runtime code, or None when there is no home to put it in."""
-    base = os.environ.get("SPARKMODS_CACHE_DIR")
-    if not base:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        if xdg.startswith("~"):
-            return None  # no $HOME and no passwd entry
-        base = os.path.join(xdg, "sparkmods")
-    return os.path.join(os.path.expanduser(base), "runtime-code")
-
-
-def _ours(folder):
-    """folder exists and belongs to this user, or does not exist yet (then it may be made)."""
-    try:
-        return os.stat(folder).st_uid == os.getuid()
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-
-
-_cache = None  # the cache folder (install sets it), None: none to use
-
-
-def cached(name, path, source, make):
-    """make(), kept in the cache and used again while this interpreter, `path` and `source`
-    (the text or bytes it is made from) are all what they were: each runtime module's code
-    (RuntimeLoader) and the decoded manifest.json (manifest.py: json, with re, would be
-    imported for it on every run). Runtime modules reach it as `from . import cached` (on the
-    host, the package's stand-in). Without a cache folder, just make()."""
-    if _cache is None:
-        return make()
-    entry = os.path.join(_cache, f"{name}-{sha256(path.encode()).hexdigest()[:16]}.code")
-    want = (MAGIC_NUMBER, path, source)
-    try:
-        with open(entry, "rb") as fh:
-            magic, held_path, held_source, value = marshal.loads(fh.read())
-        if (magic, held_path, held_source) == want:
-            return value
-    except (OSError, ValueError, EOFError, TypeError):
-        pass  # absent, unreadable, or from another interpreter: make it
-    value = make()
-    _store(entry, want + (value,))
-    return value
-
-
 class RuntimeLoader:
-    """Finds and loads `<package>.<name>` from the sources this file holds, through the cache."""
+    """Finds and loads `<package>.<name>` from the sources this file holds."""
 
     def __init__(self, package, archive, sources):
         self.package, self.archive, self.sources = package, archive, sources
@@ -118,7 +49,7 @@ class RuntimeLoader:
         head, _, leaf = fullname.rpartition(".")
         if head != self.package or leaf not in self.sources:
             return None
-        spec = _frozen_importlib.ModuleSpec(fullname, self, origin=self._path(fullname))
+        spec = ModuleSpec(fullname, self, origin=self._path(fullname))
         spec.has_location = True  # sets __file__: the runtime finds its mod folder from it
         return spec
 
@@ -136,58 +67,16 @@ class RuntimeLoader:
         return f"{self.archive}/{fullname.rpartition('.')[2]}.py"
 
     def get_code(self, fullname):
-        path = self._path(fullname)
-        source = self.get_source(fullname)
-        return cached(fullname, path, source, lambda: self._compile(source, path))
-
-    @staticmethod
-    def _compile(source, path):
-        # run.sh's single thread: the host's parse lock (sparkmods.pyparse) is not needed here,
-        # and this file may import nothing of the host's.
-        return compile(source, path, "exec", dont_inherit=True)
-
-
-def _store(entry, value):
-    """Write entry (a marshal of value) atomically into a folder of our own; any failure
-    leaves the cache alone."""
-    tmp = os.path.join(_cache, f".{os.path.basename(entry)}.{os.getpid()}.tmp")
-    try:
-        data = marshal.dumps(value)
-        os.makedirs(_cache, mode=0o700, exist_ok=True)
-        if not _ours(_cache):
-            return  # never run code from (or leave code in) a folder another user controls
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, entry)
-    except (OSError, ValueError):  # ValueError: nested too deeply to marshal
-        pass
-    finally:  # also after a KeyboardInterrupt; gone after the replace
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        return compile(self.get_source(fullname), self._path(fullname), "exec", dont_inherit=True)
 
 
 def install(sources):
     """Make this module the package of `sources` (name -> text), then let a held SIGINT go."""
-    global __path__, _cache
+    global __path__
     __path__ = []  # a package: `import _sparkmods.applier` asks the finders below
-    _cache = cache_dir()
-    if _cache is not None and not _ours(_cache):
-        _cache = None  # another user's folder: compile every time
     sys.meta_path.insert(0, RuntimeLoader(__name__, os.path.realpath(__file__), sources))
-    sys.excepthook = _excepthook
     if _previous_handler is not None:
-        _signal.signal(_signal.SIGINT, _previous_handler)
-
-
-def _excepthook(kind, value, tb):
-    """Python's own report, through the traceback module: unlike the built-in printer it asks
-    the loader for the source, so a runtime bug's traceback shows the lines of this file."""
-    import traceback
-
-    traceback.print_exception(kind, value, tb)
+        signal.signal(signal.SIGINT, _previous_handler)
 
 
 def sigint_held():
@@ -197,8 +86,7 @@ def sigint_held():
 
 SOURCES = {
     '__main__': r'''"""run.sh's program: `python3 -c 'import _sparkmods.__main__' [apply|check|revert]` with the mod
-folder first on sys.path (an import rather than `-m`, which would import runpy and what it
-imports).
+folder first on sys.path.
 
 A SIGINT outside applier.run (which turns it into an orderly interruption) raises Python's
 KeyboardInterrupt: while the runtime is still being imported, or in the instant after run
@@ -206,15 +94,28 @@ returned. Either way no change to vLLM is under way: one line instead of a trace
 exit 130 as after any SIGINT. One from before, during the interpreter's start-up (which run.sh
 leaves to boot.py) or the import of _sparkmods.py, was held there and is raised here.
 
-The exit skips tearing the interpreter down, as sparkmods' own `cli.entry` does: freeing every
-module and object one by one is work nothing needs once the run is over. What an exit must
-still do is done: the exit handlers run and the standard streams are flushed (the
-runtime starts no thread and leaves no other file open).
+Any other exception is a bug in the runtime (applier.run turns every expected failure into its
+exit code): one line saying so and exit 3, the traceback only with SPARKMODS_DEBUG=1.
+
+The exit skips tearing the interpreter down, as sparkmods' own `cli.entry` does: the exit
+handlers run and the standard streams are flushed, nothing else is needed.
 """
 
 try:  # first: a SIGINT at any later line is caught
     import os
     import sys
+
+    def _exit(code: int) -> None:
+        """Exit handlers, flushed streams, then the exit without the interpreter's teardown."""
+        import atexit
+
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError, AttributeError):
+                pass  # a reader that went away, a closed stream, or none (started with it closed)
+        os._exit(code)
 
     if sys.modules[__package__].sigint_held():  # one arrived while _sparkmods.py itself ran
         raise KeyboardInterrupt
@@ -225,27 +126,27 @@ try:  # first: a SIGINT at any later line is caught
         from .applier import main
 
         code = main()
-    import atexit
-
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass  # a reader that went away, a closed stream, or none (started with it closed)
-    os._exit(code)
+    _exit(code)
 except KeyboardInterrupt:
     import os
-    import sys
 
     print(f"[{os.path.basename(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))}] interrupted by "
           "SIGINT outside a change to vLLM's files: nothing is half-done (the lines above say what was done)",
           flush=True)
     # Not sys.exit: CPython marks a KeyboardInterrupt that ends a string exec/eval (dataclasses
     # and namedtuple build their methods so) as unhandled even once it is caught, and under
-    # `python -m` then ends the process by SIGINT instead of with the exit code. Nothing but
-    # the line above is left to flush.
+    # `python -m` then ends the process by SIGINT instead of with the exit code.
     os._exit(130)
+except Exception as exc:  # SystemExit (argparse's usage, -h) is no bug and passes
+    if os.environ.get("SPARKMODS_DEBUG"):
+        import traceback
+
+        traceback.print_exc()
+    print(f"[{os.path.basename(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))}] INTERNAL ERROR: a "
+          f"bug in sparkmods' run.sh runtime ({type(exc).__name__}: {exc}); please report it to the "
+          "spark-vllm-mods maintainers with the output of SPARKMODS_DEBUG=1 ./run.sh (the same arguments), "
+          "which shows the traceback", flush=True)
+    _exit(3)
 ''',
     'applier': r'''"""Apply, check or revert one mod on an installed vLLM; the entry point of every run.sh.
 
@@ -259,34 +160,31 @@ half-patched, and the pristine files, saved under `<site-packages>/.sparkmods/<m
 are kept until the tree is verified pristine again.
 
 Exit codes: 0 done (or nothing to do), 1 the mod cannot be applied or reverted here (nothing
-changed), 2 bad input (mod, paths, interpreter), 130 / 143 interrupted by SIGINT / SIGTERM
-(rolled back first).
+changed), 2 bad input (mod, paths, interpreter), 3 an internal error (a bug: __main__.py says
+so in one line), 130 / 143 interrupted by SIGINT / SIGTERM (rolled back first).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import sys
+from hashlib import sha256
+from typing import ContextManager, Dict, List, Optional, Sequence, TextIO
 
 from . import fsops, stamp
-from .basics import say_to, sha256
 from .engine import APPLIED, CONFLICT, OK, OK_OFFSET, UnsafePath, plain_path, plan
+from .fsops import StrPath
 from .interrupts import Interrupted, deferred, exit_code, handled
 from .journal import (JOURNAL_NAME, STATE_DIR, STATE_FILE, Entry, Journal, JournalError, applied_rel, check_state,
                       orig_rel, recover, state_dir, sweep, temp_rel, transact)
 from .locate import LocateError, find_vllm, named_site, read_version
 from .lock import LockTimeout, ReadOnlyTree, UntrustedState, tree_lock
-from .manifest import ManifestError, Variant, load_manifest
-from .modcheck import BASE_ENV, GREEN, NO_VARIANT, UPSTREAM, ModInputs, decide, mod_inputs, settle
+from .manifest import Install, Manifest, ManifestError, Variant, load_manifest
+from .modcheck import BASE_ENV, GREEN, NO_VARIANT, UPSTREAM, ModInputs, ModResult, decide, mod_inputs, settle
+from .output import say_to
 from .udiff import reverse
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Sequence
-
-    from .fsops import StrPath
-    from .manifest import Install, Manifest
-    from .modcheck import ModResult
 
 __all__ = ["main", "run", "apply_mod", "revert_mod", "Printer", "STATE_DIR"]
 
@@ -295,9 +193,9 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 class Printer:
     """Every line goes out prefixed with `[<mod>]` so cluster logs show who said it; a line
-    that cannot be written never fails the run (basics.say_to)."""
+    that cannot be written never fails the run (output.say_to)."""
 
-    def __init__(self, mod: str, stream=None) -> None:
+    def __init__(self, mod: str, stream: Optional[TextIO] = None) -> None:
         self.prefix = f"[{mod}]"
         self.stream = stream or sys.stdout
 
@@ -315,7 +213,7 @@ def _reader(site: StrPath):
     return read
 
 
-def _lock(site: StrPath, say: Printer, dry_run: bool) -> tree_lock:
+def _lock(site: StrPath, say: Printer, dry_run: bool) -> ContextManager[None]:
     """The tree's lock; a dry run on a read-only vLLM goes ahead unlocked unless a journal
     needs settling. Taken with SIGINT/SIGTERM deferred, then `recover` settles any
     interrupted run before the caller decides."""
@@ -378,8 +276,6 @@ def _load_state(site: StrPath, mod: str) -> Optional[dict]:
     path = os.path.join(state_dir(site, mod), STATE_FILE)
     if not os.path.isfile(path):
         return None
-    import json  # a revert, or an apply over an earlier apply's state: not run.sh's usual path
-
     try:
         with open(path, encoding="utf-8") as fh:
             return check_state(json.load(fh))
@@ -711,133 +607,28 @@ def run(action: str, mod_dir: StrPath, site: Optional[StrPath], workspace: StrPa
 
 
 ACTIONS = ("apply", "check", "revert")
-USAGE = "usage: run.sh [-h] [--dry-run] [--site SITE] [--workspace WORKSPACE] [{apply,check,revert}]"
-HELP = f"""{USAGE}
-
-Apply this mod to the installed vLLM.
-
-positional arguments:
-  {{apply,check,revert}}    apply (the default), check (a dry run) or revert
-
-options:
-  -h, --help            show this help message and exit
-  --dry-run             say what would change, write nothing
-  --site SITE           site-packages holding vllm/ (default: $PYTHON_ROOT, then python3's path)
-  --workspace WORKSPACE
-                        where installed files go (default: $WORKSPACE_DIR, then the cwd)
-"""
 
 
-def parse_args(argv: Sequence[str]) -> "tuple[str, bool, Optional[str], Optional[str]]":
-    """(action, dry run, --site, --workspace) from run.sh's arguments, read as argparse read
-    them (`--site X` or `--site=X`, where X may not look like an option; -h prints the help); a
-    bad one is the usage and exit 2. Not argparse itself, a heavy import for four arguments
-    (basics.py). Refused here, unlike argparse: abbreviated options (`--dry`), `--`, a value
-    beginning with `-` (argparse took `-` and negative numbers), and a -h after a refused word
-    (argparse showed the help); tests/test_runsh_lean.py holds it to that."""
-    action, dry_run, values = None, False, {"--site": None, "--workspace": None}
-    rest = list(argv)
-    while rest:
-        arg = rest.pop(0)
-        name, eq, value = arg.partition("=")
-        if arg in ("-h", "--help"):
-            sys.stdout.write(HELP)
-            raise SystemExit(0)
-        if arg == "--dry-run":
-            dry_run = True
-        elif name in values:
-            if not eq:
-                if not rest or rest[0].startswith("-"):  # `--workspace --dry-run` is refused, not an apply
-                    _usage_error(f"argument {name}: expected one argument")
-                value = rest.pop(0)
-            values[name] = value
-        elif arg.startswith("-") or action is not None:
-            _usage_error(f"unrecognized arguments: {arg}")
-        elif arg not in ACTIONS:
-            _usage_error(f"argument action: invalid choice: {arg!r} (choose from {', '.join(map(repr, ACTIONS))})")
-        else:
-            action = arg
-    return action or "apply", dry_run, values["--site"], values["--workspace"]
-
-
-def _usage_error(message: str) -> None:
-    sys.stderr.write(f"{USAGE}\nrun.sh: error: {message}\n")
-    raise SystemExit(EXIT_USAGE)
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """run.sh's command line (action, dry_run, site, workspace); a bad one is the usage and exit 2."""
+    parser = argparse.ArgumentParser(prog="run.sh", description="Apply this mod to the installed vLLM.",
+                                     allow_abbrev=False)
+    parser.add_argument("action", nargs="?", default="apply", choices=ACTIONS,
+                        help="apply (the default), check (a dry run) or revert")
+    parser.add_argument("--dry-run", action="store_true", help="say what would change, write nothing")
+    parser.add_argument("--site", help="site-packages holding vllm/ (default: $PYTHON_ROOT, then python3's path)")
+    parser.add_argument("--workspace", help="where installed files go (default: $WORKSPACE_DIR, then the cwd)")
+    return parser.parse_args(argv)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """run.sh's program: the mod is the folder this runtime file is in."""
-    action, dry_run, site, workspace = parse_args(sys.argv[1:] if argv is None else argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     mod_dir = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # <mod>/_sparkmods.py/applier.py
     fsops.arm_from_env()
-    return run(action, mod_dir, os.path.realpath(site) if site else None,
-               workspace or os.environ.get("WORKSPACE_DIR") or os.getcwd(), dry_run, Printer(os.path.basename(mod_dir)))
-''',
-    'basics': r'''"""Two standard pieces the runtime uses in a lighter form, for run.sh's start-up.
-
-run.sh starts a fresh Python on every container start, and what it imports is much of what
-it costs (ci/bench/results/check.md gives run.sh's times beside `python -c pass`). The
-standard modules the runtime does without are the ones tests/test_runsh_lean.py keeps out of
-run.sh's apply.
-
-  Record   plain data classes without `dataclasses`: that module imports `inspect`, and each
-           class built its methods with exec at import.
-           A Record subclass lists its fields in `__slots__` (a subclass of it, the fields
-           it adds) and writes its own typed `__init__`; Record adds what a dataclass would:
-           equality field by field (same class only) and a repr that names every field.
-           Records are not hashable, like mutable dataclasses.
-  sha256   the interpreter's own SHA-256 module: hashlib loads OpenSSL's (`_hashlib`), a
-           heavier import for the few hundred KB an apply hashes.
-
-And `say_to`, the one way run.sh writes what it says.
-"""
-
-try:
-    from _sha2 import sha256  # Python >= 3.12
-except ImportError:
-    try:
-        from _sha256 import sha256  # type: ignore[no-redef]  # Python 3.9 - 3.11
-    except ImportError:  # an interpreter built without its own hashes
-        from hashlib import sha256  # type: ignore[no-redef]
-
-__all__ = ["Record", "sha256", "say_to"]
-
-
-def say_to(stream: object, text: str) -> None:
-    """Write and flush text; never raise. What run.sh says comes after or between changes it
-    has made or settled, so output that cannot be written (stdout closed, a reader gone with
-    `| head -1`, a full device) is dropped rather than turned into a failure, and characters
-    the stream cannot encode (an ASCII locale, a non-ASCII path) are written as escapes."""
-    if stream is None:  # started with stdout closed
-        return
-    try:
-        try:
-            stream.write(text)  # type: ignore[attr-defined]
-        except UnicodeEncodeError:  # raised before anything is written
-            encoding = getattr(stream, "encoding", None) or "ascii"
-            stream.write(text.encode(encoding, "backslashreplace").decode(encoding))  # type: ignore[attr-defined]
-        stream.flush()  # type: ignore[attr-defined]
-    except (OSError, ValueError):
-        pass
-
-
-class Record:
-    """Equality and repr over the fields named in `__slots__`, the base classes' first."""
-
-    __slots__ = ()
-    __hash__ = None  # type: ignore[assignment]  # equality by value on mutable fields
-
-    def _names(self) -> "list[str]":
-        return [name for cls in reversed(type(self).__mro__) for name in cls.__dict__.get("__slots__", ())]
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return all(getattr(self, name) == getattr(other, name) for name in self._names())
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._names())
-        return f"{self.__class__.__name__}({fields})"
+    return run(args.action, mod_dir, os.path.realpath(args.site) if args.site else None,
+               args.workspace or os.environ.get("WORKSPACE_DIR") or os.getcwd(), args.dry_run,
+               Printer(os.path.basename(mod_dir)))
 ''',
     'engine': r'''"""The patch engine: locate every hunk exactly, never with fuzz, and write atomically.
 
@@ -857,17 +648,13 @@ from __future__ import annotations
 
 import os
 import stat
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .basics import Record
+from .fsops import TMP_SUFFIX, StrPath
+from .udiff import FilePatch, Hunk
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
-
-    from .fsops import StrPath
-    from .udiff import FilePatch, Hunk
-
-    Line = Tuple[str, str]  # (content without end-of-line, end-of-line: "\n", "\r\n" or "")
+Line = Tuple[str, str]  # (content without end-of-line, end-of-line: "\n", "\r\n" or "")
 
 __all__ = [
     "EXACT", "OFFSET", "APPLIED", "CONFLICT",
@@ -881,23 +668,20 @@ EXACT, OFFSET, APPLIED, CONFLICT = "exact", "offset", "applied", "conflict"
 # File statuses (a subset of the check vocabulary).
 OK, OK_OFFSET, MISSING_FILE = "ok", "ok-offset", "missing-file"
 PACKAGE = "vllm"  # the only top-level folder of site-packages a mod may change
-TMP_SUFFIX = ".sparkmods-tmp"  # names the runtime's temp files end with (fsops uses it)
 
 
 class UnsafePath(ValueError):
     """A patch path that would escape the target tree."""
 
 
-class NearMatch(Record):
+@dataclass
+class NearMatch:
     """Where a conflicting hunk came closest, and the lines that differ there."""
 
-    __slots__ = ("line", "matching", "total", "differing")
-
-    def __init__(self, line: int, matching: int, total: int,
-                 differing: Optional[List[Tuple[int, str, str]]] = None) -> None:
-        self.line = line  # 1-based line of the window's first line in the target file
-        self.matching, self.total = matching, total
-        self.differing = [] if differing is None else differing  # (line, expected, found)
+    line: int  # 1-based line of the window's first line in the target file
+    matching: int
+    total: int
+    differing: List[Tuple[int, str, str]] = field(default_factory=list)  # (line, expected, found)
 
     def to_dict(self) -> dict:
         return {
@@ -908,18 +692,17 @@ class NearMatch(Record):
         }
 
 
-class HunkResult(Record):
+@dataclass
+class HunkResult:
     """How one hunk fares on one file."""
 
-    __slots__ = ("index", "outcome", "stated_line", "line", "offset", "reason", "near")
-
-    def __init__(self, index: int, outcome: str, stated_line: int, line: Optional[int] = None, offset: int = 0,
-                 reason: str = "", near: Optional[NearMatch] = None) -> None:
-        self.index = index  # 1-based hunk number within the file patch
-        self.outcome = outcome
-        self.stated_line = stated_line  # the hunk's own old_start
-        self.line = line  # 1-based line where it was located (old side, or new side if applied)
-        self.offset, self.reason, self.near = offset, reason, near
+    index: int  # 1-based hunk number within the file patch
+    outcome: str
+    stated_line: int  # the hunk's own old_start
+    line: Optional[int] = None  # 1-based line where it was located (old side, or new side if applied)
+    offset: int = 0
+    reason: str = ""
+    near: Optional[NearMatch] = None
 
     def to_dict(self) -> dict:
         out = {"hunk": self.index, "outcome": self.outcome, "stated_line": self.stated_line,
@@ -931,19 +714,16 @@ class HunkResult(Record):
         return out
 
 
-class FileResult(Record):
+@dataclass
+class FileResult:
     """What a mod's patches (or site install) do to one file."""
 
-    __slots__ = ("path", "status", "hunks", "reason", "before", "after")
-
-    def __init__(self, path: str, status: str, hunks: Optional[List[HunkResult]] = None, reason: str = "",
-                 before: Optional[bytes] = None, after: Optional[bytes] = None) -> None:
-        self.path = path
-        self.status = status  # ok, ok-offset, applied, conflict, missing-file
-        self.hunks = [] if hunks is None else hunks
-        self.reason = reason
-        self.before = before  # the target's content (None: absent)
-        self.after = after  # content to write (None: delete, or nothing to do)
+    path: str
+    status: str  # ok, ok-offset, applied, conflict, missing-file
+    hunks: List[HunkResult] = field(default_factory=list)
+    reason: str = ""
+    before: Optional[bytes] = None  # the target's content (None: absent)
+    after: Optional[bytes] = None  # content to write (None: delete, or nothing to do)
 
     @property
     def changes(self) -> bool:
@@ -1233,14 +1013,7 @@ def safe_target(root: StrPath, rel: str) -> str:
     """The absolute path of rel under root; refuses anything that resolves outside root."""
     rel = check_relpath(rel)
     base = os.path.realpath(root)
-    # os.path.realpath(base/rel), which would walk base again for each of the runtime's many
-    # calls: rel has no `.` or `..`, so below base only a symlink can lead elsewhere.
-    target, parts = base, rel.split("/") if rel else []
-    for i, part in enumerate(parts):
-        target = os.path.join(target, part)
-        if os.path.islink(target):
-            target = os.path.realpath(os.path.join(target, *parts[i + 1:]))
-            break
+    target = os.path.realpath(os.path.join(base, rel))
     if target != base and not target.startswith(base.rstrip("/") + "/"):
         raise UnsafePath(f"refusing {rel!r}: it resolves outside {base} (symlink?)")
     return target
@@ -1299,39 +1072,24 @@ fault-injection hook:
 Temp files have fixed names (`.NAME.sparkmods-tmp` beside NAME) so the journal can list them
 before they exist and a later run can remove every one of them.
 
-Durability: nothing here calls fsync, on purpose. A killed process (SIGKILL, the OOM killer,
-`docker kill`, a crash of Python) loses nothing it handed to the kernel: its writes and
-renames are in the page cache, and every later reader sees them in the order they were made.
-That order (the journal and the copies of the old bytes first, then the new bytes under temp
-names, then the renames, the journal removed last) is all that safety against a kill at any
-instant needs (tests/test_crash_safety.py kills the runtime at every step, and
-ci/bench/bench_kill.py at random instants). fsync would add protection only against a power
-cut (or a kernel crash) in the seconds before the kernel writes its cache back, at the cost
-of waiting for the disk on every file and folder an apply writes.
-
-What such a cut can do, then: files this run wrote may come back missing or empty, and some
-of its renames may last without the others or without the journal. What it cannot do is make
-a later run publish wrong bytes or take the mod for applied when it is not: every run checks
-the journal's copies, the staged files and the tree (and the stamp's inputs) by sha256 before
-it relies on them, and a partly patched tree is a conflict that nothing is written over. The
-remedy in that rare case is the one for any damaged install: reinstall vLLM (a container is
-recreated from its image).
+Nothing is fsynced: the order of the writes (journal, copies, staged bytes, renames, journal
+removed) is what survives a killed process, and every later run verifies by sha256 what it
+relies on, so a power cut before writeback ends in a refusal, never in wrong bytes.
 """
 
 from __future__ import annotations
 
-import _signal  # not the signal module, which imports enum for its enums (basics.py)
 import os
+import shutil
+import signal
 import stat
+from hashlib import sha256
+from typing import Callable, List, Optional, Union
 
-from .basics import sha256
-from .engine import TMP_SUFFIX
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Callable, List, Optional, Union
-
-    StrPath = Union[str, "os.PathLike[str]"]  # host callers pass pathlib paths; the runtime uses str
+StrPath = Union[str, "os.PathLike[str]"]  # host callers pass pathlib paths; the runtime uses str
+TMP_SUFFIX = ".sparkmods-tmp"  # names the runtime's temp files end with
+# The state folder in site-packages, its journal and its lock (journal.py, lock.py, stamp.py).
+STATE_DIR, JOURNAL_NAME, LOCK_NAME = ".sparkmods", ".journal.json", ".lock"
 
 __all__ = ["TMP_SUFFIX", "FAULT_AFTER", "FAULT_SIGNAL", "arm", "arm_from_env", "on_step", "step", "temp_path",
            "digest", "read_regular", "write_file", "stage", "publish", "remove", "remove_tree", "make_dirs",
@@ -1339,7 +1097,7 @@ __all__ = ["TMP_SUFFIX", "FAULT_AFTER", "FAULT_SIGNAL", "arm", "arm_from_env", "
 
 FAULT_AFTER = "SPARKMODS_FAULT_AFTER"
 FAULT_SIGNAL = "SPARKMODS_FAULT_SIGNAL"
-_SIGNALS = {"INT": _signal.SIGINT, "TERM": _signal.SIGTERM}
+_SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM}
 
 _count = 0
 _limit: Optional[int] = None
@@ -1502,8 +1260,6 @@ def remove_tree(path: StrPath) -> None:
     """Remove a folder and everything in it."""
     if not os.path.lexists(path):
         return
-    import shutil  # only here: an apply on a clean tree removes no folder
-
     step()
     try:
         shutil.rmtree(path)
@@ -1539,16 +1295,18 @@ turns both signals into the same exception (SIGTERM would otherwise end the run 
 
 from __future__ import annotations
 
-import _signal  # not the signal module, which imports enum for its enums (basics.py)
-import sys
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Iterator
 
 from . import fsops
 
 __all__ = ["Interrupted", "handled", "deferred", "shielded", "poll", "exit_code"]
 
-_NAMES = {_signal.SIGINT: "SIGINT", _signal.SIGTERM: "SIGTERM"}
+_NAMES = {int(signal.SIGINT): "SIGINT", int(signal.SIGTERM): "SIGTERM"}
 _SIGNALS = set(_NAMES)
-_CAN_BLOCK = hasattr(_signal, "pthread_sigmask") and hasattr(_signal, "sigtimedwait")
+_CAN_BLOCK = hasattr(signal, "pthread_sigmask") and hasattr(signal, "sigtimedwait")
 _state = {"blocked": 0, "shield": 0}
 
 
@@ -1571,60 +1329,55 @@ def poll() -> None:
     """Raise Interrupted if SIGINT or SIGTERM is pending (and we are not shielded)."""
     if not _state["blocked"] or _state["shield"]:
         return
-    pending = _signal.sigpending() & _SIGNALS
+    pending = signal.sigpending() & _SIGNALS
     if pending:
         signum = min(pending)
-        _signal.sigtimedwait({signum}, 0)  # consume it: it is handled here, not again later
+        signal.sigtimedwait({signum}, 0)  # consume it: it is handled here, not again later
         raise Interrupted(signum, during_change=True)
 
 
 def _in_main_thread() -> bool:
-    """Whether this is the main thread, the one Python runs signal handlers in. Asked of
-    `threading` only where it was imported: threads are started through it, and run.sh's
-    process, which starts none, is spared its import."""
-    threading = sys.modules.get("threading")
-    return threading is None or threading.current_thread() is threading.main_thread()
+    """Whether this is the main thread, the one Python runs signal handlers in."""
+    return threading.current_thread() is threading.main_thread()
 
 
 def _raise(signum: int, frame: object) -> None:
     raise Interrupted(signum, during_change=False)
 
 
-# The three context managers are classes, not @contextmanager generators: contextlib imports
-# collections and functools, which run.sh's apply otherwise does without (basics.py).
-class handled:
+@contextmanager
+def handled() -> Iterator[None]:
     """SIGINT and SIGTERM raise Interrupted (in the main thread; elsewhere nothing changes)."""
+    previous = {signum: signal.signal(signum, _raise) for signum in _SIGNALS} if _in_main_thread() else {}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
-    def __enter__(self) -> None:
-        self.previous = {signum: _signal.signal(signum, _raise) for signum in _SIGNALS} if _in_main_thread() else {}
 
-    def __exit__(self, *exc: object) -> None:
-        for signum, handler in self.previous.items():
-            _signal.signal(signum, handler)
-
-
-class deferred:
+@contextmanager
+def deferred() -> Iterator[None]:
     """Block SIGINT/SIGTERM in the body; they surface through poll() at disk steps."""
+    if not (_CAN_BLOCK and _in_main_thread()):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    _state["blocked"] += 1
+    try:
+        yield
+    finally:
+        _state["blocked"] -= 1
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
-    def __enter__(self) -> None:
-        self.previous = None
-        if _CAN_BLOCK and _in_main_thread():
-            self.previous = _signal.pthread_sigmask(_signal.SIG_BLOCK, _SIGNALS)
-            _state["blocked"] += 1
 
-    def __exit__(self, *exc: object) -> None:
-        if self.previous is not None:
-            _state["blocked"] -= 1
-            _signal.pthread_sigmask(_signal.SIG_SETMASK, self.previous)
-
-
-class shielded:
+@contextmanager
+def shielded() -> Iterator[None]:
     """No Interrupted inside: for the code that makes the tree consistent again."""
-
-    def __enter__(self) -> None:
-        _state["shield"] += 1
-
-    def __exit__(self, *exc: object) -> None:
+    _state["shield"] += 1
+    try:
+        yield
+    finally:
         _state["shield"] -= 1
 
 
@@ -1650,27 +1403,23 @@ pristine files are never lost. Settling is idempotent: it can itself be killed a
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+from dataclasses import asdict, dataclass
+from hashlib import sha256
+from typing import Any, Callable, Dict, List, Optional
 
 from . import fsops
-from .basics import Record, sha256
 from .engine import confine, plain_path
+from .fsops import JOURNAL_NAME, STATE_DIR, StrPath
 from .interrupts import Interrupted, shielded
-from .manifest import _NAME as _MOD_NAME
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional
-
-    from .fsops import StrPath
+from .manifest import MOD_NAME
 
 __all__ = ["STATE_DIR", "JOURNAL_NAME", "STATE_FILE", "FORWARD", "BACK", "Entry", "Journal", "JournalError",
            "state_dir", "orig_rel", "applied_rel", "temp_rel", "check_state", "transact", "recover", "sweep",
            "drop_bytecode"]
 
-STATE_DIR = ".sparkmods"
-JOURNAL_NAME = ".journal.json"
 STATE_FILE = "state.json"
 APPLY, REVERT = "apply", "revert"
 FORWARD, BACK = "forward", "back"
@@ -1680,44 +1429,33 @@ class JournalError(RuntimeError):
     """An interrupted run that can be neither finished nor rolled back (files changed by others)."""
 
 
-class Entry(Record):
+@dataclass
+class Entry:
     """One file of vLLM the run changes; sha256 None means the file is absent on that side."""
 
-    __slots__ = ("path", "before", "after", "new", "old", "mode")
-
-    def __init__(self, path: str, before: Optional[str], after: Optional[str], new: Optional[str], old: Optional[str],
-                 mode: int = 0o644) -> None:
-        self.path, self.before, self.after = path, before, after
-        self.new = new  # site-relative file holding the `after` bytes (None when after is None)
-        self.old = old  # site-relative file holding the `before` bytes (None when before is None)
-        self.mode = mode
+    path: str
+    before: Optional[str]
+    after: Optional[str]
+    new: Optional[str]  # site-relative file holding the `after` bytes (None when after is None)
+    old: Optional[str]  # site-relative file holding the `before` bytes (None when before is None)
+    mode: int = 0o644
 
 
-class Journal(Record):
+@dataclass
+class Journal:
     """The plan of one apply or revert, as `.journal.json` holds it."""
 
-    __slots__ = ("op", "mod", "entries", "state", "direction")
-
-    def __init__(self, op: str, mod: str, entries: List[Entry], state: Optional[dict] = None,
-                 direction: Optional[str] = None) -> None:
-        self.op = op  # apply | revert
-        self.mod = mod
-        self.entries = entries
-        self.state = state  # apply: the state.json written when it completes
-        self.direction = direction  # forward | back: the side settling goes to first (None: forward)
-
-    def to_dict(self) -> dict:
-        doc = {name: getattr(self, name) for name in self.__slots__}
-        doc["entries"] = [{name: getattr(e, name) for name in e.__slots__} for e in self.entries]
-        return doc
+    op: str  # apply | revert
+    mod: str
+    entries: List[Entry]
+    state: Optional[dict] = None  # apply: the state.json written when it completes
+    direction: Optional[str] = None  # forward | back: the side settling goes to first (None: forward)
 
     def save(self, site: StrPath) -> None:
-        fsops.write_file(_journal_path(site), dump_json(self.to_dict()))
+        fsops.write_file(_journal_path(site), dump_json(asdict(self)))
 
     @classmethod
     def load(cls, site: StrPath) -> "Journal":
-        import json  # only to settle an interrupted run
-
         path = _journal_path(site)
         try:
             with open(path, encoding="utf-8") as fh:
@@ -1738,7 +1476,7 @@ class Journal(Record):
         runtime gives it, sha256 sums and modes well formed."""
         if self.op not in (APPLY, REVERT) or self.direction not in (None, FORWARD, BACK):
             raise ValueError(f"unknown op {self.op!r} or direction {self.direction!r}")
-        if not (isinstance(self.mod, str) and _MOD_NAME.matches(self.mod)):
+        if not (isinstance(self.mod, str) and MOD_NAME.fullmatch(self.mod)):
             raise ValueError(f"mod {self.mod!r} is no mod name")
         saved = orig_rel if self.op == APPLY else applied_rel
         for e in self.entries:
@@ -1769,51 +1507,9 @@ def check_state(state: object) -> dict:
     return state  # type: ignore[return-value]
 
 
-_CONSTANTS = {None: "null", True: "true", False: "false"}
-# json.dumps's escapes within ASCII: control characters and DEL, the quote, the backslash.
-_ESCAPES = {**{code: f"\\u{code:04x}" for code in (*range(0x20), 0x7f)}, ord('"'): '\\"', ord("\\"): "\\\\",
-            ord("\b"): "\\b", ord("\f"): "\\f", ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
-
-
 def dump_json(value: Any) -> bytes:
-    """What `json.dumps(value, indent=1, sort_keys=True).encode()` writes, for what the journal
-    and state.json hold (dicts with str keys, lists, str, int, bool, None). Written without
-    the json module, which imports re (basics.py); read back with it (an interrupted run's
-    journal, a revert's state)."""
-    return _json(value, "\n").encode()
-
-
-def _json(value: Any, newline: str) -> str:
-    """value as JSON; its nested lines start with `newline` and one more space."""
-    inner = newline + " "
-    if isinstance(value, dict):
-        items = [f"{inner}{_json_string(k)}: {_json(v, inner)}" for k, v in sorted(value.items())]
-        return "{" + ",".join(items) + newline + "}" if items else "{}"
-    if isinstance(value, list):
-        items = [inner + _json(v, inner) for v in value]
-        return "[" + ",".join(items) + newline + "]" if items else "[]"
-    if isinstance(value, str):
-        return _json_string(value)
-    if value is None or isinstance(value, bool):
-        return _CONSTANTS[value]
-    if isinstance(value, int):
-        return repr(value)
-    raise TypeError(f"{type(value).__name__} is not written to the journal")
-
-
-def _json_string(text: str) -> str:
-    """A JSON string as json.dumps writes it: ASCII only, \\uXXXX (surrogate pairs) for the rest."""
-    out = text.translate(_ESCAPES)
-    if not out.isascii():
-        out = "".join(c if c.isascii() else _json_char(ord(c)) for c in out)
-    return f'"{out}"'
-
-
-def _json_char(code: int) -> str:
-    if code < 0x10000:
-        return f"\\u{code:04x}"
-    code -= 0x10000
-    return f"\\u{0xd800 | code >> 10:04x}\\u{0xdc00 | code & 0x3ff:04x}"
+    """The journal's and state.json's bytes."""
+    return json.dumps(value, indent=1, sort_keys=True).encode()
 
 
 def state_dir(site: StrPath, mod: str) -> str:
@@ -2051,16 +1747,14 @@ when set. No path such as dist-packages is ever assumed.
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 import sys
+from dataclasses import dataclass
+from typing import Iterable, List, Optional
 
-from .basics import Record
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Iterable, List, Optional
-
-    from .fsops import StrPath
+from .fsops import StrPath
 
 __all__ = ["LocateError", "Installation", "find_vllm", "read_version"]
 
@@ -2069,19 +1763,15 @@ class LocateError(RuntimeError):
     """vLLM could not be found or its version read."""
 
 
-class Installation(Record):
+@dataclass
+class Installation:
     """Where vLLM is installed and which version it is."""
 
-    __slots__ = ("site", "version")
-
-    def __init__(self, site: str, version: str) -> None:
-        self.site = site  # the folder that holds vllm/ (resolved)
-        self.version = version
+    site: str  # the folder that holds vllm/ (resolved)
+    version: str
 
 
 def _site_dirs_under(prefix: str) -> List[str]:
-    import glob  # only for a PYTHON_ROOT that is a prefix, not the site-packages itself
-
     found = []
     for pattern in ("lib/python3*/site-packages", "lib/python3*/dist-packages",
                     "local/lib/python3*/dist-packages", "local/lib/python3*/site-packages"):
@@ -2126,8 +1816,6 @@ def _version_from_dist_info(site: str) -> Optional[str]:
 
 
 def _version_from_module(site: str) -> Optional[str]:
-    import re  # only for a vLLM without dist-info (a source checkout)
-
     path = os.path.join(site, "vllm", "_version.py")
     if not os.path.isfile(path):
         return None
@@ -2191,19 +1879,15 @@ import fcntl
 import os
 import stat
 import time
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional
 
 from . import fsops
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Callable, Optional
-
-    from .fsops import StrPath
+from .fsops import LOCK_NAME, StrPath
 
 __all__ = ["LOCK_NAME", "LOCK_TIMEOUT", "DEFAULT_TIMEOUT_S", "LockTimeout", "ReadOnlyTree", "UntrustedState",
            "tree_lock", "timeout_s", "trust"]
 
-LOCK_NAME = ".lock"
 LOCK_TIMEOUT = "SPARKMODS_LOCK_TIMEOUT"
 DEFAULT_TIMEOUT_S = 120.0
 _READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
@@ -2270,41 +1954,37 @@ def timeout_s() -> float:
     return value
 
 
-class tree_lock:
+@contextmanager
+def tree_lock(state_root: StrPath, say: Callable[[str], None], required: bool = True) -> Iterator[None]:
     """Hold the tree's lock for the body; waits up to timeout_s() for another holder.
 
     On a read-only tree the lock cannot be created: ReadOnlyTree, or, when not `required`
     (a dry run, which nobody else can disturb there either), the body runs unlocked.
-    (A class, not a @contextmanager: see interrupts.py.)
     """
+    path = os.path.join(state_root, LOCK_NAME)
+    trust(state_root)
+    fd = _open(state_root, path, required)
+    if fd is None:
+        yield
+        return
+    try:
+        _acquire(fd, path, timeout_s(), say)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock
 
-    def __init__(self, state_root: StrPath, say: Callable[[str], None], required: bool = True) -> None:
-        self.state_root, self.say, self.required = state_root, say, required
-        self.fd: Optional[int] = None
 
-    def __enter__(self) -> None:
-        path = os.path.join(self.state_root, LOCK_NAME)
-        trust(self.state_root)
-        try:
-            fsops.make_dirs(self.state_root)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        except OSError as exc:
-            if exc.errno not in _READ_ONLY:
-                raise
-            if self.required:
-                raise ReadOnlyTree(f"{exc.filename or path}: {exc.strerror}") from None
-            return
-        try:
-            _acquire(fd, path, timeout_s(), self.say)
-        except BaseException:
-            os.close(fd)
+def _open(state_root: StrPath, path: str, required: bool) -> Optional[int]:
+    """The lock file's descriptor; None on a read-only tree when the lock is not required."""
+    try:
+        fsops.make_dirs(state_root)
+        return os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as exc:
+        if exc.errno not in _READ_ONLY:
             raise
-        self.fd = fd
-
-    def __exit__(self, *exc: object) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # closing the descriptor releases the flock
-            self.fd = None
+        if required:
+            raise ReadOnlyTree(f"{exc.filename or path}: {exc.strerror}") from None
+        return None
 
 
 def _acquire(fd: int, path: str, limit: float, say: Callable[[str], None]) -> None:
@@ -2338,18 +2018,15 @@ Every error names the file, the key and the problem in one line.
 
 from __future__ import annotations
 
+import json
 import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Union
 
-from . import cached
-from .basics import Record
 from .engine import PACKAGE, UnsafePath, check_relpath, confine
+from .fsops import StrPath
 from .pep440 import InvalidRange, InvalidVersion, Range, Version
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Union
-
-    from .fsops import StrPath
 
 __all__ = ["ManifestError", "Install", "Variant", "Upstream", "Manifest", "load_manifest", "MANIFEST_TOML", "MANIFEST_JSON"]
 
@@ -2358,22 +2035,8 @@ MANIFEST_JSON = "manifest.json"
 SCHEMA = 1
 
 
-class _Form:
-    """The form a name must have: a first character from `first`, then up to `longest - 1`
-    from `rest`. `pattern` is the same rule as a regular expression, which error messages
-    show; it is checked without re, which run.sh's apply does not import (basics.py)."""
-
-    def __init__(self, pattern: str, first: str, rest: str, longest: int) -> None:
-        self.pattern, self.first, self.rest, self.longest = pattern, frozenset(first), frozenset(rest), longest
-
-    def matches(self, value: str) -> bool:
-        return 0 < len(value) <= self.longest and value[0] in self.first and self.rest.issuperset(value[1:])
-
-
-_LOWER_DIGITS = "abcdefghijklmnopqrstuvwxyz0123456789"
-_ALNUM = _LOWER_DIGITS + "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-_LABEL = _Form("^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$", _ALNUM, _ALNUM + "._-", 40)
-_NAME = _Form("^[a-z0-9][a-z0-9-]{0,62}$", _LOWER_DIGITS, _LOWER_DIGITS + "-", 63)
+LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$")
+MOD_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 _WORKSPACE = "workspace:"
 _SITE = "site:"
 
@@ -2382,55 +2045,55 @@ class ManifestError(ValueError):
     """A manifest problem: `<file>: <key>: <problem>`."""
 
 
-class Install(Record):
+@dataclass
+class Install:
     """A file the mod installs: `src` inside the mod; `name` is a file name in $WORKSPACE_DIR
     (site False) or a package path inside vllm/ (site True, journaled like a patched file)."""
 
-    __slots__ = ("src", "name", "site")
+    src: str
+    name: str
+    site: bool = False
 
-    def __init__(self, src: str, name: str, site: bool = False) -> None:
-        self.src, self.name, self.site = src, name, site
 
-
-class Variant(Record):
+@dataclass
+class Variant:
     """The patches and installs for one range of vLLM versions."""
 
-    __slots__ = ("label", "vllm", "patches", "install", "verified", "notes")
+    label: str
+    vllm: Range
+    patches: List[str]
+    install: List[Install]
+    verified: List[str]
+    notes: str = ""
 
-    def __init__(self, label: str, vllm: Range, patches: List[str], install: List[Install], verified: List[str],
-                 notes: str = "") -> None:
-        self.label, self.vllm, self.patches, self.install = label, vllm, patches, install
-        self.verified, self.notes = verified, notes
 
-
-class Detect(Record):
+@dataclass
+class Detect:
     """A file of vLLM that must contain a text for the upstream fix to count as present."""
 
-    __slots__ = ("file", "contains")
-
-    def __init__(self, file: str, contains: str) -> None:
-        self.file, self.contains = file, contains
+    file: str
+    contains: str
 
 
-class Upstream(Record):
+@dataclass
+class Upstream:
     """From `since` on, vLLM carries the mod's change itself."""
 
-    __slots__ = ("since", "evidence", "detect")
+    since: Version
+    evidence: str
+    detect: List[Detect]
 
-    def __init__(self, since: Version, evidence: str, detect: List[Detect]) -> None:
-        self.since, self.evidence, self.detect = since, evidence, detect
 
-
-class Manifest(Record):
+@dataclass
+class Manifest:
     """A validated manifest; `raw` is the table it was read from (what manifest.json holds)."""
 
-    __slots__ = ("name", "summary", "variants", "upstream", "source", "raw")
-
-    def __init__(self, name: str, summary: str, variants: List[Variant], upstream: Optional[Upstream] = None,
-                 source: str = MANIFEST_TOML, raw: Optional[Dict[str, Any]] = None) -> None:
-        self.name, self.summary, self.variants, self.upstream = name, summary, variants, upstream
-        self.source = source
-        self.raw = {} if raw is None else raw
+    name: str
+    summary: str
+    variants: List[Variant]
+    upstream: Optional[Upstream] = None
+    source: str = MANIFEST_TOML
+    raw: Dict[str, Any] = field(default_factory=dict)
 
     def select(self, version: Union[str, Version]) -> Union[Variant, Upstream, None]:
         """The variant whose range holds version; the upstream section past `since`; or None."""
@@ -2471,10 +2134,10 @@ class _Validator:
             if key not in required and key not in optional:
                 raise self.fail(f"{where}{key}", f"unknown key (allowed: {', '.join(required + optional)})")
 
-    def string(self, value: Any, key: str, form: Optional[_Form] = None) -> str:
+    def string(self, value: Any, key: str, form: Optional[re.Pattern[str]] = None) -> str:
         if not isinstance(value, str) or not value.strip():
             raise self.fail(key, f"must be a non-empty string, got {value!r}")
-        if form is not None and not form.matches(value):
+        if form is not None and not form.fullmatch(value):
             raise self.fail(key, f"{value!r} does not match {form.pattern}")
         return value
 
@@ -2495,7 +2158,7 @@ class _Validator:
         self.keys(data, "", ["schema", "name", "summary", "variant"], ["upstream"])
         if data["schema"] != SCHEMA:
             raise self.fail("schema", f"unsupported schema {data['schema']!r} (this sparkmods reads {SCHEMA})")
-        name = self.string(data["name"], "name", _NAME)
+        name = self.string(data["name"], "name", MOD_NAME)
         summary = self.string(data["summary"], "summary")
         raw_variants = data["variant"]
         if not isinstance(raw_variants, list) or not raw_variants:
@@ -2527,7 +2190,7 @@ class _Validator:
         if not isinstance(table, dict):
             raise self.fail(f"variant[{i}]", "must be a table")
         self.keys(table, where, ["label", "vllm", "verified"], ["patches", "install", "notes"])
-        label = self.string(table["label"], where + "label", _LABEL)
+        label = self.string(table["label"], where + "label", LABEL)
         try:
             rng = Range(self.string(table["vllm"], where + "vllm"))
         except InvalidRange as exc:
@@ -2623,19 +2286,14 @@ def load_manifest(mod_dir: StrPath) -> Manifest:
             return manifest
     if not os.path.isfile(json_path):
         raise ManifestError(f"{mod_dir}: no {MANIFEST_TOML} or {MANIFEST_JSON}: not a mod folder")
-    raw = _read(json_path)
-    data = cached(MANIFEST_JSON, json_path, raw, lambda: _decode_json(json_path, raw))
+    data = _decode_json(json_path, _read(json_path))
     manifest = Manifest.from_dict(data, json_path)
     _check_name(manifest, mod_dir, json_path)
     return manifest
 
 
 def _decode_json(path: str, raw: bytes) -> Any:
-    """manifest.json's data; bad JSON is a one-line ManifestError. Inside a mod it is decoded
-    once and then taken from the runtime's cache while the file is byte-identical (`cached`):
-    json imports re (basics.py), so only here."""
-    import json
-
+    """manifest.json's data; bad JSON is a one-line ManifestError."""
     text = _utf8(path, raw)
     try:
         return json.loads(text)
@@ -2685,22 +2343,16 @@ from __future__ import annotations
 
 import os
 import stat
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Union
 
-from .basics import Record
 from .engine import APPLIED, CONFLICT, EXACT, MISSING_FILE, OK, OK_OFFSET, FileResult, HunkResult, UnsafePath, confine, plan
-from .manifest import ManifestError, Upstream
+from .fsops import StrPath
+from .manifest import Install, Manifest, ManifestError, Upstream, Variant
 from .pep440 import InvalidVersion, Version
-from .udiff import PatchParseError, parse_patch
+from .udiff import FilePatch, PatchParseError, parse_patch
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Optional, Union
-
-    from .fsops import StrPath
-    from .manifest import Install, Manifest, Variant
-    from .udiff import FilePatch
-
-    Reader = Callable[[str], Optional[bytes]]
+Reader = Callable[[str], Optional[bytes]]
 
 __all__ = ["UPSTREAM", "NO_VARIANT", "DRIFT", "GREEN", "STATUSES", "BASE_ENV", "BaseMismatch", "ModResult", "ModInputs",
            "aggregate", "check_mod", "by_version", "mod_inputs", "settle", "decide", "variant_patches", "mod_file",
@@ -2723,16 +2375,17 @@ class BaseMismatch(ValueError):
     """$SPARKMODS_VLLM_BASE names a release whose variant does not apply to this vLLM."""
 
 
-class ModResult(Record):
+@dataclass
+class ModResult:
     """The decision for one mod on one vLLM, with every file's result."""
 
-    __slots__ = ("mod", "version", "status", "variant", "reason", "files", "how")
-
-    def __init__(self, mod: str, version: str, status: str, variant: Optional[str] = None, reason: str = "",
-                 files: Optional[List[FileResult]] = None, how: str = "") -> None:
-        self.mod, self.version, self.status, self.variant, self.reason = mod, version, status, variant, reason
-        self.files = [] if files is None else files
-        self.how = how  # why this variant, when the version alone did not pick it (one line)
+    mod: str
+    version: str
+    status: str
+    variant: Optional[str] = None
+    reason: str = ""
+    files: List[FileResult] = field(default_factory=list)
+    how: str = ""  # why this variant, when the version alone did not pick it (one line)
 
     @property
     def green(self) -> bool:
@@ -2851,7 +2504,8 @@ def _check_upstream(manifest: Manifest, upstream: Upstream, version: str, read: 
     return ModResult(manifest.name, version, UPSTREAM, None, f"vLLM includes it since {upstream.since}: {upstream.evidence}")
 
 
-class ModInputs(Record):
+@dataclass
+class ModInputs:
     """What deciding needs from the mod folder for one vLLM version, read and checked once: the
     variant the version selects (`chosen`) with its patches parsed and its install sources
     read, or the upstream section, or (chosen None) the reason no variant applies. run.sh
@@ -2861,17 +2515,15 @@ class ModInputs(Record):
     `by` says what picks the variant: the version, $SPARKMODS_VLLM_BASE (`base`), or the
     content; for content, `options` holds these inputs for every variant and `settle` picks."""
 
-    __slots__ = ("manifest", "version", "chosen", "patches", "sources", "reason", "by", "base", "options")
-
-    def __init__(self, manifest: Manifest, version: str, chosen: Union[Variant, Upstream, None],
-                 patches: Optional[List[FilePatch]] = None, sources: Optional[List[bytes]] = None,
-                 reason: str = "", by: str = BY_VERSION, base: str = "",
-                 options: Optional[List["ModInputs"]] = None) -> None:
-        self.manifest, self.version, self.chosen = manifest, version, chosen
-        self.patches = [] if patches is None else patches
-        self.sources = [] if sources is None else sources
-        self.reason, self.by, self.base = reason, by, base
-        self.options = [] if options is None else options
+    manifest: Manifest
+    version: str
+    chosen: Union[Variant, Upstream, None]
+    patches: List[FilePatch] = field(default_factory=list)
+    sources: List[bytes] = field(default_factory=list)
+    reason: str = ""
+    by: str = BY_VERSION
+    base: str = ""
+    options: List[ModInputs] = field(default_factory=list)
 
     def paths(self) -> List[str]:
         """The vLLM files deciding reads (each patch target, site install and upstream check)."""
@@ -3075,6 +2727,32 @@ def check_mod(manifest: Manifest, mod_dir: StrPath, version: str, read: Reader, 
     """Decide the status of one mod on one vLLM tree (read: package path -> bytes or None)."""
     return decide(mod_inputs(manifest, mod_dir, version, base), read)
 ''',
+    'output': r'''"""What run.sh says: every line goes through `say_to`."""
+
+from __future__ import annotations
+
+from typing import Optional, TextIO
+
+__all__ = ["say_to"]
+
+
+def say_to(stream: Optional[TextIO], text: str) -> None:
+    """Write and flush text; never raise. What run.sh says comes after or between changes it
+    has made or settled, so output that cannot be written (stdout closed, a reader gone with
+    `| head -1`, a full device) is dropped rather than turned into a failure, and characters
+    the stream cannot encode (an ASCII locale, a non-ASCII path) are written as escapes."""
+    if stream is None:  # started with stdout closed
+        return
+    try:
+        try:
+            stream.write(text)
+        except UnicodeEncodeError:  # raised before anything is written
+            encoding = getattr(stream, "encoding", None) or "ascii"
+            stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
+        stream.flush()
+    except (OSError, ValueError):
+        pass
+''',
     'pep440': r'''"""PEP 440 versions and variant ranges, stdlib only.
 
 This module runs inside containers we do not control, where `packaging` may be absent, so
@@ -3090,10 +2768,8 @@ source build taken from main between X-1 and X really contains.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    import re
-    from typing import Optional, Tuple
+import re
+from typing import Optional, Tuple
 
 __all__ = ["InvalidVersion", "Version", "Range", "InvalidRange"]
 
@@ -3106,10 +2782,8 @@ class InvalidRange(ValueError):
     """The string is not a range we accept."""
 
 
-# The grammar (packaging's), compiled on first use: a plain release (`0.19.1`: every release,
-# every range bound, most vLLMs run.sh meets) is read without it, which spares run.sh the
-# import of re and this compile (basics.py).
-_VERSION_PATTERN = r"""
+# The grammar (packaging's).
+_VERSION_RE = re.compile(r"""
     ^\s*v?
     (?:(?P<epoch>[0-9]+)!)?
     (?P<release>[0-9]+(?:\.[0-9]+)*)
@@ -3118,8 +2792,7 @@ _VERSION_PATTERN = r"""
     (?:[-_.]?(?P<dev_l>dev)[-_.]?(?P<dev_n>[0-9]+)?)?
     (?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?
     \s*$
-    """
-_version_re: Optional[re.Pattern[str]] = None
+    """, re.VERBOSE | re.IGNORECASE)
 
 _PRE_CANON = {"a": "a", "alpha": "a", "b": "b", "beta": "b", "c": "rc", "rc": "rc", "pre": "rc", "preview": "rc"}
 _PRE_RANK = {"a": 0, "b": 1, "rc": 2}
@@ -3137,21 +2810,7 @@ class Version:
 
     def __init__(self, text: str) -> None:
         self.text = text.strip()
-        parts = self.text.split(".")
-        if all(part.isdigit() and part.isascii() for part in parts):  # a plain release, as the grammar reads it
-            self.epoch, self.release = 0, tuple(int(part) for part in parts)
-            self.pre = self.post = self.dev = self.local = None
-        else:
-            self._parse(text)
-        self._key = self._sort_key()
-
-    def _parse(self, text: str) -> None:
-        global _version_re
-        if _version_re is None:
-            import re
-
-            _version_re = re.compile(_VERSION_PATTERN, re.VERBOSE | re.IGNORECASE)
-        match = _version_re.match(text)
+        match = _VERSION_RE.match(text)
         if not match:
             raise InvalidVersion(f"not a PEP 440 version: {text!r}")
         self.epoch = int(match.group("epoch") or 0)
@@ -3171,6 +2830,7 @@ class Version:
         self.local: Optional[Tuple[str, ...]] = (
             tuple(local.lower().replace("-", ".").replace("_", ".").split(".")) if local else None
         )
+        self._key = self._sort_key()
 
     def _sort_key(self) -> tuple:
         release = list(self.release)
@@ -3253,18 +2913,13 @@ class Version:
         return self._key >= other._key
 
 
-_OPERATORS = (">=", "<=", "==", "~=", ">", "<")  # the two-character ones first
+_CLAUSE = re.compile(r"^\s*(>=|<=|==|~=|>|<)\s*([^\s,]+)\s*$")
 
 
 def _clause(text: str) -> Optional[Tuple[str, str]]:
-    """(operator, version text) of one clause such as ` >= 0.19.0 `; None if it is not one.
-    What `^\\s*(>=|<=|==|~=|>|<)\\s*([^\\s,]+)\\s*$` matches, read without re (see above)."""
-    clause = text.strip()
-    for op in _OPERATORS:  # in the pattern's order, trying the next as it backtracks (`<=` is `<`, `=`)
-        raw = clause[len(op):].strip() if clause.startswith(op) else ""
-        if raw and "," not in raw and not any(c.isspace() for c in raw):
-            return op, raw
-    return None
+    """(operator, version text) of one clause such as ` >= 0.19.0 `; None if it is not one."""
+    match = _CLAUSE.match(text)
+    return (match.group(1), match.group(2)) if match else None
 
 
 class Range:
@@ -3362,11 +3017,10 @@ class Range:
         return f"Range({self.text!r})"
 
 ''',
-    'stamp': r'''"""run.sh's quick answer on a tree the mod is already applied to, before the engine is imported.
+    'stamp': r'''"""run.sh's quick answer on a tree the mod is already applied to, without the full decision.
 
 Launchers run run.sh on every container start, and almost always the mod is already on. The
-full decision (lock, journal, parse the patches, plan every hunk) costs the import of the
-whole runtime; this module imports only what Python has loaded anyway plus fcntl and basics.
+full decision parses the patches and plans every hunk again; the stamp answers from sums.
 
 After a run that leaves the mod applied (the decision said `applied`, under the tree's lock),
 applier.py writes `<site>/.sparkmods/<mod>/stamp`: a marshal of every input that decision read
@@ -3384,13 +3038,13 @@ import fcntl
 import marshal
 import os
 import sys
+from hashlib import sha256
 
-from .basics import say_to, sha256
+from .fsops import JOURNAL_NAME, LOCK_NAME, STATE_DIR, TMP_SUFFIX
+from .output import say_to
 
 STAMP_NAME = "stamp"
 _VERSION = 2
-_TMP_SUFFIX = ".sparkmods-tmp"  # engine.TMP_SUFFIX (not imported: engine is what we avoid)
-_STATE_DIR, _JOURNAL, _LOCK = ".sparkmods", ".journal.json", ".lock"
 _ARGS = {(): "apply", ("apply",): "apply", ("check",): "check"}
 # Settings only the full path reads (and validates): their presence sends a run there.
 _FULL_PATH_ENV = ("SPARKMODS_LOCK_TIMEOUT", "SPARKMODS_FAULT_AFTER", "SPARKMODS_FAULT_SIGNAL", "SPARKMODS_VLLM_BASE")
@@ -3413,8 +3067,8 @@ def _sha(data: "bytes | None") -> "str | None":
     return None if data is None else sha256(data).hexdigest()
 
 
-def mod_inputs(mod_dir: str, rels: "list[str]") -> str:
-    """sha256 over the named mod files (each name and content)."""
+def fingerprint(mod_dir: str, rels: "list[str]") -> str:
+    """sha256 over the named mod files (each name and content): the stamp's view of the mod."""
     digest = sha256()
     for rel in rels:
         data = _read(os.path.join(mod_dir, rel))
@@ -3446,13 +3100,13 @@ def _within(site: str, rel: str) -> str:
 def _no_leftovers(site: str, folders: "set[str]") -> bool:
     """No journal, and no temp file of ours beside the vLLM files or in the state folder
     (what recover and sweep would settle or remove first)."""
-    state = os.path.join(site, _STATE_DIR)
-    if os.path.lexists(os.path.join(state, _JOURNAL)):
+    state = os.path.join(site, STATE_DIR)
+    if os.path.lexists(os.path.join(state, JOURNAL_NAME)):
         return False
     for folder in folders:
-        if any(n.startswith(".") and n.endswith(_TMP_SUFFIX) for n in os.listdir(folder)):
+        if any(n.startswith(".") and n.endswith(TMP_SUFFIX) for n in os.listdir(folder)):
             return False
-    return not any(n.endswith(_TMP_SUFFIX) for _, _, names in os.walk(state) for n in names)
+    return not any(n.endswith(TMP_SUFFIX) for _, _, names in os.walk(state) for n in names)
 
 
 def record(mod_dir: str, site: str, variant: str, version: str, mod_files: "list[str]",
@@ -3462,12 +3116,12 @@ def record(mod_dir: str, site: str, variant: str, version: str, mod_files: "list
     name = os.path.basename(mod_dir)
     rels = RUNTIME_FILES + sorted(set(mod_files))
     stamp = {"v": _VERSION, "mod": name, "variant": variant, "vllm": version, "inputs": rels,
-             "digest": mod_inputs(mod_dir, rels), "dist": dist_infos(site),
+             "digest": fingerprint(mod_dir, rels), "dist": dist_infos(site),
              "files": [(rel, _sha(_read(_within(site, rel)))) for rel in sorted(vllm_files)],
              "installs": [(dest, sha256(data).hexdigest()) for dest, data in installs],
              "notes": notes, "how": how}
-    target = os.path.join(site, _STATE_DIR, name, STAMP_NAME)
-    tmp = os.path.join(os.path.dirname(target), f".{STAMP_NAME}{_TMP_SUFFIX}")
+    target = os.path.join(site, STATE_DIR, name, STAMP_NAME)
+    tmp = os.path.join(os.path.dirname(target), f".{STAMP_NAME}{TMP_SUFFIX}")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
         with open(fd, "wb") as fh:
@@ -3500,7 +3154,7 @@ def _verified(stamp: dict, mod_dir: str, site: str, workspace: str) -> bool:
         return False
     if stamp["inputs"][:len(RUNTIME_FILES)] != RUNTIME_FILES:
         return False
-    if mod_inputs(mod_dir, stamp["inputs"]) != stamp["digest"] or dist_infos(site) != stamp["dist"]:
+    if fingerprint(mod_dir, stamp["inputs"]) != stamp["digest"] or dist_infos(site) != stamp["dist"]:
         return False
     paths = {rel: _within(site, rel) for rel, _ in stamp["files"]}
     if any(_sha(_read(paths[rel])) != sha for rel, sha in stamp["files"]):
@@ -3525,12 +3179,12 @@ def quick(argv: "list[str]", mod_dir: str) -> "int | None":
         return None
     name = os.path.basename(mod_dir)
     try:
-        fd = os.open(os.path.join(site, _STATE_DIR, _LOCK), os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(os.path.join(site, STATE_DIR, LOCK_NAME), os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by another run: the full path waits
-        stamp = marshal.loads(_read(os.path.join(site, _STATE_DIR, name, STAMP_NAME)) or b"")
+        stamp = marshal.loads(_read(os.path.join(site, STATE_DIR, name, STAMP_NAME)) or b"")
         if not isinstance(stamp, dict) or not _verified(stamp, mod_dir, site, workspace):
             return None
     except (OSError, ValueError, EOFError, TypeError, KeyError, IndexError):
@@ -3555,11 +3209,9 @@ without their end-of-line so the engine can compare them against files of either
 
 from __future__ import annotations
 
-from .basics import Record
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import List, Optional
+import re
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
 
 __all__ = ["PatchParseError", "Hunk", "FilePatch", "parse_patch", "reverse"]
 
@@ -3570,20 +3222,18 @@ class PatchParseError(ValueError):
     """The patch text is malformed; the message names the patch line."""
 
 
-class Hunk(Record):
+@dataclass
+class Hunk:
     """One hunk. `lines` are (tag, text) pairs with tag in ' ', '-', '+'."""
 
-    __slots__ = ("old_start", "old_len", "new_start", "new_len", "section", "lines", "old_eof_newline",
-                 "new_eof_newline")
-
-    def __init__(self, old_start: int, old_len: int, new_start: int, new_len: int, section: str,
-                 lines: Optional[List[tuple]] = None, old_eof_newline: bool = True,
-                 new_eof_newline: bool = True) -> None:
-        self.old_start, self.old_len, self.new_start, self.new_len = old_start, old_len, new_start, new_len
-        self.section = section
-        self.lines = [] if lines is None else lines
-        self.old_eof_newline = old_eof_newline  # False when the old side ends without a final newline
-        self.new_eof_newline = new_eof_newline
+    old_start: int
+    old_len: int
+    new_start: int
+    new_len: int
+    section: str
+    lines: List[Tuple[str, str]] = field(default_factory=list)
+    old_eof_newline: bool = True  # False when the old side ends without a final newline
+    new_eof_newline: bool = True
 
     @property
     def old_lines(self) -> List[str]:
@@ -3594,14 +3244,13 @@ class Hunk(Record):
         return [text for tag, text in self.lines if tag != "-"]
 
 
-class FilePatch(Record):
+@dataclass
+class FilePatch:
     """The hunks for one file. `path` is the target path after stripping."""
 
-    __slots__ = ("old_path", "new_path", "hunks")
-
-    def __init__(self, old_path: Optional[str], new_path: Optional[str], hunks: Optional[List[Hunk]] = None) -> None:
-        self.old_path, self.new_path = old_path, new_path
-        self.hunks = [] if hunks is None else hunks
+    old_path: Optional[str]
+    new_path: Optional[str]
+    hunks: List[Hunk] = field(default_factory=list)
 
     @property
     def is_new(self) -> bool:
@@ -3678,26 +3327,17 @@ def _stray_body_line(line: str) -> bool:
     return line.startswith(("+", "-", " ")) and not line.startswith(("+++", "---")) and line != "-- "
 
 
+_HUNK_HEADER = re.compile(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)")
+
+
 def _hunk_header(line: str) -> "Optional[tuple[int, int, int, int, str]]":
     """(old start, old length, new start, new length, section) of `@@ -A[,B] +C[,D] @@ section`
-    (an absent length is 1); None for any other line (one line: no line break in it). What
-    `^@@ -(\\d+)(?:,(\\d+))? \\+(\\d+)(?:,(\\d+))? @@(.*)$` matches, read without re (basics.py)."""
-    if not line.startswith("@@ -"):
+    (an absent length is 1); None for any other line."""
+    match = _HUNK_HEADER.fullmatch(line)
+    if match is None:
         return None
-    old, plus, rest = line[4:].partition(" +")
-    new, at, section = rest.partition(" @@")
-    old_range, new_range = _range(old), _range(new)
-    if not (plus and at and old_range and new_range):
-        return None
-    return old_range + new_range + (section.strip(),)
-
-
-def _range(text: str) -> "Optional[tuple[int, int]]":
-    """`A` or `A,B` (decimal digits) -> (A, B), B being 1 when absent; None otherwise."""
-    start, comma, length = text.partition(",")
-    if not start.isdecimal() or (comma and not length.isdecimal()):
-        return None
-    return int(start), int(length) if comma else 1
+    a, b, c, d, section = match.groups()
+    return int(a), int(b) if b is not None else 1, int(c), int(d) if d is not None else 1, section.strip()
 
 
 def _read_hunk(lines: List[str], i: int, hunk: Hunk) -> "tuple[Hunk, int]":

@@ -9,13 +9,15 @@ is registered from its module, every other one is listed from `commands.COMMANDS
 help) without importing it, and each module imports its heavy parts when it runs.
 
 Exit codes are stable: 0 success, 1 a finding (a mod does not apply, a regression, ...),
-2 usage or input error (one line on stderr, never a traceback).
+2 usage or input error (one line on stderr, never a traceback), 3 an internal error (a bug:
+one line saying so; the traceback with SPARKMODS_DEBUG=1).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from sparkmods import __version__
@@ -25,6 +27,9 @@ from sparkmods.commands import COMMANDS
 TYPE_CHECKING = False  # typing costs start-up time; the hints below are strings anyway
 if TYPE_CHECKING:
     from typing import Optional, Sequence, Tuple, Type
+
+EXIT_INTERNAL = 3
+DEBUG_ENV = "SPARKMODS_DEBUG"
 
 
 def _input_errors() -> Tuple[Type[BaseException], ...]:
@@ -80,12 +85,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:
         if not isinstance(exc, _input_errors()):
-            raise
+            return _internal_error(exc)
         print(f"sparkmods: error: {exc}", file=sys.stderr)
         return 2
     finally:
         guard.flush()  # inside the guard, so a reader gone before the last buffer is no error either
         sys.stdout = stdout
+
+
+def _internal_error(exc: Exception) -> int:
+    """An exception nothing expected: a bug. One line saying so (the traceback with
+    SPARKMODS_DEBUG=1), exit 3, never the code of a finding."""
+    if os.environ.get(DEBUG_ENV):
+        import traceback
+
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
+    print(f"sparkmods: internal error (a bug in sparkmods): {type(exc).__name__}: {exc}; please report it to the "
+          f"spark-vllm-mods maintainers with the output of the same command run with {DEBUG_ENV}=1, which shows "
+          "the traceback", file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 def entry() -> None:

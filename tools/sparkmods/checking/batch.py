@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set
 
 from sparkmods.checking import cpuslots, resultcache
-from sparkmods.checking.fingerprints import mod_hash
+from sparkmods.checking.fingerprints import mod_fingerprint
 from sparkmods.checking.rows import CheckRow
 from sparkmods.gitdiff import Change, plan_changes
 from sparkmods.modsdir import load
@@ -55,11 +55,11 @@ def check_source(mods: Sequence["tuple[Path, Manifest]"], source,
                  hashes: Optional[Dict[str, str]] = None) -> List[CheckRow]:
     """All mods on one source (anything with version, read(), prefetch()), in order.
 
-    hashes: mod name -> content hash (computed when not given). Rows are taken from the active
+    hashes: mod name -> fingerprint (computed when not given). Rows are taken from the active
     result cache where stored; the source is read only for the rest, and released after.
     """
     cache = resultcache.active()
-    hashes = hashes if hashes is not None else {m.name: mod_hash(d) for d, m in mods}
+    hashes = hashes if hashes is not None else {m.name: mod_fingerprint(d) for d, m in mods}
     results = {m.name: cache.get(hashes[m.name], source, m.name) for _, m in mods}
     todo = [(d, m) for d, m in mods if results[m.name] is None]
     try:
@@ -132,7 +132,7 @@ def _parsed_patches(mod_dir: Path, label: str, content: str) -> "tuple[FilePatch
 def check_patch_source(name: str, subject: str, changes: Sequence[Change], source) -> CheckRow:
     """A loose diff (no manifest; git's renames, modes and binary changes read as `git apply`
     reads them, gitdiff.py) on one source: the plan, then the drift checks; reused from the
-    result cache under `subject` (fingerprints.patch_hash) when stored."""
+    result cache under `subject` (fingerprints.patch_fingerprint) when stored."""
     cache = resultcache.active()
     result = cache.get(subject, source, name)
     if result is None:
@@ -210,7 +210,7 @@ def check_mods(mod_dirs: Iterable[Path], sources: Sequence, jobs: int = SOURCE_J
     """Every mod on every source; sources are checked in parallel, results keep input order."""
     with warming(sources):
         mods = [(d, load(d)) for d in mod_dirs]
-        hashes = {m.name: mod_hash(d) for d, m in mods}
+        hashes = {m.name: mod_fingerprint(d) for d, m in mods}
         with gcpause.paused(), ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources)))) as pool:
             per_source = list(pool.map(lambda s: check_source(mods, s, hashes), sources))
     return [row for rows in per_source for row in rows]

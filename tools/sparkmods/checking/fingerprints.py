@@ -1,50 +1,133 @@
-"""What a check row is a function of, as hashes: the result cache keys rows by them and the
-matrix records them beside its cells, so either reuses a row only while they are unchanged."""
+"""Fingerprints: sha256 digests of what decides a result, and of nothing else.
+
+  mod      a mod's manifest (its data, as manifest.json holds it), the patches and install
+           sources its variants name, and the runtime's code: what decides its matrix cells
+           and check rows. The generated copies in the mod folder (run.sh, _sparkmods.py,
+           manifest.json) are left out: `sparkmods sync --check` keeps them equal to tools/.
+  patch    a loose patch file: its name, -p and bytes (check-patch rows).
+  checker  the drift checks (recorded in the matrix: a change there re-checks every cell).
+  code     the runtime and the other host modules that decide a row (the result cache's key).
+
+Code is fingerprinted by what it does: its source without comments, docstrings (any statement
+that is only a string literal) and blank lines, so editing a docstring changes no fingerprint
+and leaves the committed matrix current. The text is read with tokenize, whose tokens for
+these are the same on every Python the tools run on.
+"""
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import io
+import json
+import tokenize
 from pathlib import Path
+from typing import Iterable, List, Set, Tuple
+
+from sparkmods.runtime.manifest import load_manifest
+from sparkmods.runtime.modcheck import mod_file
 
 _HERE = Path(__file__).resolve().parent.parent  # sparkmods/
-# Host code that can change a row's status beyond the mod's own files (whose runtime copy is
-# part of the mod's content hash): a change here must re-check every matrix cell.
-_DRIFT_CODE = ("checking/drift.py", "checking/driftmemo.py", "checking/linediff.py", "pyindex/defscan.py",
-               "pyindex/resolve.py")
+RUNTIME = _HERE / "runtime"
+# The drift checks, relative to this package.
+DRIFT_CODE = ("checking/drift.py", "checking/driftmemo.py", "checking/linediff.py", "pyindex/defscan.py",
+              "pyindex/resolve.py")
 # Host code besides the drift checks that decides a row, and the form a stored row is read back in.
-_DECIDING = ("checking/batch.py", "checking/fingerprints.py", "checking/resultcache.py", "checking/rows.py",
-             "patchfile.py", "pyindex/safeparse.py")
+DECIDING_CODE = ("checking/batch.py", "checking/fingerprints.py", "checking/resultcache.py", "checking/rows.py",
+                 "patchfile.py", "pyindex/safeparse.py")
+
+__all__ = ["DRIFT_CODE", "DECIDING_CODE", "behaviour", "mod_fingerprint", "patch_fingerprint",
+           "runtime_fingerprint", "checker_fingerprint", "code_fingerprint"]
 
 
-def mod_hash(mod_dir: Path) -> str:
-    """sha256 over the sorted relative paths and bytes of every file in the mod."""
+def behaviour(source: str) -> str:
+    """Python source without its comments, string-only statements (docstrings) and blank lines;
+    a line inside a multi-line string is kept as it is."""
+    dropped: Set[int] = set()  # rows of string-only statements
+    verbatim: Set[int] = set()  # rows that end inside a string
+    comment_at = {}  # row -> column where its comment starts
+    statement: List[tokenize.TokenInfo] = []
+    opened: List[int] = []  # rows of f-strings not yet closed (Python >= 3.12 tokenizes their parts)
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            comment_at[tok.start[0]] = tok.start[1]
+        elif tok.type == getattr(tokenize, "FSTRING_START", None):
+            opened.append(tok.start[0])
+        elif tok.type == getattr(tokenize, "FSTRING_END", None):
+            verbatim.update(range(opened.pop(), tok.end[0]))
+        elif tok.type == tokenize.STRING:
+            verbatim.update(range(tok.start[0], tok.end[0]))
+        if tok.type == tokenize.NEWLINE:
+            if statement and all(_plain_string(t) for t in statement):
+                dropped.update(range(statement[0].start[0], statement[-1].end[0] + 1))
+            statement = []
+        elif tok.type not in (tokenize.COMMENT, tokenize.NL, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER):
+            statement.append(tok)
+    kept = []
+    for row, line in enumerate(source.splitlines(keepends=True), 1):
+        if row in dropped:
+            continue
+        if row in verbatim:
+            kept.append(line)
+            continue
+        text = line[:comment_at.get(row, len(line))].rstrip()
+        if text:
+            kept.append(text + "\n")
+    return "".join(kept)
+
+
+def _plain_string(tok: tokenize.TokenInfo) -> bool:
+    """A string literal that is no f-string (an f-string statement can call code)."""
+    if tok.type != tokenize.STRING:
+        return False
+    prefix = tok.string[:len(tok.string) - len(tok.string.lstrip("bBrRuUfF"))]
+    return "f" not in prefix.lower()
+
+
+def _digest(parts: Iterable[Tuple[str, bytes]]) -> str:
+    """sha256 over (name, bytes) pairs, each name and the sha256 of its bytes."""
     digest = hashlib.sha256()
-    for path in sorted(p for p in mod_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        digest.update(path.relative_to(mod_dir).as_posix().encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    for name, data in parts:
+        digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
     return digest.hexdigest()
 
 
-def patch_hash(name: str, strip: int, data: bytes) -> str:
-    """The subject hash of a loose patch: its name (the row's `mod`), -p and bytes."""
+def _code(paths: Iterable[Path]) -> str:
+    return _digest((p.relative_to(_HERE).as_posix(), behaviour(p.read_text(encoding="utf-8")).encode())
+                   for p in paths)
+
+
+@functools.lru_cache(maxsize=1)
+def runtime_fingerprint() -> str:
+    """The runtime's code (every module that _sparkmods.py holds, boot.py included)."""
+    return _code(sorted(RUNTIME.glob("*.py")))
+
+
+@functools.lru_cache(maxsize=1)
+def checker_fingerprint() -> str:
+    """The drift checks' code, recorded in the matrix beside each mod's fingerprint."""
+    return _code(_HERE / rel for rel in DRIFT_CODE)
+
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """The runtime and the other host modules that decide a row (the result cache's key)."""
+    return _code(sorted(RUNTIME.glob("*.py")) + [_HERE / rel for rel in DECIDING_CODE])
+
+
+def mod_fingerprint(mod_dir: Path) -> str:
+    """What decides a mod's cells: its manifest data, every patch and install source its
+    variants name, and the runtime's code."""
+    manifest = load_manifest(mod_dir)
+    files = {}  # relative path -> what it is, for the error a file that cannot be read gets
+    for v in manifest.variants:
+        files.update((rel, f"patch of variant {v.label!r}") for rel in v.patches)
+        files.update((i.src, f"install source of variant {v.label!r}") for i in v.install)
+    parts = [("manifest", json.dumps(manifest.raw, sort_keys=True).encode()),
+             ("runtime", runtime_fingerprint().encode())]
+    return _digest(parts + [(f"files/{rel}", mod_file(mod_dir, rel, files[rel])) for rel in sorted(files)])
+
+
+def patch_fingerprint(name: str, strip: int, data: bytes) -> str:
+    """A loose patch's subject: its name (the row's `mod`), -p and bytes."""
     return hashlib.sha256(f"patch\0{name}\0{strip}\0".encode() + data).hexdigest()
-
-
-@functools.lru_cache(maxsize=1)
-def checker_hash() -> str:
-    """sha256 over the drift-check sources, recorded in the matrix beside each mod's hash."""
-    return _files_hash([_HERE / rel for rel in _DRIFT_CODE])
-
-
-@functools.lru_cache(maxsize=1)
-def code_hash() -> str:
-    """sha256 over the host runtime and the other deciding modules (read once per process)."""
-    return _files_hash(sorted((_HERE / "runtime").glob("*.py")) + sorted(_HERE / rel for rel in _DECIDING))
-
-
-def _files_hash(paths: "list[Path]") -> str:
-    digest = hashlib.sha256()
-    for path in paths:
-        digest.update(path.relative_to(_HERE).as_posix().encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()

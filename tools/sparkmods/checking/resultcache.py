@@ -2,13 +2,13 @@
 inputs need not be checked twice.
 
 A row (one mod or loose patch on one vLLM) depends on exactly:
-  subject  the mod's content hash (every file of its folder) or the patch file's bytes;
+  subject  the mod's fingerprint (checking/fingerprints.py) or the patch file's bytes;
   source   what the vLLM's bytes are: a wheel's index sha256 together with the digest of the
            central directory the cache entry recorded (wheelentry.Identity: what was really
            read, CRC-32 of every member included), or a git tree's object id;
-  checker  the drift-check fingerprint the matrix records (fingerprints.checker_hash);
+  checker  the drift-check fingerprint the matrix records (fingerprints.checker_fingerprint);
   code     the host code that makes the rest of the decision (runtime/, batch.py, the patch
-           reader; fingerprints.code_hash), which a mod's own runtime copy covers only once `sparkmods sync` ran;
+           reader; fingerprints.code_fingerprint), which a mod's own runtime copy covers only once `sparkmods sync` ran;
   python   the interpreter's minor version (what `ast` accepts decides `syntax` findings).
 Sources whose bytes have no such name (dir:, wheel:PATH, image:) are always checked.
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from sparkmods.checking.fingerprints import checker_hash, code_hash
+from sparkmods.checking.fingerprints import checker_fingerprint, code_fingerprint
 from sparkmods.checking.rows import result_from_dict
 from sparkmods.errors import SparkmodsError
 from sparkmods.runtime.modcheck import ModResult
@@ -74,7 +74,7 @@ class ResultCache:
         if content is None:
             return None
         return {"schema": SCHEMA, "subject": subject, "source": content, "vllm": source.version,
-                "checker": checker_hash(), "code": code_hash(), "python": "%d.%d" % sys.version_info[:2]}
+                "checker": checker_fingerprint(), "code": code_fingerprint(), "python": "%d.%d" % sys.version_info[:2]}
 
     def _path(self, key: dict) -> Path:
         name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()

@@ -95,7 +95,7 @@ def _mark_served(rows: list, mod_dirs: list) -> None:
 def run_check_patch(args: argparse.Namespace) -> int:
     from sparkmods.checking import resultcache
     from sparkmods.checking.batch import check_patch_source
-    from sparkmods.checking.fingerprints import patch_hash
+    from sparkmods.checking.fingerprints import patch_fingerprint
     from sparkmods.errors import SparkmodsError
     from sparkmods.patchfile import read_diff_file
     from sparkmods.sources.options import open_sources
@@ -107,6 +107,6 @@ def run_check_patch(args: argparse.Namespace) -> int:
     path = Path(args.patch)
     changes = read_diff_file(path, args.strip, args.reverse)
     name = path.name + (" -R" if args.reverse else "")
-    subject = patch_hash(name, args.strip, path.read_bytes())
+    subject = patch_fingerprint(name, args.strip, path.read_bytes())
     rows = [check_patch_source(name, subject, changes, source) for source in open_sources(args)]
     return _finish(args, rows, started)

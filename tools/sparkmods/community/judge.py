@@ -10,6 +10,7 @@ starts, and the model runs without the fix. That is the harmful case, and it is 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from sparkmods.pyindex import gcpause
@@ -25,15 +26,11 @@ SKIPPED = "skipped"  # a failed patch run.sh goes on after: the mod silently doe
 NOT_CHECKABLE = "not-checkable"
 
 
+@dataclass
 class CommunityResult(ModResult):
     """A row for a community mod: the mod-level status plus what each step did."""
 
-    __slots__ = ("steps",)
-
-    def __init__(self, mod: str, version: str, status: str, variant: Optional[str] = None, reason: str = "",
-                 files: Optional[List[FileResult]] = None, steps: Optional[List[dict]] = None) -> None:
-        super().__init__(mod, version, status, variant, reason, files)
-        self.steps = [] if steps is None else steps
+    steps: List[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         out = super().to_dict()

@@ -1,8 +1,8 @@
 """Compute the matrix document, re-checking only cells whose inputs changed.
 
-A cell's inputs are the mod's content hash (every file of the mod folder, the generated
-runtime included, so an engine change re-checks everything) and the wheel's sha256 from the
-index. When both equal what the previous matrix recorded, the old cell is reused without a
+A cell's inputs are the mod's fingerprint (its manifest, patches, installed files and the
+runtime's code: checking/fingerprints.py, so an engine change re-checks everything, a docstring edit
+nothing) and the wheel's sha256 from the index. When both equal what the previous matrix recorded, the old cell is reused without a
 byte of network traffic. Sources without a sha256 (dir:, git:, image:) are always re-checked,
 and so is everything when the drift-check code changed (`checker`, see checking/fingerprints.py).
 Cells the previous matrix cannot give come from checking.batch.check_source, which reuses the rows
@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from sparkmods.checking import resultcache
 from sparkmods.checking.batch import SOURCE_JOBS, check_source
-from sparkmods.checking.fingerprints import checker_hash, mod_hash
+from sparkmods.checking.fingerprints import checker_fingerprint, mod_fingerprint
 from sparkmods.matrix import served
 from sparkmods.matrix.document import document
 from sparkmods.modsdir import load
@@ -92,8 +92,8 @@ def build_counted(mod_dirs: Sequence[Path], sources: Sequence, previous: Optiona
     """build(), counting reused and re-checked cells; each green cell marked with the GPU run
     that served its variant, if one did."""
     mods = [(d, load(d)) for d in mod_dirs]
-    hashes = {m.name: mod_hash(d) for d, m in mods}
-    checker = checker_hash()
+    hashes = {m.name: mod_fingerprint(d) for d, m in mods}
+    checker = checker_fingerprint()
     counts = resultcache.active().counts
     stored_before = counts.reused
     old = _reusable(previous, checker)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
-from sparkmods.checking.fingerprints import checker_hash, mod_hash
+from sparkmods.checking.fingerprints import checker_fingerprint, mod_fingerprint
 from sparkmods.matrix.build import served_index
 from sparkmods.matrix.document import TIMESTAMP_KEY
 from sparkmods.matrix.served import attach
@@ -55,17 +55,17 @@ def without_timestamp(doc: dict) -> dict:
 
 
 def stale_mods(doc: dict, mod_dirs: Sequence[Path]) -> List[str]:
-    """One line per mod whose files changed (or that was added or removed) since doc was made,
+    """One line per mod whose fingerprint changed (or that was added or removed) since doc was made,
     and one if the drift-check code changed (every cell's status may differ then)."""
     problems = []
-    if doc.get("checker") != checker_hash():
+    if doc.get("checker") != checker_fingerprint():
         problems.append("the drift checks changed since the matrix was generated")
     recorded = {m["name"]: m["content_hash"] for m in doc["mods"]}
     present = {d.name: d for d in mod_dirs}
     for name, path in sorted(present.items()):
         if name not in recorded:
             problems.append(f"mod {name} is not in the matrix")
-        elif recorded[name] != mod_hash(path):
+        elif recorded[name] != mod_fingerprint(path):
             problems.append(f"mod {name} changed since the matrix was generated")
     for name in sorted(set(recorded) - set(present)):
         problems.append(f"mod {name} is in the matrix but no longer exists")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from sparkmods import __version__
-from sparkmods.checking.fingerprints import checker_hash
+from sparkmods.checking.fingerprints import checker_fingerprint
 from sparkmods.errors import SparkmodsError
 from sparkmods.matrix.render import LEGEND, to_markdown, to_svg
 from sparkmods.outputfile import write_atomic
@@ -26,7 +26,7 @@ def document(sources: Sequence, mods: List[dict], cells: List[dict], **extra: di
     return {
         "schema": SCHEMA,
         "generated_by": f"sparkmods {__version__}",
-        "checker": checker_hash(),
+        "checker": checker_fingerprint(),
         TIMESTAMP_KEY: _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
         **extra,
         "releases": [{"vllm": s.version, "target": s.label, "commit": s.commit, "wheel_sha256": s.sha256}

@@ -10,34 +10,31 @@ half-patched, and the pristine files, saved under `<site-packages>/.sparkmods/<m
 are kept until the tree is verified pristine again.
 
 Exit codes: 0 done (or nothing to do), 1 the mod cannot be applied or reverted here (nothing
-changed), 2 bad input (mod, paths, interpreter), 130 / 143 interrupted by SIGINT / SIGTERM
-(rolled back first).
+changed), 2 bad input (mod, paths, interpreter), 3 an internal error (a bug: __main__.py says
+so in one line), 130 / 143 interrupted by SIGINT / SIGTERM (rolled back first).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import sys
+from hashlib import sha256
+from typing import ContextManager, Dict, List, Optional, Sequence, TextIO
 
 from . import fsops, stamp
-from .basics import say_to, sha256
 from .engine import APPLIED, CONFLICT, OK, OK_OFFSET, UnsafePath, plain_path, plan
+from .fsops import StrPath
 from .interrupts import Interrupted, deferred, exit_code, handled
 from .journal import (JOURNAL_NAME, STATE_DIR, STATE_FILE, Entry, Journal, JournalError, applied_rel, check_state,
                       orig_rel, recover, state_dir, sweep, temp_rel, transact)
 from .locate import LocateError, find_vllm, named_site, read_version
 from .lock import LockTimeout, ReadOnlyTree, UntrustedState, tree_lock
-from .manifest import ManifestError, Variant, load_manifest
-from .modcheck import BASE_ENV, GREEN, NO_VARIANT, UPSTREAM, ModInputs, decide, mod_inputs, settle
+from .manifest import Install, Manifest, ManifestError, Variant, load_manifest
+from .modcheck import BASE_ENV, GREEN, NO_VARIANT, UPSTREAM, ModInputs, ModResult, decide, mod_inputs, settle
+from .output import say_to
 from .udiff import reverse
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Sequence
-
-    from .fsops import StrPath
-    from .manifest import Install, Manifest
-    from .modcheck import ModResult
 
 __all__ = ["main", "run", "apply_mod", "revert_mod", "Printer", "STATE_DIR"]
 
@@ -46,9 +43,9 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 class Printer:
     """Every line goes out prefixed with `[<mod>]` so cluster logs show who said it; a line
-    that cannot be written never fails the run (basics.say_to)."""
+    that cannot be written never fails the run (output.say_to)."""
 
-    def __init__(self, mod: str, stream=None) -> None:
+    def __init__(self, mod: str, stream: Optional[TextIO] = None) -> None:
         self.prefix = f"[{mod}]"
         self.stream = stream or sys.stdout
 
@@ -66,7 +63,7 @@ def _reader(site: StrPath):
     return read
 
 
-def _lock(site: StrPath, say: Printer, dry_run: bool) -> tree_lock:
+def _lock(site: StrPath, say: Printer, dry_run: bool) -> ContextManager[None]:
     """The tree's lock; a dry run on a read-only vLLM goes ahead unlocked unless a journal
     needs settling. Taken with SIGINT/SIGTERM deferred, then `recover` settles any
     interrupted run before the caller decides."""
@@ -129,8 +126,6 @@ def _load_state(site: StrPath, mod: str) -> Optional[dict]:
     path = os.path.join(state_dir(site, mod), STATE_FILE)
     if not os.path.isfile(path):
         return None
-    import json  # a revert, or an apply over an earlier apply's state: not run.sh's usual path
-
     try:
         with open(path, encoding="utf-8") as fh:
             return check_state(json.load(fh))
@@ -462,64 +457,25 @@ def run(action: str, mod_dir: StrPath, site: Optional[StrPath], workspace: StrPa
 
 
 ACTIONS = ("apply", "check", "revert")
-USAGE = "usage: run.sh [-h] [--dry-run] [--site SITE] [--workspace WORKSPACE] [{apply,check,revert}]"
-HELP = f"""{USAGE}
-
-Apply this mod to the installed vLLM.
-
-positional arguments:
-  {{apply,check,revert}}    apply (the default), check (a dry run) or revert
-
-options:
-  -h, --help            show this help message and exit
-  --dry-run             say what would change, write nothing
-  --site SITE           site-packages holding vllm/ (default: $PYTHON_ROOT, then python3's path)
-  --workspace WORKSPACE
-                        where installed files go (default: $WORKSPACE_DIR, then the cwd)
-"""
 
 
-def parse_args(argv: Sequence[str]) -> "tuple[str, bool, Optional[str], Optional[str]]":
-    """(action, dry run, --site, --workspace) from run.sh's arguments, read as argparse read
-    them (`--site X` or `--site=X`, where X may not look like an option; -h prints the help); a
-    bad one is the usage and exit 2. Not argparse itself, a heavy import for four arguments
-    (basics.py). Refused here, unlike argparse: abbreviated options (`--dry`), `--`, a value
-    beginning with `-` (argparse took `-` and negative numbers), and a -h after a refused word
-    (argparse showed the help); tests/test_runsh_lean.py holds it to that."""
-    action, dry_run, values = None, False, {"--site": None, "--workspace": None}
-    rest = list(argv)
-    while rest:
-        arg = rest.pop(0)
-        name, eq, value = arg.partition("=")
-        if arg in ("-h", "--help"):
-            sys.stdout.write(HELP)
-            raise SystemExit(0)
-        if arg == "--dry-run":
-            dry_run = True
-        elif name in values:
-            if not eq:
-                if not rest or rest[0].startswith("-"):  # `--workspace --dry-run` is refused, not an apply
-                    _usage_error(f"argument {name}: expected one argument")
-                value = rest.pop(0)
-            values[name] = value
-        elif arg.startswith("-") or action is not None:
-            _usage_error(f"unrecognized arguments: {arg}")
-        elif arg not in ACTIONS:
-            _usage_error(f"argument action: invalid choice: {arg!r} (choose from {', '.join(map(repr, ACTIONS))})")
-        else:
-            action = arg
-    return action or "apply", dry_run, values["--site"], values["--workspace"]
-
-
-def _usage_error(message: str) -> None:
-    sys.stderr.write(f"{USAGE}\nrun.sh: error: {message}\n")
-    raise SystemExit(EXIT_USAGE)
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """run.sh's command line (action, dry_run, site, workspace); a bad one is the usage and exit 2."""
+    parser = argparse.ArgumentParser(prog="run.sh", description="Apply this mod to the installed vLLM.",
+                                     allow_abbrev=False)
+    parser.add_argument("action", nargs="?", default="apply", choices=ACTIONS,
+                        help="apply (the default), check (a dry run) or revert")
+    parser.add_argument("--dry-run", action="store_true", help="say what would change, write nothing")
+    parser.add_argument("--site", help="site-packages holding vllm/ (default: $PYTHON_ROOT, then python3's path)")
+    parser.add_argument("--workspace", help="where installed files go (default: $WORKSPACE_DIR, then the cwd)")
+    return parser.parse_args(argv)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """run.sh's program: the mod is the folder this runtime file is in."""
-    action, dry_run, site, workspace = parse_args(sys.argv[1:] if argv is None else argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     mod_dir = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # <mod>/_sparkmods.py/applier.py
     fsops.arm_from_env()
-    return run(action, mod_dir, os.path.realpath(site) if site else None,
-               workspace or os.environ.get("WORKSPACE_DIR") or os.getcwd(), dry_run, Printer(os.path.basename(mod_dir)))
+    return run(args.action, mod_dir, os.path.realpath(args.site) if args.site else None,
+               args.workspace or os.environ.get("WORKSPACE_DIR") or os.getcwd(), args.dry_run,
+               Printer(os.path.basename(mod_dir)))

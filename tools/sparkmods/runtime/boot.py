@@ -7,38 +7,15 @@ lets Python import them as `_sparkmods.<name>`. Their file names read like zipim
 `<mod>/_sparkmods.py/applier.py` is the module `applier` inside this file, and tracebacks
 show its lines.
 
-run.sh starts Python with PYTHONDONTWRITEBYTECODE=1 so that nothing is ever written into the
-mod folder or vLLM's tree. Each module's compiled code is kept in the user's cache instead
-($SPARKMODS_CACHE_DIR, else $XDG_CACHE_HOME/sparkmods, else ~/.cache/sparkmods, folder
-`runtime-code/`), one file per module holding (interpreter magic, file name, source, code).
-An entry is used only when all of those equal what this run would compile, so an edited,
-moved or other runtime is never run from a stale entry. The mod's manifest.json is kept there
-the same way, decoded (`cached`). A cache that cannot be created or written (read-only home,
-another user's folder) only costs the compile.
-
-Only what the interpreter has loaded at start-up, plus its SHA-256 module (which `stamp` needs
-anyway), is imported here: an already applied tree is answered by `stamp` before anything
-heavier loads, and this file is compiled on every run (run.sh writes no bytecode beside it).
+One file rather than a folder of modules: a mod's runtime is replaced in one rename, so it is
+never a mix of two versions, and run.sh (started with PYTHONDONTWRITEBYTECODE=1) writes
+nothing into the mod folder or vLLM's tree.
 """
 
-# The import system's own modules, loaded before any code runs: `importlib.machinery` would
-# import the importlib package and warnings, and `signal` imports enum.
-import _frozen_importlib
-import _frozen_importlib_external
-import _signal
-import marshal
 import os
+import signal
 import sys
-
-try:  # the interpreter's own SHA-256, as basics.sha256 (which cannot be loaded before this names entries)
-    from _sha2 import sha256  # Python >= 3.12
-except ImportError:
-    try:
-        from _sha256 import sha256  # Python 3.9 - 3.11
-    except ImportError:  # an interpreter built without its own hashes
-        from hashlib import sha256
-
-MAGIC_NUMBER = _frozen_importlib_external.MAGIC_NUMBER
+from importlib.machinery import ModuleSpec
 
 # A SIGINT before the end of this file is held and then raised inside __main__, whose handler
 # says it in one line. run.sh's `-c` code holds it from its first line (`held` and the handler
@@ -54,61 +31,15 @@ if __name__ == "_sparkmods":
     if hasattr(_main, "held"):
         _held_sigint, _previous_handler = _main.held, _main.previous
     else:
-        _previous_handler = _signal.signal(_signal.SIGINT, lambda signum, frame: _held_sigint.append(signum))
+        _previous_handler = signal.signal(signal.SIGINT, lambda signum, frame: _held_sigint.append(signum))
     if sys.flags.no_site:
         import site
 
         site.main()
 
 
-def cache_dir():
-    """The folder for compiled runtime code, or None when there is no home to put it in."""
-    base = os.environ.get("SPARKMODS_CACHE_DIR")
-    if not base:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        if xdg.startswith("~"):
-            return None  # no $HOME and no passwd entry
-        base = os.path.join(xdg, "sparkmods")
-    return os.path.join(os.path.expanduser(base), "runtime-code")
-
-
-def _ours(folder):
-    """folder exists and belongs to this user, or does not exist yet (then it may be made)."""
-    try:
-        return os.stat(folder).st_uid == os.getuid()
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-
-
-_cache = None  # the cache folder (install sets it), None: none to use
-
-
-def cached(name, path, source, make):
-    """make(), kept in the cache and used again while this interpreter, `path` and `source`
-    (the text or bytes it is made from) are all what they were: each runtime module's code
-    (RuntimeLoader) and the decoded manifest.json (manifest.py: json, with re, would be
-    imported for it on every run). Runtime modules reach it as `from . import cached` (on the
-    host, the package's stand-in). Without a cache folder, just make()."""
-    if _cache is None:
-        return make()
-    entry = os.path.join(_cache, f"{name}-{sha256(path.encode()).hexdigest()[:16]}.code")
-    want = (MAGIC_NUMBER, path, source)
-    try:
-        with open(entry, "rb") as fh:
-            magic, held_path, held_source, value = marshal.loads(fh.read())
-        if (magic, held_path, held_source) == want:
-            return value
-    except (OSError, ValueError, EOFError, TypeError):
-        pass  # absent, unreadable, or from another interpreter: make it
-    value = make()
-    _store(entry, want + (value,))
-    return value
-
-
 class RuntimeLoader:
-    """Finds and loads `<package>.<name>` from the sources this file holds, through the cache."""
+    """Finds and loads `<package>.<name>` from the sources this file holds."""
 
     def __init__(self, package, archive, sources):
         self.package, self.archive, self.sources = package, archive, sources
@@ -117,7 +48,7 @@ class RuntimeLoader:
         head, _, leaf = fullname.rpartition(".")
         if head != self.package or leaf not in self.sources:
             return None
-        spec = _frozen_importlib.ModuleSpec(fullname, self, origin=self._path(fullname))
+        spec = ModuleSpec(fullname, self, origin=self._path(fullname))
         spec.has_location = True  # sets __file__: the runtime finds its mod folder from it
         return spec
 
@@ -135,58 +66,16 @@ class RuntimeLoader:
         return f"{self.archive}/{fullname.rpartition('.')[2]}.py"
 
     def get_code(self, fullname):
-        path = self._path(fullname)
-        source = self.get_source(fullname)
-        return cached(fullname, path, source, lambda: self._compile(source, path))
-
-    @staticmethod
-    def _compile(source, path):
-        # run.sh's single thread: the host's parse lock (sparkmods.pyparse) is not needed here,
-        # and this file may import nothing of the host's.
-        return compile(source, path, "exec", dont_inherit=True)
-
-
-def _store(entry, value):
-    """Write entry (a marshal of value) atomically into a folder of our own; any failure
-    leaves the cache alone."""
-    tmp = os.path.join(_cache, f".{os.path.basename(entry)}.{os.getpid()}.tmp")
-    try:
-        data = marshal.dumps(value)
-        os.makedirs(_cache, mode=0o700, exist_ok=True)
-        if not _ours(_cache):
-            return  # never run code from (or leave code in) a folder another user controls
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, entry)
-    except (OSError, ValueError):  # ValueError: nested too deeply to marshal
-        pass
-    finally:  # also after a KeyboardInterrupt; gone after the replace
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        return compile(self.get_source(fullname), self._path(fullname), "exec", dont_inherit=True)
 
 
 def install(sources):
     """Make this module the package of `sources` (name -> text), then let a held SIGINT go."""
-    global __path__, _cache
+    global __path__
     __path__ = []  # a package: `import _sparkmods.applier` asks the finders below
-    _cache = cache_dir()
-    if _cache is not None and not _ours(_cache):
-        _cache = None  # another user's folder: compile every time
     sys.meta_path.insert(0, RuntimeLoader(__name__, os.path.realpath(__file__), sources))
-    sys.excepthook = _excepthook
     if _previous_handler is not None:
-        _signal.signal(_signal.SIGINT, _previous_handler)
-
-
-def _excepthook(kind, value, tb):
-    """Python's own report, through the traceback module: unlike the built-in printer it asks
-    the loader for the source, so a runtime bug's traceback shows the lines of this file."""
-    import traceback
-
-    traceback.print_exception(kind, value, tb)
+        signal.signal(signal.SIGINT, _previous_handler)
 
 
 def sigint_held():

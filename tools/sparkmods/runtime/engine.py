@@ -16,17 +16,13 @@ from __future__ import annotations
 
 import os
 import stat
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .basics import Record
+from .fsops import TMP_SUFFIX, StrPath
+from .udiff import FilePatch, Hunk
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
-
-    from .fsops import StrPath
-    from .udiff import FilePatch, Hunk
-
-    Line = Tuple[str, str]  # (content without end-of-line, end-of-line: "\n", "\r\n" or "")
+Line = Tuple[str, str]  # (content without end-of-line, end-of-line: "\n", "\r\n" or "")
 
 __all__ = [
     "EXACT", "OFFSET", "APPLIED", "CONFLICT",
@@ -40,23 +36,20 @@ EXACT, OFFSET, APPLIED, CONFLICT = "exact", "offset", "applied", "conflict"
 # File statuses (a subset of the check vocabulary).
 OK, OK_OFFSET, MISSING_FILE = "ok", "ok-offset", "missing-file"
 PACKAGE = "vllm"  # the only top-level folder of site-packages a mod may change
-TMP_SUFFIX = ".sparkmods-tmp"  # names the runtime's temp files end with (fsops uses it)
 
 
 class UnsafePath(ValueError):
     """A patch path that would escape the target tree."""
 
 
-class NearMatch(Record):
+@dataclass
+class NearMatch:
     """Where a conflicting hunk came closest, and the lines that differ there."""
 
-    __slots__ = ("line", "matching", "total", "differing")
-
-    def __init__(self, line: int, matching: int, total: int,
-                 differing: Optional[List[Tuple[int, str, str]]] = None) -> None:
-        self.line = line  # 1-based line of the window's first line in the target file
-        self.matching, self.total = matching, total
-        self.differing = [] if differing is None else differing  # (line, expected, found)
+    line: int  # 1-based line of the window's first line in the target file
+    matching: int
+    total: int
+    differing: List[Tuple[int, str, str]] = field(default_factory=list)  # (line, expected, found)
 
     def to_dict(self) -> dict:
         return {
@@ -67,18 +60,17 @@ class NearMatch(Record):
         }
 
 
-class HunkResult(Record):
+@dataclass
+class HunkResult:
     """How one hunk fares on one file."""
 
-    __slots__ = ("index", "outcome", "stated_line", "line", "offset", "reason", "near")
-
-    def __init__(self, index: int, outcome: str, stated_line: int, line: Optional[int] = None, offset: int = 0,
-                 reason: str = "", near: Optional[NearMatch] = None) -> None:
-        self.index = index  # 1-based hunk number within the file patch
-        self.outcome = outcome
-        self.stated_line = stated_line  # the hunk's own old_start
-        self.line = line  # 1-based line where it was located (old side, or new side if applied)
-        self.offset, self.reason, self.near = offset, reason, near
+    index: int  # 1-based hunk number within the file patch
+    outcome: str
+    stated_line: int  # the hunk's own old_start
+    line: Optional[int] = None  # 1-based line where it was located (old side, or new side if applied)
+    offset: int = 0
+    reason: str = ""
+    near: Optional[NearMatch] = None
 
     def to_dict(self) -> dict:
         out = {"hunk": self.index, "outcome": self.outcome, "stated_line": self.stated_line,
@@ -90,19 +82,16 @@ class HunkResult(Record):
         return out
 
 
-class FileResult(Record):
+@dataclass
+class FileResult:
     """What a mod's patches (or site install) do to one file."""
 
-    __slots__ = ("path", "status", "hunks", "reason", "before", "after")
-
-    def __init__(self, path: str, status: str, hunks: Optional[List[HunkResult]] = None, reason: str = "",
-                 before: Optional[bytes] = None, after: Optional[bytes] = None) -> None:
-        self.path = path
-        self.status = status  # ok, ok-offset, applied, conflict, missing-file
-        self.hunks = [] if hunks is None else hunks
-        self.reason = reason
-        self.before = before  # the target's content (None: absent)
-        self.after = after  # content to write (None: delete, or nothing to do)
+    path: str
+    status: str  # ok, ok-offset, applied, conflict, missing-file
+    hunks: List[HunkResult] = field(default_factory=list)
+    reason: str = ""
+    before: Optional[bytes] = None  # the target's content (None: absent)
+    after: Optional[bytes] = None  # content to write (None: delete, or nothing to do)
 
     @property
     def changes(self) -> bool:
@@ -392,14 +381,7 @@ def safe_target(root: StrPath, rel: str) -> str:
     """The absolute path of rel under root; refuses anything that resolves outside root."""
     rel = check_relpath(rel)
     base = os.path.realpath(root)
-    # os.path.realpath(base/rel), which would walk base again for each of the runtime's many
-    # calls: rel has no `.` or `..`, so below base only a symlink can lead elsewhere.
-    target, parts = base, rel.split("/") if rel else []
-    for i, part in enumerate(parts):
-        target = os.path.join(target, part)
-        if os.path.islink(target):
-            target = os.path.realpath(os.path.join(target, *parts[i + 1:]))
-            break
+    target = os.path.realpath(os.path.join(base, rel))
     if target != base and not target.startswith(base.rstrip("/") + "/"):
         raise UnsafePath(f"refusing {rel!r}: it resolves outside {base} (symlink?)")
     return target

@@ -13,39 +13,24 @@ fault-injection hook:
 Temp files have fixed names (`.NAME.sparkmods-tmp` beside NAME) so the journal can list them
 before they exist and a later run can remove every one of them.
 
-Durability: nothing here calls fsync, on purpose. A killed process (SIGKILL, the OOM killer,
-`docker kill`, a crash of Python) loses nothing it handed to the kernel: its writes and
-renames are in the page cache, and every later reader sees them in the order they were made.
-That order (the journal and the copies of the old bytes first, then the new bytes under temp
-names, then the renames, the journal removed last) is all that safety against a kill at any
-instant needs (tests/test_crash_safety.py kills the runtime at every step, and
-ci/bench/bench_kill.py at random instants). fsync would add protection only against a power
-cut (or a kernel crash) in the seconds before the kernel writes its cache back, at the cost
-of waiting for the disk on every file and folder an apply writes.
-
-What such a cut can do, then: files this run wrote may come back missing or empty, and some
-of its renames may last without the others or without the journal. What it cannot do is make
-a later run publish wrong bytes or take the mod for applied when it is not: every run checks
-the journal's copies, the staged files and the tree (and the stamp's inputs) by sha256 before
-it relies on them, and a partly patched tree is a conflict that nothing is written over. The
-remedy in that rare case is the one for any damaged install: reinstall vLLM (a container is
-recreated from its image).
+Nothing is fsynced: the order of the writes (journal, copies, staged bytes, renames, journal
+removed) is what survives a killed process, and every later run verifies by sha256 what it
+relies on, so a power cut before writeback ends in a refusal, never in wrong bytes.
 """
 
 from __future__ import annotations
 
-import _signal  # not the signal module, which imports enum for its enums (basics.py)
 import os
+import shutil
+import signal
 import stat
+from hashlib import sha256
+from typing import Callable, List, Optional, Union
 
-from .basics import sha256
-from .engine import TMP_SUFFIX
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Callable, List, Optional, Union
-
-    StrPath = Union[str, "os.PathLike[str]"]  # host callers pass pathlib paths; the runtime uses str
+StrPath = Union[str, "os.PathLike[str]"]  # host callers pass pathlib paths; the runtime uses str
+TMP_SUFFIX = ".sparkmods-tmp"  # names the runtime's temp files end with
+# The state folder in site-packages, its journal and its lock (journal.py, lock.py, stamp.py).
+STATE_DIR, JOURNAL_NAME, LOCK_NAME = ".sparkmods", ".journal.json", ".lock"
 
 __all__ = ["TMP_SUFFIX", "FAULT_AFTER", "FAULT_SIGNAL", "arm", "arm_from_env", "on_step", "step", "temp_path",
            "digest", "read_regular", "write_file", "stage", "publish", "remove", "remove_tree", "make_dirs",
@@ -53,7 +38,7 @@ __all__ = ["TMP_SUFFIX", "FAULT_AFTER", "FAULT_SIGNAL", "arm", "arm_from_env", "
 
 FAULT_AFTER = "SPARKMODS_FAULT_AFTER"
 FAULT_SIGNAL = "SPARKMODS_FAULT_SIGNAL"
-_SIGNALS = {"INT": _signal.SIGINT, "TERM": _signal.SIGTERM}
+_SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM}
 
 _count = 0
 _limit: Optional[int] = None
@@ -216,8 +201,6 @@ def remove_tree(path: StrPath) -> None:
     """Remove a folder and everything in it."""
     if not os.path.lexists(path):
         return
-    import shutil  # only here: an apply on a clean tree removes no folder
-
     step()
     try:
         shutil.rmtree(path)

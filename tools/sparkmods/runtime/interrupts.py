@@ -12,16 +12,18 @@ turns both signals into the same exception (SIGTERM would otherwise end the run 
 
 from __future__ import annotations
 
-import _signal  # not the signal module, which imports enum for its enums (basics.py)
-import sys
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Iterator
 
 from . import fsops
 
 __all__ = ["Interrupted", "handled", "deferred", "shielded", "poll", "exit_code"]
 
-_NAMES = {_signal.SIGINT: "SIGINT", _signal.SIGTERM: "SIGTERM"}
+_NAMES = {int(signal.SIGINT): "SIGINT", int(signal.SIGTERM): "SIGTERM"}
 _SIGNALS = set(_NAMES)
-_CAN_BLOCK = hasattr(_signal, "pthread_sigmask") and hasattr(_signal, "sigtimedwait")
+_CAN_BLOCK = hasattr(signal, "pthread_sigmask") and hasattr(signal, "sigtimedwait")
 _state = {"blocked": 0, "shield": 0}
 
 
@@ -44,60 +46,55 @@ def poll() -> None:
     """Raise Interrupted if SIGINT or SIGTERM is pending (and we are not shielded)."""
     if not _state["blocked"] or _state["shield"]:
         return
-    pending = _signal.sigpending() & _SIGNALS
+    pending = signal.sigpending() & _SIGNALS
     if pending:
         signum = min(pending)
-        _signal.sigtimedwait({signum}, 0)  # consume it: it is handled here, not again later
+        signal.sigtimedwait({signum}, 0)  # consume it: it is handled here, not again later
         raise Interrupted(signum, during_change=True)
 
 
 def _in_main_thread() -> bool:
-    """Whether this is the main thread, the one Python runs signal handlers in. Asked of
-    `threading` only where it was imported: threads are started through it, and run.sh's
-    process, which starts none, is spared its import."""
-    threading = sys.modules.get("threading")
-    return threading is None or threading.current_thread() is threading.main_thread()
+    """Whether this is the main thread, the one Python runs signal handlers in."""
+    return threading.current_thread() is threading.main_thread()
 
 
 def _raise(signum: int, frame: object) -> None:
     raise Interrupted(signum, during_change=False)
 
 
-# The three context managers are classes, not @contextmanager generators: contextlib imports
-# collections and functools, which run.sh's apply otherwise does without (basics.py).
-class handled:
+@contextmanager
+def handled() -> Iterator[None]:
     """SIGINT and SIGTERM raise Interrupted (in the main thread; elsewhere nothing changes)."""
+    previous = {signum: signal.signal(signum, _raise) for signum in _SIGNALS} if _in_main_thread() else {}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
-    def __enter__(self) -> None:
-        self.previous = {signum: _signal.signal(signum, _raise) for signum in _SIGNALS} if _in_main_thread() else {}
 
-    def __exit__(self, *exc: object) -> None:
-        for signum, handler in self.previous.items():
-            _signal.signal(signum, handler)
-
-
-class deferred:
+@contextmanager
+def deferred() -> Iterator[None]:
     """Block SIGINT/SIGTERM in the body; they surface through poll() at disk steps."""
+    if not (_CAN_BLOCK and _in_main_thread()):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    _state["blocked"] += 1
+    try:
+        yield
+    finally:
+        _state["blocked"] -= 1
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
-    def __enter__(self) -> None:
-        self.previous = None
-        if _CAN_BLOCK and _in_main_thread():
-            self.previous = _signal.pthread_sigmask(_signal.SIG_BLOCK, _SIGNALS)
-            _state["blocked"] += 1
 
-    def __exit__(self, *exc: object) -> None:
-        if self.previous is not None:
-            _state["blocked"] -= 1
-            _signal.pthread_sigmask(_signal.SIG_SETMASK, self.previous)
-
-
-class shielded:
+@contextmanager
+def shielded() -> Iterator[None]:
     """No Interrupted inside: for the code that makes the tree consistent again."""
-
-    def __enter__(self) -> None:
-        _state["shield"] += 1
-
-    def __exit__(self, *exc: object) -> None:
+    _state["shield"] += 1
+    try:
+        yield
+    finally:
         _state["shield"] -= 1
 
 

@@ -18,27 +18,23 @@ pristine files are never lost. Settling is idempotent: it can itself be killed a
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+from dataclasses import asdict, dataclass
+from hashlib import sha256
+from typing import Any, Callable, Dict, List, Optional
 
 from . import fsops
-from .basics import Record, sha256
 from .engine import confine, plain_path
+from .fsops import JOURNAL_NAME, STATE_DIR, StrPath
 from .interrupts import Interrupted, shielded
-from .manifest import _NAME as _MOD_NAME
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional
-
-    from .fsops import StrPath
+from .manifest import MOD_NAME
 
 __all__ = ["STATE_DIR", "JOURNAL_NAME", "STATE_FILE", "FORWARD", "BACK", "Entry", "Journal", "JournalError",
            "state_dir", "orig_rel", "applied_rel", "temp_rel", "check_state", "transact", "recover", "sweep",
            "drop_bytecode"]
 
-STATE_DIR = ".sparkmods"
-JOURNAL_NAME = ".journal.json"
 STATE_FILE = "state.json"
 APPLY, REVERT = "apply", "revert"
 FORWARD, BACK = "forward", "back"
@@ -48,44 +44,33 @@ class JournalError(RuntimeError):
     """An interrupted run that can be neither finished nor rolled back (files changed by others)."""
 
 
-class Entry(Record):
+@dataclass
+class Entry:
     """One file of vLLM the run changes; sha256 None means the file is absent on that side."""
 
-    __slots__ = ("path", "before", "after", "new", "old", "mode")
-
-    def __init__(self, path: str, before: Optional[str], after: Optional[str], new: Optional[str], old: Optional[str],
-                 mode: int = 0o644) -> None:
-        self.path, self.before, self.after = path, before, after
-        self.new = new  # site-relative file holding the `after` bytes (None when after is None)
-        self.old = old  # site-relative file holding the `before` bytes (None when before is None)
-        self.mode = mode
+    path: str
+    before: Optional[str]
+    after: Optional[str]
+    new: Optional[str]  # site-relative file holding the `after` bytes (None when after is None)
+    old: Optional[str]  # site-relative file holding the `before` bytes (None when before is None)
+    mode: int = 0o644
 
 
-class Journal(Record):
+@dataclass
+class Journal:
     """The plan of one apply or revert, as `.journal.json` holds it."""
 
-    __slots__ = ("op", "mod", "entries", "state", "direction")
-
-    def __init__(self, op: str, mod: str, entries: List[Entry], state: Optional[dict] = None,
-                 direction: Optional[str] = None) -> None:
-        self.op = op  # apply | revert
-        self.mod = mod
-        self.entries = entries
-        self.state = state  # apply: the state.json written when it completes
-        self.direction = direction  # forward | back: the side settling goes to first (None: forward)
-
-    def to_dict(self) -> dict:
-        doc = {name: getattr(self, name) for name in self.__slots__}
-        doc["entries"] = [{name: getattr(e, name) for name in e.__slots__} for e in self.entries]
-        return doc
+    op: str  # apply | revert
+    mod: str
+    entries: List[Entry]
+    state: Optional[dict] = None  # apply: the state.json written when it completes
+    direction: Optional[str] = None  # forward | back: the side settling goes to first (None: forward)
 
     def save(self, site: StrPath) -> None:
-        fsops.write_file(_journal_path(site), dump_json(self.to_dict()))
+        fsops.write_file(_journal_path(site), dump_json(asdict(self)))
 
     @classmethod
     def load(cls, site: StrPath) -> "Journal":
-        import json  # only to settle an interrupted run
-
         path = _journal_path(site)
         try:
             with open(path, encoding="utf-8") as fh:
@@ -106,7 +91,7 @@ class Journal(Record):
         runtime gives it, sha256 sums and modes well formed."""
         if self.op not in (APPLY, REVERT) or self.direction not in (None, FORWARD, BACK):
             raise ValueError(f"unknown op {self.op!r} or direction {self.direction!r}")
-        if not (isinstance(self.mod, str) and _MOD_NAME.matches(self.mod)):
+        if not (isinstance(self.mod, str) and MOD_NAME.fullmatch(self.mod)):
             raise ValueError(f"mod {self.mod!r} is no mod name")
         saved = orig_rel if self.op == APPLY else applied_rel
         for e in self.entries:
@@ -137,51 +122,9 @@ def check_state(state: object) -> dict:
     return state  # type: ignore[return-value]
 
 
-_CONSTANTS = {None: "null", True: "true", False: "false"}
-# json.dumps's escapes within ASCII: control characters and DEL, the quote, the backslash.
-_ESCAPES = {**{code: f"\\u{code:04x}" for code in (*range(0x20), 0x7f)}, ord('"'): '\\"', ord("\\"): "\\\\",
-            ord("\b"): "\\b", ord("\f"): "\\f", ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
-
-
 def dump_json(value: Any) -> bytes:
-    """What `json.dumps(value, indent=1, sort_keys=True).encode()` writes, for what the journal
-    and state.json hold (dicts with str keys, lists, str, int, bool, None). Written without
-    the json module, which imports re (basics.py); read back with it (an interrupted run's
-    journal, a revert's state)."""
-    return _json(value, "\n").encode()
-
-
-def _json(value: Any, newline: str) -> str:
-    """value as JSON; its nested lines start with `newline` and one more space."""
-    inner = newline + " "
-    if isinstance(value, dict):
-        items = [f"{inner}{_json_string(k)}: {_json(v, inner)}" for k, v in sorted(value.items())]
-        return "{" + ",".join(items) + newline + "}" if items else "{}"
-    if isinstance(value, list):
-        items = [inner + _json(v, inner) for v in value]
-        return "[" + ",".join(items) + newline + "]" if items else "[]"
-    if isinstance(value, str):
-        return _json_string(value)
-    if value is None or isinstance(value, bool):
-        return _CONSTANTS[value]
-    if isinstance(value, int):
-        return repr(value)
-    raise TypeError(f"{type(value).__name__} is not written to the journal")
-
-
-def _json_string(text: str) -> str:
-    """A JSON string as json.dumps writes it: ASCII only, \\uXXXX (surrogate pairs) for the rest."""
-    out = text.translate(_ESCAPES)
-    if not out.isascii():
-        out = "".join(c if c.isascii() else _json_char(ord(c)) for c in out)
-    return f'"{out}"'
-
-
-def _json_char(code: int) -> str:
-    if code < 0x10000:
-        return f"\\u{code:04x}"
-    code -= 0x10000
-    return f"\\u{0xd800 | code >> 10:04x}\\u{0xdc00 | code & 0x3ff:04x}"
+    """The journal's and state.json's bytes."""
+    return json.dumps(value, indent=1, sort_keys=True).encode()
 
 
 def state_dir(site: StrPath, mod: str) -> str:

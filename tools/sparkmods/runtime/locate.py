@@ -9,16 +9,14 @@ when set. No path such as dist-packages is ever assumed.
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 import sys
+from dataclasses import dataclass
+from typing import Iterable, List, Optional
 
-from .basics import Record
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Iterable, List, Optional
-
-    from .fsops import StrPath
+from .fsops import StrPath
 
 __all__ = ["LocateError", "Installation", "find_vllm", "read_version"]
 
@@ -27,19 +25,15 @@ class LocateError(RuntimeError):
     """vLLM could not be found or its version read."""
 
 
-class Installation(Record):
+@dataclass
+class Installation:
     """Where vLLM is installed and which version it is."""
 
-    __slots__ = ("site", "version")
-
-    def __init__(self, site: str, version: str) -> None:
-        self.site = site  # the folder that holds vllm/ (resolved)
-        self.version = version
+    site: str  # the folder that holds vllm/ (resolved)
+    version: str
 
 
 def _site_dirs_under(prefix: str) -> List[str]:
-    import glob  # only for a PYTHON_ROOT that is a prefix, not the site-packages itself
-
     found = []
     for pattern in ("lib/python3*/site-packages", "lib/python3*/dist-packages",
                     "local/lib/python3*/dist-packages", "local/lib/python3*/site-packages"):
@@ -84,8 +78,6 @@ def _version_from_dist_info(site: str) -> Optional[str]:
 
 
 def _version_from_module(site: str) -> Optional[str]:
-    import re  # only for a vLLM without dist-info (a source checkout)
-
     path = os.path.join(site, "vllm", "_version.py")
     if not os.path.isfile(path):
         return None

@@ -17,19 +17,15 @@ import fcntl
 import os
 import stat
 import time
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional
 
 from . import fsops
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Callable, Optional
-
-    from .fsops import StrPath
+from .fsops import LOCK_NAME, StrPath
 
 __all__ = ["LOCK_NAME", "LOCK_TIMEOUT", "DEFAULT_TIMEOUT_S", "LockTimeout", "ReadOnlyTree", "UntrustedState",
            "tree_lock", "timeout_s", "trust"]
 
-LOCK_NAME = ".lock"
 LOCK_TIMEOUT = "SPARKMODS_LOCK_TIMEOUT"
 DEFAULT_TIMEOUT_S = 120.0
 _READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
@@ -96,41 +92,37 @@ def timeout_s() -> float:
     return value
 
 
-class tree_lock:
+@contextmanager
+def tree_lock(state_root: StrPath, say: Callable[[str], None], required: bool = True) -> Iterator[None]:
     """Hold the tree's lock for the body; waits up to timeout_s() for another holder.
 
     On a read-only tree the lock cannot be created: ReadOnlyTree, or, when not `required`
     (a dry run, which nobody else can disturb there either), the body runs unlocked.
-    (A class, not a @contextmanager: see interrupts.py.)
     """
+    path = os.path.join(state_root, LOCK_NAME)
+    trust(state_root)
+    fd = _open(state_root, path, required)
+    if fd is None:
+        yield
+        return
+    try:
+        _acquire(fd, path, timeout_s(), say)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock
 
-    def __init__(self, state_root: StrPath, say: Callable[[str], None], required: bool = True) -> None:
-        self.state_root, self.say, self.required = state_root, say, required
-        self.fd: Optional[int] = None
 
-    def __enter__(self) -> None:
-        path = os.path.join(self.state_root, LOCK_NAME)
-        trust(self.state_root)
-        try:
-            fsops.make_dirs(self.state_root)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        except OSError as exc:
-            if exc.errno not in _READ_ONLY:
-                raise
-            if self.required:
-                raise ReadOnlyTree(f"{exc.filename or path}: {exc.strerror}") from None
-            return
-        try:
-            _acquire(fd, path, timeout_s(), self.say)
-        except BaseException:
-            os.close(fd)
+def _open(state_root: StrPath, path: str, required: bool) -> Optional[int]:
+    """The lock file's descriptor; None on a read-only tree when the lock is not required."""
+    try:
+        fsops.make_dirs(state_root)
+        return os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as exc:
+        if exc.errno not in _READ_ONLY:
             raise
-        self.fd = fd
-
-    def __exit__(self, *exc: object) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # closing the descriptor releases the flock
-            self.fd = None
+        if required:
+            raise ReadOnlyTree(f"{exc.filename or path}: {exc.strerror}") from None
+        return None
 
 
 def _acquire(fd: int, path: str, limit: float, say: Callable[[str], None]) -> None:

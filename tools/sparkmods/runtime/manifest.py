@@ -8,18 +8,15 @@ Every error names the file, the key and the problem in one line.
 
 from __future__ import annotations
 
+import json
 import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Union
 
-from . import cached
-from .basics import Record
 from .engine import PACKAGE, UnsafePath, check_relpath, confine
+from .fsops import StrPath
 from .pep440 import InvalidRange, InvalidVersion, Range, Version
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Union
-
-    from .fsops import StrPath
 
 __all__ = ["ManifestError", "Install", "Variant", "Upstream", "Manifest", "load_manifest", "MANIFEST_TOML", "MANIFEST_JSON"]
 
@@ -28,22 +25,8 @@ MANIFEST_JSON = "manifest.json"
 SCHEMA = 1
 
 
-class _Form:
-    """The form a name must have: a first character from `first`, then up to `longest - 1`
-    from `rest`. `pattern` is the same rule as a regular expression, which error messages
-    show; it is checked without re, which run.sh's apply does not import (basics.py)."""
-
-    def __init__(self, pattern: str, first: str, rest: str, longest: int) -> None:
-        self.pattern, self.first, self.rest, self.longest = pattern, frozenset(first), frozenset(rest), longest
-
-    def matches(self, value: str) -> bool:
-        return 0 < len(value) <= self.longest and value[0] in self.first and self.rest.issuperset(value[1:])
-
-
-_LOWER_DIGITS = "abcdefghijklmnopqrstuvwxyz0123456789"
-_ALNUM = _LOWER_DIGITS + "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-_LABEL = _Form("^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$", _ALNUM, _ALNUM + "._-", 40)
-_NAME = _Form("^[a-z0-9][a-z0-9-]{0,62}$", _LOWER_DIGITS, _LOWER_DIGITS + "-", 63)
+LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$")
+MOD_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 _WORKSPACE = "workspace:"
 _SITE = "site:"
 
@@ -52,55 +35,55 @@ class ManifestError(ValueError):
     """A manifest problem: `<file>: <key>: <problem>`."""
 
 
-class Install(Record):
+@dataclass
+class Install:
     """A file the mod installs: `src` inside the mod; `name` is a file name in $WORKSPACE_DIR
     (site False) or a package path inside vllm/ (site True, journaled like a patched file)."""
 
-    __slots__ = ("src", "name", "site")
+    src: str
+    name: str
+    site: bool = False
 
-    def __init__(self, src: str, name: str, site: bool = False) -> None:
-        self.src, self.name, self.site = src, name, site
 
-
-class Variant(Record):
+@dataclass
+class Variant:
     """The patches and installs for one range of vLLM versions."""
 
-    __slots__ = ("label", "vllm", "patches", "install", "verified", "notes")
+    label: str
+    vllm: Range
+    patches: List[str]
+    install: List[Install]
+    verified: List[str]
+    notes: str = ""
 
-    def __init__(self, label: str, vllm: Range, patches: List[str], install: List[Install], verified: List[str],
-                 notes: str = "") -> None:
-        self.label, self.vllm, self.patches, self.install = label, vllm, patches, install
-        self.verified, self.notes = verified, notes
 
-
-class Detect(Record):
+@dataclass
+class Detect:
     """A file of vLLM that must contain a text for the upstream fix to count as present."""
 
-    __slots__ = ("file", "contains")
-
-    def __init__(self, file: str, contains: str) -> None:
-        self.file, self.contains = file, contains
+    file: str
+    contains: str
 
 
-class Upstream(Record):
+@dataclass
+class Upstream:
     """From `since` on, vLLM carries the mod's change itself."""
 
-    __slots__ = ("since", "evidence", "detect")
+    since: Version
+    evidence: str
+    detect: List[Detect]
 
-    def __init__(self, since: Version, evidence: str, detect: List[Detect]) -> None:
-        self.since, self.evidence, self.detect = since, evidence, detect
 
-
-class Manifest(Record):
+@dataclass
+class Manifest:
     """A validated manifest; `raw` is the table it was read from (what manifest.json holds)."""
 
-    __slots__ = ("name", "summary", "variants", "upstream", "source", "raw")
-
-    def __init__(self, name: str, summary: str, variants: List[Variant], upstream: Optional[Upstream] = None,
-                 source: str = MANIFEST_TOML, raw: Optional[Dict[str, Any]] = None) -> None:
-        self.name, self.summary, self.variants, self.upstream = name, summary, variants, upstream
-        self.source = source
-        self.raw = {} if raw is None else raw
+    name: str
+    summary: str
+    variants: List[Variant]
+    upstream: Optional[Upstream] = None
+    source: str = MANIFEST_TOML
+    raw: Dict[str, Any] = field(default_factory=dict)
 
     def select(self, version: Union[str, Version]) -> Union[Variant, Upstream, None]:
         """The variant whose range holds version; the upstream section past `since`; or None."""
@@ -141,10 +124,10 @@ class _Validator:
             if key not in required and key not in optional:
                 raise self.fail(f"{where}{key}", f"unknown key (allowed: {', '.join(required + optional)})")
 
-    def string(self, value: Any, key: str, form: Optional[_Form] = None) -> str:
+    def string(self, value: Any, key: str, form: Optional[re.Pattern[str]] = None) -> str:
         if not isinstance(value, str) or not value.strip():
             raise self.fail(key, f"must be a non-empty string, got {value!r}")
-        if form is not None and not form.matches(value):
+        if form is not None and not form.fullmatch(value):
             raise self.fail(key, f"{value!r} does not match {form.pattern}")
         return value
 
@@ -165,7 +148,7 @@ class _Validator:
         self.keys(data, "", ["schema", "name", "summary", "variant"], ["upstream"])
         if data["schema"] != SCHEMA:
             raise self.fail("schema", f"unsupported schema {data['schema']!r} (this sparkmods reads {SCHEMA})")
-        name = self.string(data["name"], "name", _NAME)
+        name = self.string(data["name"], "name", MOD_NAME)
         summary = self.string(data["summary"], "summary")
         raw_variants = data["variant"]
         if not isinstance(raw_variants, list) or not raw_variants:
@@ -197,7 +180,7 @@ class _Validator:
         if not isinstance(table, dict):
             raise self.fail(f"variant[{i}]", "must be a table")
         self.keys(table, where, ["label", "vllm", "verified"], ["patches", "install", "notes"])
-        label = self.string(table["label"], where + "label", _LABEL)
+        label = self.string(table["label"], where + "label", LABEL)
         try:
             rng = Range(self.string(table["vllm"], where + "vllm"))
         except InvalidRange as exc:
@@ -293,19 +276,14 @@ def load_manifest(mod_dir: StrPath) -> Manifest:
             return manifest
     if not os.path.isfile(json_path):
         raise ManifestError(f"{mod_dir}: no {MANIFEST_TOML} or {MANIFEST_JSON}: not a mod folder")
-    raw = _read(json_path)
-    data = cached(MANIFEST_JSON, json_path, raw, lambda: _decode_json(json_path, raw))
+    data = _decode_json(json_path, _read(json_path))
     manifest = Manifest.from_dict(data, json_path)
     _check_name(manifest, mod_dir, json_path)
     return manifest
 
 
 def _decode_json(path: str, raw: bytes) -> Any:
-    """manifest.json's data; bad JSON is a one-line ManifestError. Inside a mod it is decoded
-    once and then taken from the runtime's cache while the file is byte-identical (`cached`):
-    json imports re (basics.py), so only here."""
-    import json
-
+    """manifest.json's data; bad JSON is a one-line ManifestError."""
     text = _utf8(path, raw)
     try:
         return json.loads(text)

@@ -15,22 +15,16 @@ from __future__ import annotations
 
 import os
 import stat
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Union
 
-from .basics import Record
 from .engine import APPLIED, CONFLICT, EXACT, MISSING_FILE, OK, OK_OFFSET, FileResult, HunkResult, UnsafePath, confine, plan
-from .manifest import ManifestError, Upstream
+from .fsops import StrPath
+from .manifest import Install, Manifest, ManifestError, Upstream, Variant
 from .pep440 import InvalidVersion, Version
-from .udiff import PatchParseError, parse_patch
+from .udiff import FilePatch, PatchParseError, parse_patch
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Optional, Union
-
-    from .fsops import StrPath
-    from .manifest import Install, Manifest, Variant
-    from .udiff import FilePatch
-
-    Reader = Callable[[str], Optional[bytes]]
+Reader = Callable[[str], Optional[bytes]]
 
 __all__ = ["UPSTREAM", "NO_VARIANT", "DRIFT", "GREEN", "STATUSES", "BASE_ENV", "BaseMismatch", "ModResult", "ModInputs",
            "aggregate", "check_mod", "by_version", "mod_inputs", "settle", "decide", "variant_patches", "mod_file",
@@ -53,16 +47,17 @@ class BaseMismatch(ValueError):
     """$SPARKMODS_VLLM_BASE names a release whose variant does not apply to this vLLM."""
 
 
-class ModResult(Record):
+@dataclass
+class ModResult:
     """The decision for one mod on one vLLM, with every file's result."""
 
-    __slots__ = ("mod", "version", "status", "variant", "reason", "files", "how")
-
-    def __init__(self, mod: str, version: str, status: str, variant: Optional[str] = None, reason: str = "",
-                 files: Optional[List[FileResult]] = None, how: str = "") -> None:
-        self.mod, self.version, self.status, self.variant, self.reason = mod, version, status, variant, reason
-        self.files = [] if files is None else files
-        self.how = how  # why this variant, when the version alone did not pick it (one line)
+    mod: str
+    version: str
+    status: str
+    variant: Optional[str] = None
+    reason: str = ""
+    files: List[FileResult] = field(default_factory=list)
+    how: str = ""  # why this variant, when the version alone did not pick it (one line)
 
     @property
     def green(self) -> bool:
@@ -181,7 +176,8 @@ def _check_upstream(manifest: Manifest, upstream: Upstream, version: str, read: 
     return ModResult(manifest.name, version, UPSTREAM, None, f"vLLM includes it since {upstream.since}: {upstream.evidence}")
 
 
-class ModInputs(Record):
+@dataclass
+class ModInputs:
     """What deciding needs from the mod folder for one vLLM version, read and checked once: the
     variant the version selects (`chosen`) with its patches parsed and its install sources
     read, or the upstream section, or (chosen None) the reason no variant applies. run.sh
@@ -191,17 +187,15 @@ class ModInputs(Record):
     `by` says what picks the variant: the version, $SPARKMODS_VLLM_BASE (`base`), or the
     content; for content, `options` holds these inputs for every variant and `settle` picks."""
 
-    __slots__ = ("manifest", "version", "chosen", "patches", "sources", "reason", "by", "base", "options")
-
-    def __init__(self, manifest: Manifest, version: str, chosen: Union[Variant, Upstream, None],
-                 patches: Optional[List[FilePatch]] = None, sources: Optional[List[bytes]] = None,
-                 reason: str = "", by: str = BY_VERSION, base: str = "",
-                 options: Optional[List["ModInputs"]] = None) -> None:
-        self.manifest, self.version, self.chosen = manifest, version, chosen
-        self.patches = [] if patches is None else patches
-        self.sources = [] if sources is None else sources
-        self.reason, self.by, self.base = reason, by, base
-        self.options = [] if options is None else options
+    manifest: Manifest
+    version: str
+    chosen: Union[Variant, Upstream, None]
+    patches: List[FilePatch] = field(default_factory=list)
+    sources: List[bytes] = field(default_factory=list)
+    reason: str = ""
+    by: str = BY_VERSION
+    base: str = ""
+    options: List[ModInputs] = field(default_factory=list)
 
     def paths(self) -> List[str]:
         """The vLLM files deciding reads (each patch target, site install and upstream check)."""

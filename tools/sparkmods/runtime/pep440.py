@@ -13,10 +13,8 @@ source build taken from main between X-1 and X really contains.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    import re
-    from typing import Optional, Tuple
+import re
+from typing import Optional, Tuple
 
 __all__ = ["InvalidVersion", "Version", "Range", "InvalidRange"]
 
@@ -29,10 +27,8 @@ class InvalidRange(ValueError):
     """The string is not a range we accept."""
 
 
-# The grammar (packaging's), compiled on first use: a plain release (`0.19.1`: every release,
-# every range bound, most vLLMs run.sh meets) is read without it, which spares run.sh the
-# import of re and this compile (basics.py).
-_VERSION_PATTERN = r"""
+# The grammar (packaging's).
+_VERSION_RE = re.compile(r"""
     ^\s*v?
     (?:(?P<epoch>[0-9]+)!)?
     (?P<release>[0-9]+(?:\.[0-9]+)*)
@@ -41,8 +37,7 @@ _VERSION_PATTERN = r"""
     (?:[-_.]?(?P<dev_l>dev)[-_.]?(?P<dev_n>[0-9]+)?)?
     (?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?
     \s*$
-    """
-_version_re: Optional[re.Pattern[str]] = None
+    """, re.VERBOSE | re.IGNORECASE)
 
 _PRE_CANON = {"a": "a", "alpha": "a", "b": "b", "beta": "b", "c": "rc", "rc": "rc", "pre": "rc", "preview": "rc"}
 _PRE_RANK = {"a": 0, "b": 1, "rc": 2}
@@ -60,21 +55,7 @@ class Version:
 
     def __init__(self, text: str) -> None:
         self.text = text.strip()
-        parts = self.text.split(".")
-        if all(part.isdigit() and part.isascii() for part in parts):  # a plain release, as the grammar reads it
-            self.epoch, self.release = 0, tuple(int(part) for part in parts)
-            self.pre = self.post = self.dev = self.local = None
-        else:
-            self._parse(text)
-        self._key = self._sort_key()
-
-    def _parse(self, text: str) -> None:
-        global _version_re
-        if _version_re is None:
-            import re
-
-            _version_re = re.compile(_VERSION_PATTERN, re.VERBOSE | re.IGNORECASE)
-        match = _version_re.match(text)
+        match = _VERSION_RE.match(text)
         if not match:
             raise InvalidVersion(f"not a PEP 440 version: {text!r}")
         self.epoch = int(match.group("epoch") or 0)
@@ -94,6 +75,7 @@ class Version:
         self.local: Optional[Tuple[str, ...]] = (
             tuple(local.lower().replace("-", ".").replace("_", ".").split(".")) if local else None
         )
+        self._key = self._sort_key()
 
     def _sort_key(self) -> tuple:
         release = list(self.release)
@@ -176,18 +158,13 @@ class Version:
         return self._key >= other._key
 
 
-_OPERATORS = (">=", "<=", "==", "~=", ">", "<")  # the two-character ones first
+_CLAUSE = re.compile(r"^\s*(>=|<=|==|~=|>|<)\s*([^\s,]+)\s*$")
 
 
 def _clause(text: str) -> Optional[Tuple[str, str]]:
-    """(operator, version text) of one clause such as ` >= 0.19.0 `; None if it is not one.
-    What `^\\s*(>=|<=|==|~=|>|<)\\s*([^\\s,]+)\\s*$` matches, read without re (see above)."""
-    clause = text.strip()
-    for op in _OPERATORS:  # in the pattern's order, trying the next as it backtracks (`<=` is `<`, `=`)
-        raw = clause[len(op):].strip() if clause.startswith(op) else ""
-        if raw and "," not in raw and not any(c.isspace() for c in raw):
-            return op, raw
-    return None
+    """(operator, version text) of one clause such as ` >= 0.19.0 `; None if it is not one."""
+    match = _CLAUSE.match(text)
+    return (match.group(1), match.group(2)) if match else None
 
 
 class Range:

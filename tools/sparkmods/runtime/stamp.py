@@ -1,8 +1,7 @@
-"""run.sh's quick answer on a tree the mod is already applied to, before the engine is imported.
+"""run.sh's quick answer on a tree the mod is already applied to, without the full decision.
 
 Launchers run run.sh on every container start, and almost always the mod is already on. The
-full decision (lock, journal, parse the patches, plan every hunk) costs the import of the
-whole runtime; this module imports only what Python has loaded anyway plus fcntl and basics.
+full decision parses the patches and plans every hunk again; the stamp answers from sums.
 
 After a run that leaves the mod applied (the decision said `applied`, under the tree's lock),
 applier.py writes `<site>/.sparkmods/<mod>/stamp`: a marshal of every input that decision read
@@ -20,13 +19,13 @@ import fcntl
 import marshal
 import os
 import sys
+from hashlib import sha256
 
-from .basics import say_to, sha256
+from .fsops import JOURNAL_NAME, LOCK_NAME, STATE_DIR, TMP_SUFFIX
+from .output import say_to
 
 STAMP_NAME = "stamp"
 _VERSION = 2
-_TMP_SUFFIX = ".sparkmods-tmp"  # engine.TMP_SUFFIX (not imported: engine is what we avoid)
-_STATE_DIR, _JOURNAL, _LOCK = ".sparkmods", ".journal.json", ".lock"
 _ARGS = {(): "apply", ("apply",): "apply", ("check",): "check"}
 # Settings only the full path reads (and validates): their presence sends a run there.
 _FULL_PATH_ENV = ("SPARKMODS_LOCK_TIMEOUT", "SPARKMODS_FAULT_AFTER", "SPARKMODS_FAULT_SIGNAL", "SPARKMODS_VLLM_BASE")
@@ -49,8 +48,8 @@ def _sha(data: "bytes | None") -> "str | None":
     return None if data is None else sha256(data).hexdigest()
 
 
-def mod_inputs(mod_dir: str, rels: "list[str]") -> str:
-    """sha256 over the named mod files (each name and content)."""
+def fingerprint(mod_dir: str, rels: "list[str]") -> str:
+    """sha256 over the named mod files (each name and content): the stamp's view of the mod."""
     digest = sha256()
     for rel in rels:
         data = _read(os.path.join(mod_dir, rel))
@@ -82,13 +81,13 @@ def _within(site: str, rel: str) -> str:
 def _no_leftovers(site: str, folders: "set[str]") -> bool:
     """No journal, and no temp file of ours beside the vLLM files or in the state folder
     (what recover and sweep would settle or remove first)."""
-    state = os.path.join(site, _STATE_DIR)
-    if os.path.lexists(os.path.join(state, _JOURNAL)):
+    state = os.path.join(site, STATE_DIR)
+    if os.path.lexists(os.path.join(state, JOURNAL_NAME)):
         return False
     for folder in folders:
-        if any(n.startswith(".") and n.endswith(_TMP_SUFFIX) for n in os.listdir(folder)):
+        if any(n.startswith(".") and n.endswith(TMP_SUFFIX) for n in os.listdir(folder)):
             return False
-    return not any(n.endswith(_TMP_SUFFIX) for _, _, names in os.walk(state) for n in names)
+    return not any(n.endswith(TMP_SUFFIX) for _, _, names in os.walk(state) for n in names)
 
 
 def record(mod_dir: str, site: str, variant: str, version: str, mod_files: "list[str]",
@@ -98,12 +97,12 @@ def record(mod_dir: str, site: str, variant: str, version: str, mod_files: "list
     name = os.path.basename(mod_dir)
     rels = RUNTIME_FILES + sorted(set(mod_files))
     stamp = {"v": _VERSION, "mod": name, "variant": variant, "vllm": version, "inputs": rels,
-             "digest": mod_inputs(mod_dir, rels), "dist": dist_infos(site),
+             "digest": fingerprint(mod_dir, rels), "dist": dist_infos(site),
              "files": [(rel, _sha(_read(_within(site, rel)))) for rel in sorted(vllm_files)],
              "installs": [(dest, sha256(data).hexdigest()) for dest, data in installs],
              "notes": notes, "how": how}
-    target = os.path.join(site, _STATE_DIR, name, STAMP_NAME)
-    tmp = os.path.join(os.path.dirname(target), f".{STAMP_NAME}{_TMP_SUFFIX}")
+    target = os.path.join(site, STATE_DIR, name, STAMP_NAME)
+    tmp = os.path.join(os.path.dirname(target), f".{STAMP_NAME}{TMP_SUFFIX}")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
         with open(fd, "wb") as fh:
@@ -136,7 +135,7 @@ def _verified(stamp: dict, mod_dir: str, site: str, workspace: str) -> bool:
         return False
     if stamp["inputs"][:len(RUNTIME_FILES)] != RUNTIME_FILES:
         return False
-    if mod_inputs(mod_dir, stamp["inputs"]) != stamp["digest"] or dist_infos(site) != stamp["dist"]:
+    if fingerprint(mod_dir, stamp["inputs"]) != stamp["digest"] or dist_infos(site) != stamp["dist"]:
         return False
     paths = {rel: _within(site, rel) for rel, _ in stamp["files"]}
     if any(_sha(_read(paths[rel])) != sha for rel, sha in stamp["files"]):
@@ -161,12 +160,12 @@ def quick(argv: "list[str]", mod_dir: str) -> "int | None":
         return None
     name = os.path.basename(mod_dir)
     try:
-        fd = os.open(os.path.join(site, _STATE_DIR, _LOCK), os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(os.path.join(site, STATE_DIR, LOCK_NAME), os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by another run: the full path waits
-        stamp = marshal.loads(_read(os.path.join(site, _STATE_DIR, name, STAMP_NAME)) or b"")
+        stamp = marshal.loads(_read(os.path.join(site, STATE_DIR, name, STAMP_NAME)) or b"")
         if not isinstance(stamp, dict) or not _verified(stamp, mod_dir, site, workspace):
             return None
     except (OSError, ValueError, EOFError, TypeError, KeyError, IndexError):

@@ -8,11 +8,9 @@ without their end-of-line so the engine can compare them against files of either
 
 from __future__ import annotations
 
-from .basics import Record
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import List, Optional
+import re
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
 
 __all__ = ["PatchParseError", "Hunk", "FilePatch", "parse_patch", "reverse"]
 
@@ -23,20 +21,18 @@ class PatchParseError(ValueError):
     """The patch text is malformed; the message names the patch line."""
 
 
-class Hunk(Record):
+@dataclass
+class Hunk:
     """One hunk. `lines` are (tag, text) pairs with tag in ' ', '-', '+'."""
 
-    __slots__ = ("old_start", "old_len", "new_start", "new_len", "section", "lines", "old_eof_newline",
-                 "new_eof_newline")
-
-    def __init__(self, old_start: int, old_len: int, new_start: int, new_len: int, section: str,
-                 lines: Optional[List[tuple]] = None, old_eof_newline: bool = True,
-                 new_eof_newline: bool = True) -> None:
-        self.old_start, self.old_len, self.new_start, self.new_len = old_start, old_len, new_start, new_len
-        self.section = section
-        self.lines = [] if lines is None else lines
-        self.old_eof_newline = old_eof_newline  # False when the old side ends without a final newline
-        self.new_eof_newline = new_eof_newline
+    old_start: int
+    old_len: int
+    new_start: int
+    new_len: int
+    section: str
+    lines: List[Tuple[str, str]] = field(default_factory=list)
+    old_eof_newline: bool = True  # False when the old side ends without a final newline
+    new_eof_newline: bool = True
 
     @property
     def old_lines(self) -> List[str]:
@@ -47,14 +43,13 @@ class Hunk(Record):
         return [text for tag, text in self.lines if tag != "-"]
 
 
-class FilePatch(Record):
+@dataclass
+class FilePatch:
     """The hunks for one file. `path` is the target path after stripping."""
 
-    __slots__ = ("old_path", "new_path", "hunks")
-
-    def __init__(self, old_path: Optional[str], new_path: Optional[str], hunks: Optional[List[Hunk]] = None) -> None:
-        self.old_path, self.new_path = old_path, new_path
-        self.hunks = [] if hunks is None else hunks
+    old_path: Optional[str]
+    new_path: Optional[str]
+    hunks: List[Hunk] = field(default_factory=list)
 
     @property
     def is_new(self) -> bool:
@@ -131,26 +126,17 @@ def _stray_body_line(line: str) -> bool:
     return line.startswith(("+", "-", " ")) and not line.startswith(("+++", "---")) and line != "-- "
 
 
+_HUNK_HEADER = re.compile(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)")
+
+
 def _hunk_header(line: str) -> "Optional[tuple[int, int, int, int, str]]":
     """(old start, old length, new start, new length, section) of `@@ -A[,B] +C[,D] @@ section`
-    (an absent length is 1); None for any other line (one line: no line break in it). What
-    `^@@ -(\\d+)(?:,(\\d+))? \\+(\\d+)(?:,(\\d+))? @@(.*)$` matches, read without re (basics.py)."""
-    if not line.startswith("@@ -"):
+    (an absent length is 1); None for any other line."""
+    match = _HUNK_HEADER.fullmatch(line)
+    if match is None:
         return None
-    old, plus, rest = line[4:].partition(" +")
-    new, at, section = rest.partition(" @@")
-    old_range, new_range = _range(old), _range(new)
-    if not (plus and at and old_range and new_range):
-        return None
-    return old_range + new_range + (section.strip(),)
-
-
-def _range(text: str) -> "Optional[tuple[int, int]]":
-    """`A` or `A,B` (decimal digits) -> (A, B), B being 1 when absent; None otherwise."""
-    start, comma, length = text.partition(",")
-    if not start.isdecimal() or (comma and not length.isdecimal()):
-        return None
-    return int(start), int(length) if comma else 1
+    a, b, c, d, section = match.groups()
+    return int(a), int(b) if b is not None else 1, int(c), int(d) if d is not None else 1, section.strip()
 
 
 def _read_hunk(lines: List[str], i: int, hunk: Hunk) -> "tuple[Hunk, int]":
