@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from extras import need
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "ci" / "bench"))
 
@@ -240,7 +242,7 @@ def test_hybrid_mod_finds_exactly_the_shared_experts(folders, tmp_path):
 
 
 def test_tokenizer_covers_every_model_id(folders):
-    transformers = pytest.importorskip("transformers")
+    transformers = need("transformers")
     _, int4, _ = folders
     tok = transformers.AutoTokenizer.from_pretrained(str(int4))
     assert len(tok) == 248320

@@ -1,7 +1,7 @@
 """turboquant at work in a real vLLM 0.19.1 (marker vllm_runtime: installs vLLM, about 3 GB).
 
 The mod is applied with its own run.sh to an overlay of the release's site-packages, then
-test_mod_turboquant_probe.py runs under that release's python (CPU only; Triton kernels under
+mod_turboquant_probe.py runs under that release's python (CPU only; Triton kernels under
 TRITON_INTERPRET=1) on config-only model folders: a hybrid Qwen3.5-MoE (DeltaNet + every 4th
 layer full attention, head 256, 2 KV heads, the real model's DeltaNet state sizes) and a dense
 Qwen3 (head 128). Each test below asserts one thing vLLM itself reported.
@@ -21,7 +21,7 @@ from vllmenv import run_sh, vllm_env
 pytestmark = pytest.mark.vllm_runtime
 
 MOD = Path(__file__).resolve().parents[1] / "mods" / "turboquant"
-PROBE = Path(__file__).resolve().parent / "test_mod_turboquant_probe.py"
+PROBE = Path(__file__).resolve().parent / "mod_turboquant_probe.py"
 VERSION = "0.19.1"
 DTYPES = ["turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"]
 HYBRID_LAYERS = 8  # full attention at 3 and 7
