@@ -19,9 +19,9 @@ from typing import Any, Dict, List
 
 import pytest
 
+from chatcases import CASES, MOD_DIR, TEMPLATE_PATH
 from sparkmods.runtime.manifest import load_manifest
 from sparkmods.runtime.pep440 import Range, Version
-from test_chat_template import CASES, MOD_DIR, TEMPLATE_PATH
 from chat_template_probe import MARK, TOOL_PARSERS
 from vllmenv import vllm_env
 

@@ -189,9 +189,9 @@ def test_transcripts_are_found() -> None:
 # --- running a block ---------------------------------------------------------------------------
 
 def _replay(folder: Path):
-    """A loopback server answering as the recorded scenario's server did (test_verify's Replay)."""
+    """A loopback server answering as the recorded scenario's server did (tests/verifyreplay.py)."""
     from sparkmods.verify.capture import load_scenario
-    from test_verify import Replay
+    from verifyreplay import Replay
     return Replay(load_scenario(folder))
 
 

@@ -17,7 +17,7 @@ from typing import Any, Dict
 import pytest
 
 from probekit import run_job
-from test_mod_turboquant_runtime import DTYPES, dense_config, hybrid_config, model_dir
+from tqmodels import DTYPES, dense_config, hybrid_config, model_dir
 from vllmenv import run_sh, vllm_env
 
 pytestmark = pytest.mark.vllm_runtime

@@ -22,7 +22,7 @@ from typing import List, Set
 
 import pytest
 
-from modfactory import ORIGINAL, TARGET, make_mod, make_site, make_template_mod
+from modfactory import ORIGINAL, TARGET, make_mod, make_site, make_template_mod, run_sh
 from sparkmods.community.judge import CommunityResult
 from sparkmods.runtime import pep440
 from sparkmods.runtime.applier import parse_args
@@ -32,7 +32,6 @@ from sparkmods.runtime.manifest import _LABEL, _NAME
 from sparkmods.runtime.modcheck import ModResult
 from sparkmods.runtime.pep440 import Version
 from sparkmods.runtime.udiff import _hunk_header
-from test_applier import run_sh
 
 # What the runtime once imported on run.sh's apply, and what those imported in turn.
 HEAVY = {"dataclasses", "inspect", "ast", "pathlib", "typing", "argparse", "contextlib", "signal", "enum",

@@ -17,8 +17,7 @@ from typing import List
 import pytest
 
 import realtree
-from modfactory import ORIGINAL, PATCHED, TARGET, edit_runtime, make_mod, make_site
-from test_applier import run_sh
+from modfactory import ORIGINAL, PATCHED, TARGET, edit_runtime, make_mod, make_site, run_sh
 
 
 def _run(mod: Path, site: Path, tmp_path: Path, cache: Path, *args: str):
