@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Make the test environment: .venv with sparkmods and its `test` extra, torch as a CPU build
-# where one can be had.
+# Make the test environment: .venv with sparkmods and its `test` and `kernels` extras, torch as a
+# CPU build where one can be had.
 #
-# The `test` extra pins torch (the turboquant kernels run under Triton's CPU interpreter, the tiny
+# The `kernels` extra pins torch (the turboquant kernels run under Triton's CPU interpreter, the tiny
 # Qwen3.5 model under transformers). From PyPI, torch on Linux is the CUDA build: several GB of
 # nvidia-* wheels that no test uses. So torch is installed first from PyTorch's CPU index, at the
 # version pyproject.toml pins; the rest then comes from the ordinary index and keeps that torch
@@ -33,7 +33,7 @@ EOF
 
 [[ -x .venv/bin/python ]] || "${PYTHON:-python3}" -m venv .venv
 torch_pin="$(grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')" \
-    || { echo "setup-tests: error: pyproject.toml pins no torch==X in the test extra" >&2; exit 2; }
+    || { echo "setup-tests: error: pyproject.toml pins no torch==X in the kernels extra" >&2; exit 2; }
 
 if [[ "$(uname -s)" == Linux ]]; then
     if why="$(answers "$CPU_INDEX/torch/")"; then
@@ -44,7 +44,7 @@ if [[ "$(uname -s)" == Linux ]]; then
         say "note: $CPU_INDEX does not answer ($why); $torch_pin comes from the default index"
     fi
 fi
-say "installing sparkmods with the test extra"
-.venv/bin/pip install -q -e '.[test]'
+say "installing sparkmods with the test and kernels extras"
+.venv/bin/pip install -q -e '.[test,kernels]'
 say "ready: $(.venv/bin/python -c 'import torch; cuda = torch.version.cuda
 print("torch", torch.__version__, f"(CUDA {cuda} build)" if cuda else "(CPU build)")')"

@@ -9,7 +9,8 @@ DIR/Qwen3.5-122B-A10B-FP8             Qwen-style block-FP8, for `build-hybrid --
 They carry the real Qwen3.5-MoE tensor names, dtypes, quantization configs and file layout at
 tiny dimensions (about 5 MB each), so `inspect`, `add-mtp` and `build-hybrid` behave as on the
 real 122B checkpoints. The writer is the test suite's own (tests/ckptfactory.py), which writes
-through the safetensors library; it needs numpy (`pip install numpy`, or the `test` extra).
+through the safetensors library: it needs numpy and safetensors (`pip install numpy safetensors`, or
+the `test` extra).
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ from types import ModuleType
 
 import pytest
 
+from extras import need
+
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "ci" / "bench"
 
@@ -39,7 +41,7 @@ def interpreted_module(workdir: Path) -> ModuleType:
     loader = bench_module("int8_lm_head_kernel")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRITON_INTERPRET", "1")
-        pytest.importorskip("triton")
+        need("triton")
         loader.enable_interpreter()
         module = loader.load_kernel_module(workdir)
     assert type(module._int8_head_mma_kernel).__name__ == "InterpretedFunction"

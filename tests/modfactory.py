@@ -1,8 +1,12 @@
-"""Build small mods and vLLM site-packages trees for tests (the runtime's real code runs on them)."""
+"""Build small mods and vLLM site-packages trees for tests (the runtime's real code runs on them),
+and run a mod's run.sh on such a tree."""
 
 from __future__ import annotations
 
 import difflib
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Dict, Optional
@@ -89,3 +93,11 @@ def make_template_mod(mods: Path) -> Path:
     (mod / "files" / "t.jinja").write_text("{{ messages }}")
     sync(mod)
     return mod
+
+
+def run_sh(mod: Path, site: Path, cwd: Path, *args: str, env_extra=None) -> subprocess.CompletedProcess:
+    """The mod's run.sh through bash on the site tree (PYTHON_ROOT), this interpreter as its python."""
+    env = {"PATH": os.environ["PATH"], "PYTHON_ROOT": str(site), "SPARKMODS_PYTHON": sys.executable}
+    env.update(env_extra or {})
+    return subprocess.run(["bash", str(mod / "run.sh"), *args], cwd=cwd, env=env, text=True,
+                          capture_output=True, timeout=60)

@@ -6,6 +6,9 @@ sparkrun needs Python >= 3.12 while the project runs on 3.11, so the environment
 `$SPARKMODS_VENV_DIR` (default ~/.cache/sparkmods/venvs) as `sparkrun-<version>`, shared by
 parallel tests through a file lock and counted ready only once its marker is written, as
 tests/vllmenv.py does for vLLM. An install is a few seconds from the package index.
+
+The `sparkrun` fixture (registered in conftest.py) is that sparkrun with this working tree's
+registry added, as users add it.
 """
 
 from __future__ import annotations
@@ -13,14 +16,19 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
 from typing import List, Optional
 
+import pytest
+import yaml
+
 from vllmenv import _uv, venvs_dir
 
-__all__ = ["SPARKRUN_VERSION", "sparkrun_env", "SparkrunEnvError"]
+__all__ = ["REGISTRY", "SOURCES", "SPARKRUN_VERSION", "Sparkrun", "SparkrunEnvError", "serve_command", "sparkrun",
+           "sparkrun_env"]
 
 SPARKRUN_VERSION = "0.4.2"
 MARKER = "sparkmods-sparkrun.txt"
@@ -76,3 +84,44 @@ def sparkrun_env(version: str = SPARKRUN_VERSION) -> Path:
                                        + (done.stderr or done.stdout).strip()[-800:])
         (root / MARKER).write_text(version + "\n", encoding="utf-8")
         return exe
+
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCES = sorted((REPO / "launch" / "recipes").glob("*.yaml"))
+REGISTRY = yaml.safe_load((REPO / ".sparkrun" / "registry.yaml").read_text())["registries"][0]["name"]
+
+
+class Sparkrun:
+    def __init__(self, exe: Path, home: Path) -> None:
+        self.exe, self.home = exe, home
+
+    def __call__(self, *args: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "HOME": str(self.home), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1",
+               "XDG_CONFIG_HOME": str(self.home / ".config"), "XDG_CACHE_HOME": str(self.home / ".cache")}
+        return subprocess.run([str(self.exe), *args], env=env, capture_output=True, text=True,
+                              timeout=600, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="module")
+def sparkrun(tmp_path_factory) -> Sparkrun:
+    exe = sparkrun_env()
+    version = subprocess.run([str(exe), "--version"], capture_output=True, text=True, check=True).stdout
+    assert SPARKRUN_VERSION in version
+    # The registry as users get it: a git repository with what this working tree holds.
+    repo = tmp_path_factory.mktemp("registry") / "spark-vllm-mods"
+    repo.mkdir()
+    for part in (".sparkrun", "launch", "mods"):
+        shutil.copytree(REPO / part, repo / part, ignore=shutil.ignore_patterns("__pycache__"))
+    git = ["git", "-C", str(repo), "-c", "user.name=test", "-c", "user.email=test@example.invalid"]
+    for step in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "registry"]):
+        subprocess.run(git + step, check=True, capture_output=True)
+    run = Sparkrun(exe, tmp_path_factory.mktemp("home"))
+    added = run("registry", "add", "--trust", f"file://{repo}")
+    assert added.returncode == 0 and "Added 1 registry" in added.stdout, added.stdout + added.stderr
+    return run
+
+
+def serve_command(output: str) -> List[str]:
+    """The argv of the "Serve command:" block sparkrun's dry run prints."""
+    block = output.split("Serve command:", 1)[1].split("\n\n", 1)[0]
+    return shlex.split(block.replace("\\\n", " "))

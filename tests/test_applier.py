@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 
-from modfactory import ORIGINAL, PATCHED, TARGET, edit_runtime, make_mod, make_site, make_template_mod
+from modfactory import ORIGINAL, PATCHED, TARGET, edit_runtime, make_mod, make_site, make_template_mod, run_sh
 from sparkmods.cli import main
 from sparkmods.sync import stale_files
-
-
-def run_sh(mod: Path, site: Path, cwd: Path, *args: str, env_extra=None) -> subprocess.CompletedProcess:
-    env = {"PATH": os.environ["PATH"], "PYTHON_ROOT": str(site), "SPARKMODS_PYTHON": sys.executable}
-    env.update(env_extra or {})
-    return subprocess.run(["bash", str(mod / "run.sh"), *args], cwd=cwd, env=env, text=True,
-                          capture_output=True, timeout=60)
 
 
 def test_run_sh_applies_then_says_already_applied(tmp_path):

@@ -14,15 +14,18 @@ from pathlib import Path
 
 import pytest
 
+from extras import need
+from realmods import load_patched_module
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "ci" / "bench"))
 
 import bench_served as bs  # noqa: E402
 import served_report as sr  # noqa: E402
 from qwen35_shapes import MODELS  # noqa: E402
-from test_mod_hybrid import PATCH, load_patched_module  # noqa: E402
 
 CONFIG_NAMES = list(bs.CONFIGS)
+HYBRID_PATCH = REPO / "mods" / "hybrid-int4-fp8" / "patches" / "common" / "sparkmods_hybrid_fp8.patch"
 
 
 def _rows() -> list[dict]:
@@ -197,6 +200,7 @@ def test_run_cell_reports_a_refused_request():
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
+    need("tokenizers")  # the folders' tokenizer is written with it (transformers brings it)
     root = tmp_path_factory.mktemp("models")
     model = MODELS["35b-a3b"]
     return model, bs.build_model(model, root, "int4"), bs.build_model(model, root, "hybrid")
@@ -221,7 +225,7 @@ def test_model_folders_hold_real_headers_and_sparse_data(folders):
 
 def test_hybrid_mod_finds_exactly_the_shared_experts(folders, tmp_path):
     """The mod's own header scan (taken from its patch) on the folders' files."""
-    hyb = load_patched_module(PATCH, tmp_path, "sparkmods_hybrid_fp8")
+    hyb = load_patched_module(HYBRID_PATCH, tmp_path, "sparkmods_hybrid_fp8")
     model, int4, hybrid = folders
 
     def metadata(folder: Path) -> dict:
@@ -240,7 +244,7 @@ def test_hybrid_mod_finds_exactly_the_shared_experts(folders, tmp_path):
 
 
 def test_tokenizer_covers_every_model_id(folders):
-    transformers = pytest.importorskip("transformers")
+    transformers = need("transformers")
     _, int4, _ = folders
     tok = transformers.AutoTokenizer.from_pretrained(str(int4))
     assert len(tok) == 248320

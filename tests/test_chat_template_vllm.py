@@ -1,7 +1,7 @@
 """The chat template against real vLLM releases: their transformers renderer, their content-format
 detection, their `qwen3` reasoning parser and their `qwen3_coder` / `qwen3_xml` tool parsers.
 
-vLLM lives in its own virtual environment: each test here runs test_chat_template_probe.py with that
+vLLM lives in its own virtual environment: each test here runs chat_template_probe.py with that
 venv's python on the cases of test_chat_template.py and asserts on what the probe reports.
 
 Targets: every release in the mod's `verified` list, from the shared cached venvs of vllmenv.py
@@ -19,14 +19,14 @@ from typing import Any, Dict, List
 
 import pytest
 
+from chatcases import CASES, MOD_DIR, TEMPLATE_PATH
 from sparkmods.runtime.manifest import load_manifest
 from sparkmods.runtime.pep440 import Range, Version
-from test_chat_template import CASES, MOD_DIR, TEMPLATE_PATH
-from test_chat_template_probe import MARK, TOOL_PARSERS
+from chat_template_probe import MARK, TOOL_PARSERS
 from vllmenv import vllm_env
 
 pytestmark = pytest.mark.vllm_runtime
-PROBE = Path(__file__).resolve().parent / "test_chat_template_probe.py"
+PROBE = Path(__file__).resolve().parent / "chat_template_probe.py"
 # vLLM's own limit, not the template's: the first engine-based Qwen3 parser strips every parameter
 # value (`params[name] = value.strip()` in vllm/parser/qwen3.py, 0.24.0 and 0.25.x); from 0.26.0
 # `_trim_wrapping_newlines` drops only the newline the template writes on each side.

@@ -9,15 +9,16 @@ from __future__ import annotations
 import os
 import re
 import time
-from pathlib import Path
 
 import pytest
 
 from clirun import one_line_error, sparkmods
+from hostileindex import check_cli, wheel_trickle
+from launchrepo import STAND_IN, Repo
 from modfactory import ORIGINAL, TARGET, make_mod, make_site
-from test_launch import STAND_IN, Repo
-from test_sources_hostile import _wheel_trickle, check_cli
-from test_sources_kit import fresh_cache, loopback_index, make_wheel  # noqa: F401
+from wheelindex import make_wheel
+
+pytestmark = pytest.mark.usefixtures("fresh_cache")
 
 NAME = "vllm-0.19.1-cp38-abi3-manylinux_2_28_x86_64.whl"
 
@@ -119,11 +120,11 @@ def test_an_existing_launcher_still_works(tmp_path):
     assert done.returncode == 0 and (tmp_path / "out.sh").is_file(), done.stderr
 
 
-def test_a_trickling_server_is_asked_once_and_cut_off_once(loopback_index, tmp_path):  # noqa: F811
+def test_a_trickling_server_is_asked_once_and_cut_off_once(loopback_index, tmp_path):
     """The check fetches central directories ahead (warming); a failure there is the answer, not a
     reason to ask the same range again and wait out the deadline twice."""
     loopback_index.add(make_wheel(tmp_path / NAME, "0.19.1"))
-    loopback_index.routes[f"/files/{NAME}"] = _wheel_trickle(loopback_index)
+    loopback_index.routes[f"/files/{NAME}"] = wheel_trickle(loopback_index)
     started = time.monotonic()
     done, _ = check_cli(loopback_index, tmp_path, env={"SPARKMODS_HTTP_DEADLINE": "2"})
     seconds = time.monotonic() - started

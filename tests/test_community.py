@@ -11,14 +11,10 @@ from typing import Dict
 
 import pytest
 
-from realtree import _old_side, write_site
+from communitytree import FIXTURES, GLM, Tree, glm_tree, sites
 from sparkmods.cli import main
 from sparkmods.community.judge import SKIPPED, judge
 from sparkmods.community.runsh import read_mod
-from sparkmods.runtime.udiff import parse_patch
-
-FIXTURES = Path(__file__).parent / "fixtures" / "community"
-GLM = "vllm/model_executor/models/glm4_moe.py"
 
 
 @pytest.mark.parametrize("name, tool, strip, reverse, tolerated, guarded, excluded", [
@@ -117,28 +113,6 @@ def test_a_run_sh_that_cannot_be_read_says_so(tmp_path: Path):
     assert not mod.checkable and mod.blockers[0].kind == "unreadable" and "line 1" in mod.why_not()
 
 
-class Tree:
-    """A vLLM tree in memory: what judge() reads."""
-
-    def __init__(self, version: str, files: Dict[str, bytes]) -> None:
-        self.version, self.files = version, files
-
-    def read(self, path: str):
-        return self.files.get(path)
-
-
-def glm_tree(version: str = "0.19.1", broken: bool = False, outer: bool = False) -> Tree:
-    """The fix's file; broken: a context line next to the change differs (no tool applies it);
-    outer: only the hunk's first context line differs (GNU patch applies it with fuzz 1)."""
-    (fp,) = parse_patch((FIXTURES / "patch-d-site" / "fix.patch").read_text())
-    text = _old_side(fp)
-    if broken:
-        text = text.replace(b"param = params_dict[name]", b"param = params_dict.get(name)")
-    if outer:
-        text = text.replace(b"is_pp_missing_parameter(name, self)", b"is_pp_missing_parameter(name, model)")
-    return Tree(version, {GLM: text})
-
-
 @pytest.mark.parametrize("name, status", [("patch-d-site", "ok-offset"), ("git-apply-directory", "conflict")])
 def test_gnu_patch_fuzz_is_modelled_and_git_apply_has_none(name, status):
     result = judge(read_mod(FIXTURES / name), glm_tree(outer=True))
@@ -178,12 +152,6 @@ def test_stacked_diffs_judged_as_one_and_already_applied_stops_run_sh():
     once = judge(read_mod(FIXTURES / "patch-d-site"), tree, keep_bytes=True)
     again = judge(read_mod(FIXTURES / "patch-d-site"), Tree("0.19.1", {GLM: once.files[0].after}))
     assert again.status == "conflict" and "already in this vLLM" in again.reason and "`patch` exits 1" in again.reason
-
-
-def sites(tmp: Path) -> "tuple[Path, Path]":
-    good = write_site(tmp / "a", "0.19.1", glm_tree().files)
-    bad = write_site(tmp / "b", "0.20.0", glm_tree(broken=True).files)
-    return good, bad
 
 
 def test_check_community_table_json_and_exit_codes(tmp_path: Path, capsys):

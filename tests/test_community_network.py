@@ -10,10 +10,10 @@ from typing import List
 
 import pytest
 
+from communitytree import FIXTURES, GLM
 from sparkmods.community.judge import judge
 from sparkmods.community.runsh import read_mod
 from sparkmods.sources import open_targets
-from test_community import FIXTURES, GLM
 
 pytestmark = pytest.mark.network
 

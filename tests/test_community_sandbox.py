@@ -15,12 +15,12 @@ from typing import Dict
 
 import pytest
 
+from communitytree import FIXTURES, sites
 from realtree import write_site
 from sparkmods.cli import main
 from sparkmods.community.sandbox import (APPLIED, FAILED, NO_CHANGE, OUTSIDE, SITE_DIR, TIMED_OUT, agrees,
                                          release_tree, run_mod)
 from sparkmods.sources import open_targets
-from test_community import FIXTURES, sites
 
 pytestmark = pytest.mark.docker
 REPO = Path(__file__).resolve().parents[1]

@@ -157,15 +157,15 @@ def test_set_up_lines_need_no_sudo() -> None:
             assert not re.search(r"(^|[;&|(]\s*|\$ )sudo\b", text), f"{block.name}: {text}"
 
 
-def test_numpy_is_named_before_the_block_that_needs_it() -> None:
-    """examples/make_demo_checkpoints.py needs numpy, which sparkmods itself does not install:
-    the text just before its block says how to get it."""
+def test_numpy_and_safetensors_are_named_before_the_block_that_needs_them() -> None:
+    """examples/make_demo_checkpoints.py needs numpy and safetensors, which sparkmods itself does
+    not install: the text just before its block says how to get them."""
     for doc in DOCS:
         lines = doc.read_text(encoding="utf-8").splitlines()
         for block in ALL:
             if block.doc == doc and any("examples/make_demo_checkpoints.py" in l for l in block.lines):
                 previous = max((b.line + len(b.lines) for b in ALL if b.doc == doc and b.line < block.line), default=0)
-                assert "pip install numpy" in "\n".join(lines[previous:block.line]), block.name
+                assert "pip install numpy safetensors" in "\n".join(lines[previous:block.line]), block.name
 
 
 def test_the_launch_synopsis_lists_every_option_launch_has() -> None:
@@ -189,9 +189,9 @@ def test_transcripts_are_found() -> None:
 # --- running a block ---------------------------------------------------------------------------
 
 def _replay(folder: Path):
-    """A loopback server answering as the recorded scenario's server did (test_verify's Replay)."""
+    """A loopback server answering as the recorded scenario's server did (tests/verifyreplay.py)."""
     from sparkmods.verify.capture import load_scenario
-    from test_verify import Replay
+    from verifyreplay import Replay
     return Replay(load_scenario(folder))
 
 

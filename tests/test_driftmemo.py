@@ -7,10 +7,10 @@ from typing import Dict, List
 
 import pytest
 
+from drifttree import IMPORTS, MOD, TREE, add
 from sparkmods.checking import drift
 from sparkmods.checking.driftmemo import DriftMemo, changes_key
 from sparkmods.pyindex.resolve import VllmTree
-from test_drift import IMPORTS, MOD, TREE, add
 
 HELPERS = "vllm/model_executor/layers/quantization/helpers.py"
 PATCHED = add(IMPORTS + "        y = scale(y, 2, clamp=True) + Box(3).size\n")

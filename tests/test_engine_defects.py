@@ -4,9 +4,14 @@ GNU patch's meaning of `-p N`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 import pytest
 
-from test_drift import IMPORTS, TREE, add, check
+from drifttree import IMPORTS, add, check
+from realpatch import REL, diff, gnu_patch
+from sparkmods.runtime.udiff import PatchParseError, parse_patch
 
 
 @pytest.mark.parametrize("call", [
@@ -23,31 +28,7 @@ def test_super_naming_the_enclosing_class_is_still_checked():
 
 
 # -- the patch engine against git apply and GNU patch ------------------------------------------
-import difflib  # noqa: E402
-import subprocess  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Dict, List, Optional  # noqa: E402
-
-from sparkmods.runtime.engine import APPLIED, OK, OK_OFFSET, plan  # noqa: E402
-from sparkmods.runtime.udiff import PatchParseError, parse_patch, reverse  # noqa: E402
-
 SITE = "usr/local/lib/python3.12/dist-packages"  # where the community image keeps vLLM
-REL = "vllm/model_executor/models/glm4_moe.py"
-
-
-def diff(old: str, new: str, left: str, right: str) -> str:
-    return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), left, right))
-
-
-def gnu_patch(root: Path, patch: str, *args: str) -> "subprocess.CompletedProcess[str]":
-    """GNU patch as run.sh runs it in a container: no terminal to ask (a new session has no
-    /dev/tty), so every question takes its default answer, [n]."""
-    return subprocess.run(["patch", "--dry-run", "--verbose", *args], cwd=root, input=patch,
-                          capture_output=True, text=True, start_new_session=True)
-
-
-def git_apply(root: Path, patch: str, *args: str) -> "subprocess.CompletedProcess[str]":
-    return subprocess.run(["git", "apply", *args], cwd=root, input=patch, capture_output=True, text=True)
 
 
 def gnu_target(root: Path, patch: str, strip: int) -> Optional[str]:

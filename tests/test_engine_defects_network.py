@@ -4,15 +4,14 @@ GNU `patch --dry-run`. Where they accept, our engine must too, and produce their
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from realpatch import REL, diff, git_apply, gnu_patch
 from sparkmods.runtime.engine import APPLIED, CONFLICT, OK, OK_OFFSET, plan
 from sparkmods.runtime.udiff import parse_patch, reverse
 from sparkmods.sources import open_targets
-from test_engine_defects import REL, diff, git_apply, gnu_patch
 
 pytestmark = pytest.mark.network
 

@@ -23,6 +23,8 @@ from typing import Any, Dict, List
 
 import pytest
 
+from extras import need
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "ci" / "bench" / "results" / "gb10-readiness" / "readiness.json"
 
@@ -31,7 +33,7 @@ pytestmark = pytest.mark.gpu_compile
 
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory: pytest.TempPathFactory) -> List[Dict[str, Any]]:
-    pytest.importorskip("triton")
+    need("triton")
     out = tmp_path_factory.mktemp("gb10") / "rows.json"
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_CACHE_DIR")}
     proc = subprocess.run([sys.executable, str(REPO / "ci" / "gb10_readiness.py"), "--json", str(out), "--workers", "2"],

@@ -24,10 +24,12 @@ import e2e  # noqa: E402
 import e2e_nodes as nodes  # noqa: E402
 import e2e_parallel as parallel  # noqa: E402
 import e2e_serve as serve  # noqa: E402
+from extras import need  # noqa: E402
 from sparkmods.launch.nodewords import RANK_FLAGS, RAY_HEAD, RAY_WORKER, fill  # noqa: E402
 from sparkmods.launch.plan import STANDALONE, LaunchOptions, build_plan  # noqa: E402
 from sparkmods.launch.recipe import load_recipe  # noqa: E402
 from sparkmods.launch.standalone import MASTER_PORT, RAY_PORT, render_standalone, serve_argv  # noqa: E402
+from vllmenv import ray_site  # noqa: E402
 
 PY = "/usr/bin/python3"
 VLLM_SERVE = [PY, "-c", "from vllm.entrypoints.cli.main import main; main()", "serve"]
@@ -198,9 +200,7 @@ def test_a_real_ray_head_and_worker_form_two_nodes_on_loopback_and_stop(tmp_path
     """Ray from PyPI, started with the nodes' words and environments as a Ray server would be:
     two alive nodes at 127.0.0.2 and .3 (a 127.0.0.1 head would be renamed to the host's
     address), each told one GPU; stopping the groups leaves no Ray process of theirs."""
-    from test_gpu_e2e_parts import _ray_site
-
-    site = _ray_site()
+    site = ray_site()
     server = nodes.node_server("b", sys.executable, tmp_path / "m", parallel.Parallel(2, "ray", 2), [],
                                [[site], [site]], os.environ, tmp_path / "s" / "server.log", False)
     server.log_path.parent.mkdir(parents=True)
@@ -281,6 +281,8 @@ def test_a_two_node_server_serves_from_two_process_trees_each_with_its_own_patch
     mod step for that node alone; each node's process sees its GPU, address and overlay; after
     the work both process trees are gone."""
     import json
+
+    need("torch")  # e2e reads the model manifest through tiny_qwen35, which imports torch
 
     site = tmp_path / "site"
     cli = site / "vllm" / "entrypoints" / "cli"

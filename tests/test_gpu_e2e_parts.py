@@ -10,7 +10,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
+
+from extras import need
+from vllmenv import ray_site
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "ci" / "gpu"))
@@ -52,6 +54,7 @@ def test_kv_cache_tokens_reads_the_last_line():
 
 def test_int8_bound_holds_for_the_real_head_and_is_not_vacuous(tmp_path):
     """The bound e2e asserts, against the INT8 error of the peaked model's own head on CPU."""
+    torch = need("torch")
     import tiny_qwen35
     from tiny_weights import TOP_LOGIT
 
@@ -192,7 +195,7 @@ def test_a_ray_head_that_cannot_start_is_one_error(tmp_path):
 def test_a_real_ray_head_starts_for_the_servers_and_stops(tmp_path):
     """Ray from PyPI (what `carry.py prepare --extra ray` carries), started as the two-node
     script starts its head, on loopback: one alive node, then nothing of it left running."""
-    site = _ray_site()
+    site = ray_site()
     head = parallel.RayHead(sys.executable, site, serve.free_port(), os.environ)
     head.start()
     try:
@@ -201,27 +204,6 @@ def test_a_real_ray_head_starts_for_the_servers_and_stops(tmp_path):
     finally:
         head.stop()
     assert not _ray_processes(site)
-
-
-RAY_VERSION = "2.60.0"
-
-
-def _ray_site() -> Path:
-    """Ray installed with uv --target into the test cache, once (a file lock for xdist)."""
-    import fcntl
-    import subprocess
-
-    from vllmenv import _uv, venvs_dir
-
-    base = venvs_dir()
-    base.mkdir(parents=True, exist_ok=True)
-    site = base / f"ray-{RAY_VERSION}"
-    with open(base / f"ray-{RAY_VERSION}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (site / "ray" / "__init__.py").is_file():
-            subprocess.run([_uv(), "pip", "install", "-q", "--python", sys.executable, "--target", str(site),
-                            f"ray=={RAY_VERSION}"], check=True)
-    return site
 
 
 def _ray_processes(site: Path) -> list[str]:

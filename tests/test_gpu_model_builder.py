@@ -15,8 +15,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors import safe_open
+
+from extras import need
+
+torch = need("torch")
+transformers = need("transformers")
+
+from safetensors import safe_open  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "ci" / "gpu"))
@@ -25,8 +30,6 @@ import tiny_qwen35 as builder  # noqa: E402
 from tiny_quant import gptq_unpack  # noqa: E402
 from tiny_tokenizer import SCRIPT, SPECIAL  # noqa: E402
 from tiny_weights import TOP_LOGIT  # noqa: E402
-
-transformers = pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")

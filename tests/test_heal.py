@@ -13,15 +13,17 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Dict, List
 
 import pytest
 
+from healrepo import fake_gh, git
 from modfactory import ORIGINAL, TARGET, make_mod
 from nightlyrepo import add_commit, serve
-from test_sources_kit import fresh_cache, loopback_index, make_wheel  # noqa: F401
+from wheelindex import make_wheel
+
+pytestmark = pytest.mark.usefixtures("fresh_cache")
 
 REPO = Path(__file__).resolve().parents[1]
 WHEEL = "vllm-{v}-cp38-abi3-manylinux_2_28_x86_64.whl"
@@ -58,30 +60,6 @@ def test_demo_mod_adds_one(tmp_path):
     exec(code, scope)
     assert scope["Demo"](1).forward(3) == EXPECTED
 '''
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
-
-
-def fake_gh(folder: Path) -> Path:
-    """A `gh` that logs its arguments (one JSON list per line) and answers like GitHub's CLI."""
-    folder.mkdir(parents=True, exist_ok=True)
-    gh = folder / "gh"
-    gh.write_text(textwrap.dedent(f'''\
-        #!{sys.executable}
-        import json, os, sys
-        with open(os.environ["GH_LOG"], "a") as fh:
-            fh.write(json.dumps(sys.argv[1:]) + "\\n")
-        if sys.argv[1:3] == ["issue", "list"]:
-            print(os.environ.get("GH_OPEN_ISSUES", "[]"))
-        elif sys.argv[1:3] == ["pr", "create"]:
-            print("https://github.example/spark-vllm-mods/pull/1")
-        elif sys.argv[1:3] == ["issue", "create"]:
-            print("https://github.example/spark-vllm-mods/issues/2")
-        '''))
-    gh.chmod(0o755)
-    return folder
 
 
 class World:
@@ -183,7 +161,6 @@ def test_an_exact_rebase_that_passes_its_tests_becomes_a_pull_request(tmp_path, 
     assert len(world.gh_calls()) == 1
 
 
-
 def test_a_nightly_that_breaks_the_mod_is_healed_from_its_own_wheel(tmp_path, loopback_index):
     """The newest nightly of a per-commit wheel repository (tests/nightlyrepo.py) instead of a
     release: the variant starts at the dev build, and the runtime test gets that nightly's wheel."""
@@ -225,7 +202,6 @@ def test_a_flagged_rebase_becomes_an_issue_and_proposes_nothing(tmp_path, loopba
     known = json.dumps([{"title": issue["title"]}])
     again = world.open(GH_OPEN_ISSUES=known)
     assert "is already open" in again.stdout and world.gh_calls()[-1][:2] == ["issue", "list"]
-
 
 
 def test_one_proposal_per_mod_the_oldest_broken_release_first(tmp_path, loopback_index):

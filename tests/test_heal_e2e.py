@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
+from healrepo import fake_gh, git
 from nightlyrepo import rebuild_with_edit, serve
 from releasewheel import vllm_wheel
-from test_heal import fake_gh, git
 
 pytestmark = [pytest.mark.network, pytest.mark.vllm_runtime]
 REPO = Path(__file__).resolve().parents[1]

@@ -16,10 +16,9 @@ from typing import Callable
 import pytest
 
 import realtree
-from modfactory import ORIGINAL, PATCHED, TARGET, make_mod, make_site, unified
+from modfactory import ORIGINAL, PATCHED, TARGET, make_mod, make_site, run_sh, unified
 from sparkmods.cli import main
 from sparkmods.sync import sync
-from test_applier import run_sh
 
 
 def assert_refused(mod: Path, site: Path, cwd: Path, *words: str) -> str:

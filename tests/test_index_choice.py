@@ -9,9 +9,13 @@ import json
 import random
 from pathlib import Path
 
+import pytest
+
 from sparkmods.sources.index import ProjectPage, parse_page
 from sparkmods.sources.spec import open_targets
-from test_sources_kit import JSON_TYPE, fresh_cache  # noqa: F401
+from wheelindex import JSON_TYPE
+
+pytestmark = pytest.mark.usefixtures("fresh_cache")
 
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_28_aarch64", "linux_x86_64", "macosx_14_0_arm64"]
 
@@ -45,7 +49,7 @@ def test_the_preferred_wheel_of_every_version() -> None:
             assert "manylinux_2_28_x86_64" in best.filename
 
 
-def test_a_range_over_thousands_of_builds_opens_the_preferred_wheel_of_each(fresh_cache: Path) -> None:  # noqa: F811
+def test_a_range_over_thousands_of_builds_opens_the_preferred_wheel_of_each(fresh_cache: Path) -> None:
     url = "https://nightly.example/simple/vllm/"
     body = page(3_000, seed=2)
     entry = {"url": url, "final_url": url, "content_type": JSON_TYPE, "fetched": 0, "max_age": 0,

@@ -26,9 +26,12 @@ from types import ModuleType
 from typing import Any, Dict, List
 
 import pytest
-import torch
 
-from int8_lm_head_interp import REPO, bench_module
+from extras import need
+
+torch = need("torch")
+
+from int8_lm_head_interp import REPO, bench_module  # noqa: E402
 
 SHARED = REPO / "mods" / "turboquant" / "files" / "sparkmods_kerneltune.py"
 SM12X = 101376
@@ -47,7 +50,7 @@ def mods(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, ModuleType]:
     work = tmp_path_factory.mktemp("mods")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRITON_INTERPRET", "1")
-        pytest.importorskip("triton")
+        need("triton")
         import triton.experimental.gluon  # noqa: F401  (bench_turboquant.load_modules imports it in the same mode)
 
         int8 = load_mod_package(REPO / "mods/int8-lm-head/patches/common/int8_lm_head.patch", "kt_test_int8", work)

@@ -16,7 +16,7 @@ from typing import Dict, List
 
 import pytest
 
-from test_launch import FIXTURES, Repo, calls, launch, run_script
+from launchrepo import FIXTURES, RECIPE, Repo, calls, launch, run_script
 
 NODES = "10.0.0.1,10.0.0.2"
 NEW = FIXTURES / "launch-cluster.sh"
@@ -28,7 +28,6 @@ PLAIN = "--speculative-config '{{\"method\": \"mtp\", \"num_speculative_tokens\"
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Repo:
-    from test_launch import RECIPE
     return Repo(tmp_path / "recipe repo", RECIPE.replace(PLAIN, "--max-num-seqs 8"))
 
 

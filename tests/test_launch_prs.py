@@ -13,13 +13,13 @@ from typing import List
 
 import pytest
 
+from launchrepo import RECIPE, Repo, launch
 from modfactory import ORIGINAL, TARGET, unified
 from sparkmods.gitdiff import blob_id
 from sparkmods.launch.plan import LaunchOptions, build_plan
 from sparkmods.launch.recipe import load_recipe
 from sparkmods.launch.rules import validate
 from sparkmods.launch.vllmopen import check_with_engine
-from test_launch import RECIPE, Repo, launch
 
 
 def _git_diff(path: str, old: str, new: str) -> str:

@@ -21,9 +21,8 @@ from typing import Iterator, List, Tuple
 
 import pytest
 
+from launchdocker import REAL_MODS, Launch, assert_node_patched, serve_args
 from sshnode import SshNode, client_config, ensure_ssh_node_image, free_network, keygen, ssh_node
-from test_launch_docker import (REAL_MODS, Launch, assert_node_patched, launch, launch_image,  # noqa: F401
-                                serve_args, vllm_py_files)
 
 pytestmark = pytest.mark.docker
 

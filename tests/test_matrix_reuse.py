@@ -7,9 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from modfactory import ORIGINAL, TARGET, make_mod
 from sparkmods.cli import main
-from test_sources_kit import fresh_cache, loopback_index, make_wheel  # noqa: F401
+from wheelindex import make_wheel
+
+pytestmark = pytest.mark.usefixtures("fresh_cache")
 
 WHEEL = "vllm-{v}-cp38-abi3-manylinux_2_28_x86_64.whl"
 

@@ -3,7 +3,7 @@
 For the newest release each variant was verified on (or the one vLLM and mods folder the
 nightly heal names: vllmenv.runtime_releases, runtime_mods): install it from PyPI (vllmenv, cached),
 apply the mod to a private copy of its site-packages with the mod's own run.sh, and run
-test_mod_hybrid_probe.py under that release's python on tiny Qwen3.5-MoE checkpoints from
+mod_hybrid_probe.py under that release's python on tiny Qwen3.5-MoE checkpoints from
 ckptfactory. The probe builds INCConfig through vLLM's VllmConfig (so the mod's
 maybe_update_config hook reads the checkpoint as in `vllm serve`), maps names with the model
 class's own mapper and asks get_quant_method about real layer objects; it also reports
@@ -31,14 +31,14 @@ else:  # pragma: no cover
 pytestmark = pytest.mark.vllm_runtime
 
 MOD = runtime_mods() / "hybrid-int4-fp8"
-PROBE = Path(__file__).resolve().parent / "test_mod_hybrid_probe.py"
+PROBE = Path(__file__).resolve().parent / "mod_hybrid_probe.py"
 SHAPE = replace(cf.Shape(), shared_intermediate=384)  # vLLM's FP8 merged layers need n*128 outputs
 BASE = "language_model.model.layers"  # Qwen3_5MoeForConditionalGeneration's module names
 H, SI = SHAPE.hidden, SHAPE.shared_intermediate
 # Releases whose INC routes INT4 experts to these methods (Marlin, MoE-WNA16 or AutoGPTQ MoE).
 INT4_MOE_METHODS = {"GPTQMarlinMoEMethod", "MoeWNA16Method", "AutoGPTQMoEMethod"}
 # Without a GPU some releases fail inside a method's constructor, choosing its kernel; the
-# probe then reports that method and the error (see test_mod_hybrid_probe.py).
+# probe then reports that method and the error (see mod_hybrid_probe.py).
 
 
 def newest_verified() -> List[str]:

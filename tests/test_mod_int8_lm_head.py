@@ -17,7 +17,9 @@ from typing import List
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from extras import need
+
+torch = need("torch")
 
 from int8_lm_head_bounds import logit_bound  # noqa: E402
 from sparkmods.runtime.manifest import load_manifest  # noqa: E402

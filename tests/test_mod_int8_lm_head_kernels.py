@@ -15,7 +15,9 @@ from types import ModuleType
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from extras import need
+
+torch = need("torch")
 
 from int8_lm_head_interp import interpreted_module  # noqa: E402
 

@@ -17,7 +17,9 @@ from types import ModuleType
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from extras import need
+
+torch = need("torch")
 
 from int8_lm_head_interp import BENCH, bench_module  # noqa: E402
 

@@ -2,7 +2,7 @@
 
 For every release in the mod's `verified` lists (cached venvs from vllmenv.py, installed on
 first use) the mod is applied with the same applier run.sh uses, onto a hardlinked overlay of
-that release, and test_mod_int8_lm_head_probe.py runs vLLM's own ParallelLMHead and
+that release, and mod_int8_lm_head_probe.py runs vLLM's own ParallelLMHead and
 LogitsProcessor on it. There is no GPU here, so the mod's torch path computes the logits;
 the Triton kernel is checked on a GPU by ci/bench/gpu_check_int8_lm_head.py.
 SPARKMODS_VLLM_PYTHON (interpreter paths joined by os.pathsep) replaces the releases; the
@@ -22,12 +22,12 @@ import pytest
 from sparkmods.runtime.applier import apply_mod
 from sparkmods.runtime.manifest import load_manifest
 from probekit import read_report
-from test_mod_int8_lm_head_probe import ORG_VOCAB, ROWS
+from mod_int8_lm_head_probe import ORG_VOCAB, ROWS
 from vllmenv import runtime_mods, runtime_releases, vllm_env
 
 pytestmark = pytest.mark.vllm_runtime
 MOD_DIR = runtime_mods() / "int8-lm-head"
-PROBE = Path(__file__).resolve().parent / "test_mod_int8_lm_head_probe.py"
+PROBE = Path(__file__).resolve().parent / "mod_int8_lm_head_probe.py"
 
 
 def targets() -> List[str]:

@@ -15,7 +15,7 @@ from typing import List, Tuple
 import pytest
 
 import ckptfactory as cf
-from test_mod_hybrid import assert_all_exact, load_patched_module
+from realmods import assert_all_exact, load_patched_module
 
 MOD = Path(__file__).resolve().parents[1] / "mods" / "mtp-weights"
 PATCH = MOD / "patches" / "common" / "sparkmods_mtp.patch"

@@ -2,7 +2,7 @@
 
 For the newest release each variant was verified on: install it from PyPI (vllmenv, cached),
 apply the mod to a private copy of its site-packages with the mod's own run.sh, and run
-test_mod_mtp_probe.py under that release's python on tiny Qwen3.5-MoE AutoRound
+mod_mtp_probe.py under that release's python on tiny Qwen3.5-MoE AutoRound
 checkpoints from ckptfactory whose MTP head is indexed, un-indexed, absent, or absent next
 to an un-indexed file of other tensors. The newest release is also probed unpatched, to show
 the behaviour the mod changes. The nightly heal names one vLLM and the mods folder instead
@@ -29,7 +29,7 @@ else:  # pragma: no cover
 pytestmark = pytest.mark.vllm_runtime
 
 MOD = runtime_mods() / "mtp-weights"
-PROBE = Path(__file__).resolve().parent / "test_mod_mtp_probe.py"
+PROBE = Path(__file__).resolve().parent / "mod_mtp_probe.py"
 SHARDS = [f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)]
 EXTRA = "model_extra_tensors.safetensors"
 MTP_TENSORS = len(cf.mtp_specs(cf.Shape()))

@@ -3,7 +3,7 @@
 vLLM 0.25.0-0.26.x cannot start any TurboQuant KV cache (the GPU e2e run of 0.26.0 failed with
 "Unknown TurboQuant cache dtype: 'auto'"): the model runner shapes every attention layer whose
 spec has no KVQuantMode as "auto", and the TurboQuant spec has none before 0.27. The probe
-(test_mod_turboquant_shape_probe.py) runs vLLM's own engine config, Attention layers, grouping
+(mod_turboquant_shape_probe.py) runs vLLM's own engine config, Attention layers, grouping
 and the GPU model runner's allocate + reshape on the CPU, once on the stock release and once
 after the mod's run.sh, for the e2e tiny Qwen3.5-MoE (12 layers), the real Qwen3.5-122B-A10B
 attention geometry (48 layers, full attention every 4th) and a dense Qwen3 (boundary layers).
@@ -17,13 +17,13 @@ from typing import Any, Dict
 import pytest
 
 from probekit import run_job
-from test_mod_turboquant_runtime import DTYPES, dense_config, hybrid_config, model_dir
+from tqmodels import DTYPES, dense_config, hybrid_config, model_dir
 from vllmenv import run_sh, vllm_env
 
 pytestmark = pytest.mark.vllm_runtime
 
 MOD = Path(__file__).resolve().parents[1] / "mods" / "turboquant"
-PROBE = Path(__file__).resolve().parent / "test_mod_turboquant_shape_probe.py"
+PROBE = Path(__file__).resolve().parent / "mod_turboquant_shape_probe.py"
 VERSION = "0.26.0"
 # packed bytes per token and KV head (upstream's slot_size_aligned) at head 256 and 128
 SLOT = {256: {"turboquant_k8v4": 388, "turboquant_4bit_nc": 262, "turboquant_k3v4_nc": 230,

@@ -17,7 +17,9 @@ import pytest
 
 from modfactory import ORIGINAL, TARGET, make_mod
 from sparkmods.nightly import community_broke
-from test_sources_kit import fresh_cache, loopback_index, make_wheel  # noqa: F401
+from wheelindex import make_wheel
+
+pytestmark = pytest.mark.usefixtures("fresh_cache")
 
 REPO = Path(__file__).resolve().parents[1]
 WHEEL = "vllm-{v}-cp38-abi3-manylinux_2_28_x86_64.whl"

@@ -9,70 +9,18 @@ from typing import Dict
 
 import pytest
 
-from modfactory import ORIGINAL, PATCHED, TARGET, unified
-from sparkmods.cli import main
+from modfactory import TARGET
+from rebasemod import MANIFEST, run
 from sparkmods.runtime.manifest import load_manifest
 from sparkmods.runtime.modcheck import check_mod
 from sparkmods.sources import open_targets
 from sparkmods.sync import stale_files, sync
-from test_sources_kit import fresh_cache, loopback_index, make_wheel  # noqa: F401 (fixtures)
 
-# 0.20.0 changed the line after the patched one: the exact engine refuses the old patch there.
-ONTO = ORIGINAL.replace("        return y\n", "        return y.float()\n")
-BROKEN = ORIGINAL.replace("        y = x * 2\n", "        z = x.relu()\n").replace("        return y\n", "        return z\n")
-MANIFEST = '''\
-schema = 1
-name = "demo"
-summary = "a demo mod"   # keep this comment
-
-# the first variant, written for 0.19
-[[variant]]
-label = "v1"
-vllm = ">=0.19.0,<0.21"   # inline comment stays
-patches = ["patches/v1/demo.patch"]
-verified = ["0.19.1"]
-notes = "Add --demo to vllm serve"
-
-# upstream took it over
-[upstream]
-since = "0.30.0"
-evidence = "vLLM PR #1"
-detect = [{ file = "vllm/model_executor/layers/demo.py", contains = "demo mod" }]
-'''
-
-
-@pytest.fixture
-def index(loopback_index, tmp_path):  # noqa: F811
-    def publish(version: str, text: str) -> None:
-        wheel = make_wheel(tmp_path / f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl", version,
-                           extra={TARGET: text.encode()})
-        loopback_index.add(wheel)
-
-    publish("0.19.1", ORIGINAL)
-    publish("0.20.0", ONTO)
-    publish("0.20.1", BROKEN)
-    publish("0.22.0", PATCHED)
-    return f"{loopback_index.url}/simple"
-
-
-@pytest.fixture
-def mod(tmp_path) -> Path:
-    folder = tmp_path / "mods" / "demo"
-    (folder / "patches" / "v1").mkdir(parents=True)
-    (folder / "patches" / "v1" / "demo.patch").write_text(unified(TARGET, ORIGINAL, PATCHED))
-    (folder / "mod.toml").write_text(MANIFEST)
-    sync(folder)
-    return folder
+pytestmark = pytest.mark.usefixtures("fresh_cache")
 
 
 def snapshot(folder: Path) -> Dict[str, bytes]:
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def run(capsys, *argv: str) -> "tuple[int, str, str]":
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_plan_only_changes_nothing(index, mod, capsys):

@@ -3,7 +3,7 @@ per hunk and only when one file clearly holds the hunk's surroundings."""
 
 from __future__ import annotations
 
-from test_rebase_kit import carried, rebase, src
+from rebasecase import carried, rebase, src
 
 OLD = "vllm/model_executor/layers/quantization/inc.py"
 NEW = "vllm/model_executor/layers/quantization/inc/inc.py"

@@ -7,7 +7,7 @@ edit and produce no patch.
 
 from __future__ import annotations
 
-from test_rebase_kit import PATH, carried, one, rules, src
+from rebasecase import PATH, carried, one, rules, src
 
 BASE = src('''
     """Demo module."""

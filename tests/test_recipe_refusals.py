@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from clirun import one_line_error, sparkmods
+from launchrepo import RECIPE, STAND_IN, Repo
 from sparkmods.cli import main
 from sparkmods.launch.recipe import RecipeError, load_recipe
-from test_launch import RECIPE, STAND_IN, Repo
 
 
 @pytest.fixture

@@ -12,8 +12,7 @@ from typing import Set
 
 import pytest
 
-from modfactory import ORIGINAL, TARGET, make_mod, make_site, make_template_mod
-from test_applier import run_sh
+from modfactory import ORIGINAL, TARGET, make_mod, make_site, make_template_mod, run_sh
 
 # Modules that talk to the network (or exist for it): none of them is run.sh's business.
 NETWORK = {"socket", "_socket", "ssl", "_ssl", "http", "urllib", "ftplib", "smtplib", "xmlrpc", "asyncio",

@@ -14,8 +14,7 @@ from typing import List
 import pytest
 
 import realtree
-from modfactory import PATCHED, TARGET, edit_runtime, make_mod, make_site
-from test_applier import run_sh
+from modfactory import PATCHED, TARGET, edit_runtime, make_mod, make_site, run_sh
 
 
 def test_run_sh_reads_the_generated_manifest_not_mod_toml(tmp_path: Path) -> None:

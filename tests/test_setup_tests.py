@@ -81,7 +81,7 @@ def test_an_unreachable_cpu_index_is_passed_at_once_and_the_build_is_reported(ch
     assert seconds < 15, seconds
     assert lines[0].startswith(f"setup-tests: note: http://127.0.0.1:9/whl/cpu does not answer (")
     assert lines[0].endswith(f"); {PIN} comes from the default index")
-    assert calls == ["install -q -e .[test]"]  # no pip run against the unreachable index
+    assert calls == ["install -q -e .[test,kernels]"]  # no pip run against the unreachable index
     assert lines[-1] == f"setup-tests: ready: torch {PIN.split('==')[1]} (CUDA 13.0 build)"
 
 
@@ -90,6 +90,6 @@ def test_a_cpu_build_from_anywhere_is_reported_as_one(checkout: Path, cpu_index:
     installed_torch(checkout, PIN.split("==")[1] + "+cpu", None)
     lines, calls, _ = run(checkout, cpu_index)
     assert lines[0] == f"setup-tests: installing {PIN} (CPU build) from {cpu_index}"
-    assert calls == [f"install -q --retries 1 --timeout 30 {PIN} --index-url {cpu_index}", "install -q -e .[test]"]
+    assert calls == [f"install -q --retries 1 --timeout 30 {PIN} --index-url {cpu_index}", "install -q -e .[test,kernels]"]
     assert lines[-1] == f"setup-tests: ready: torch {PIN.split('==')[1]}+cpu (CPU build)"
     assert "CUDA" not in "\n".join(lines)

@@ -16,9 +16,8 @@ import pytest
 from dockerimg import SITE_DIR, build_vllm_image, default_build_metadata
 from sparkmods.errors import SparkmodsError
 from sparkmods.sources import open_targets
-from test_sources_kit import fresh_cache  # noqa: F401
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("fresh_cache")]
 
 RELEASE = "0.19.1"
 DEV = "0.19.1.dev0+g2a69949bd.d20260404"

@@ -13,7 +13,9 @@ import pytest
 from modfactory import TARGET, make_site
 from sparkmods.errors import SparkmodsError
 from sparkmods.sources import open_targets, stats
-from test_sources_kit import A, B, flip_byte_in_member, fresh_cache, make_wheel, wheel_files  # noqa: F401
+from wheelindex import A, B, flip_byte_in_member, make_wheel, wheel_files
+
+pytestmark = pytest.mark.usefixtures("fresh_cache")
 
 CONFIG = "vllm/config.py"
 

@@ -9,9 +9,8 @@ from typing import List
 import pytest
 
 from sparkmods.sources import open_targets, stats
-from test_sources_kit import fresh_cache  # noqa: F401
 
-pytestmark = pytest.mark.network
+pytestmark = [pytest.mark.network, pytest.mark.usefixtures("fresh_cache")]
 
 LOGITS = "vllm/model_executor/layers/logits_processor.py"
 INC = "vllm/model_executor/layers/quantization/inc.py"  # a module up to 0.23 ...

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from extras import need
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "ci" / "bench"))
 
@@ -50,6 +52,7 @@ def test_122b_hybrid_checkpoint_has_the_published_size():
 
 def test_kv_bytes_bf16_and_turboquant():
     """12 full-attention layers x 2 heads x 256: 2048 bytes a layer in BF16, the mod's 460 in k3v4_nc."""
+    need("torch")  # the TurboQuant cache size comes from the mod's tq_format, which imports torch
     assert se.full_attention_layers(M122) == 12
     assert se.kv_bytes_per_token(M122, "bf16") == 12 * 2048
     assert se.kv_bytes_per_token(M122, se.TQ_DTYPE) == 12 * 460
@@ -64,6 +67,7 @@ def test_int8_head_is_codes_plus_a_scale_per_row():
 
 
 def test_each_mod_changes_only_its_own_part():
+    need("torch")  # the TurboQuant cache size comes from the mod's tq_format, which imports torch
     stock = se.step(M122, se.Setup("stock"), 1024)["parts"]
     hybrid = se.step(M122, se.Setup("h", shared="fp8"), 1024)["parts"]
     int8 = se.step(M122, se.Setup("i", head="int8"), 1024)["parts"]
@@ -89,11 +93,13 @@ def test_routed_experts_are_top_k_of_all_and_mtp_reads_more_per_step():
 
 
 def test_turboquant_gains_grow_with_context():
+    need("torch")  # the TurboQuant cache size comes from the mod's tq_format, which imports torch
     gains = [se.tok_s(M122, se.Setup("t", kv=se.TQ_DTYPE), c) / se.tok_s(M122, se.Setup("s"), c) for c in se.CONTEXTS]
     assert gains == sorted(gains) and gains[0] < 1.01 < gains[-1]
 
 
 def test_published_rows_and_verdicts():
+    need("torch")  # the TurboQuant cache size comes from the mod's tq_format, which imports torch
     rows = se.published()
     assert rows[0]["expected_tok_s"] == rows[0]["published_tok_s"] == 28.3
     lines = se.verdicts(rows)
@@ -102,6 +108,7 @@ def test_published_rows_and_verdicts():
 
 
 def test_committed_expectation_is_what_the_script_writes(tmp_path):
+    need("torch")  # the TurboQuant cache size comes from the mod's tq_format, which imports torch
     assert se.main(["--out", str(tmp_path)]) == 0
     committed = REPO / "ci" / "bench" / "results" / "spark-expectation"
     assert json.loads((tmp_path / "expectation.json").read_text()) == json.loads((committed / "expectation.json").read_text())

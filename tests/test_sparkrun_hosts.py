@@ -28,13 +28,13 @@ from typing import Iterator, List, Tuple
 import pytest
 import yaml
 
+from launchdocker import IMAGE_VERSION
 from sparkmods.cli import main
 from sparkmods.launch.plan import LaunchOptions, build_plan
 from sparkmods.launch.recipe import load_recipe
 from sparkmods.launch.sparkrun import HF_MOUNT
+from sparkrunenv import REGISTRY, SOURCES, serve_command
 from sshnode import SshNode, client_config, ensure_ssh_node_image, free_network, keygen, ssh_node
-from test_launch_docker import IMAGE_VERSION, launch_image, vllm_py_files  # noqa: F401  (fixtures)
-from test_sparkrun_network import REGISTRY, SOURCES, _serve_command, sparkrun  # noqa: F401  (sparkrun: fixture)
 
 pytestmark = [pytest.mark.network, pytest.mark.docker]
 
@@ -117,7 +117,7 @@ def test_two_hosts_get_our_mods_tp_2_and_the_image_our_check_reads(sparkrun, hos
 
     ours = build_plan(load_recipe(source), LaunchOptions(nodes=(head.ip, worker.ip), ray=False)).serve.argv()
     assert ours[ours.index("--tensor-parallel-size") + 1] == "2"
-    theirs = [word.replace("$HF_HOME", HF_MOUNT) for word in _serve_command(out)]
+    theirs = [word.replace("$HF_HOME", HF_MOUNT) for word in serve_command(out)]
     assert theirs == ours
     rank_args = [word.replace("$HF_HOME", HF_MOUNT) for word in head_serve(out)][len(ours):]
     assert rank_args[:6] == ["--nnodes", "2", "--node-rank", "0", "--master-addr", head.ip]

@@ -13,7 +13,7 @@ from typing import List
 import pytest
 
 import realtree
-from test_applier import run_sh
+from modfactory import run_sh
 
 MTP = next(m for m in realtree.repo_mods() if m.name == "mtp-weights")
 

@@ -21,9 +21,11 @@ from typing import Any, Dict, Tuple
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from extras import INSTALL, need
+
+torch = need("torch")
 if importlib.util.find_spec("triton") is None:  # importing it here would define its kernels for the GPU
-    pytest.skip("triton is not installed (pip install -e '.[test]' on Linux)", allow_module_level=True)
+    pytest.skip(f"needs triton from the kernels extra: {INSTALL} (Linux only)", allow_module_level=True)
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH_PATH = REPO / "ci" / "bench" / "bench_turboquant.py"

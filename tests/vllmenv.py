@@ -248,3 +248,19 @@ def run_sh(mod_dir: Path, site: Path, workspace: Path, *args: str) -> "subproces
     env = {**os.environ, "PYTHON_ROOT": str(site), "WORKSPACE_DIR": str(workspace)}
     return subprocess.run(["bash", str(mod_dir / "run.sh"), *args], cwd=workspace, env=env,
                           capture_output=True, text=True, timeout=300, check=False)
+
+
+RAY_VERSION = "2.60.0"
+
+
+def ray_site() -> Path:
+    """Ray installed with uv --target into the test cache, once (a file lock for xdist)."""
+    base = venvs_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    site = base / f"ray-{RAY_VERSION}"
+    with open(base / f"ray-{RAY_VERSION}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (site / "ray" / "__init__.py").is_file():
+            subprocess.run([_uv(), "pip", "install", "-q", "--python", sys.executable, "--target", str(site),
+                            f"ray=={RAY_VERSION}"], check=True)
+    return site

@@ -1,3 +1,3 @@
 """sparkmods: keep vLLM performance mods for DGX Spark applying across vLLM releases."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,5 +1,5 @@
-"""Shared pieces of the rebase and drift tests (no tests here): an in-memory vLLM tree, diffs,
-and a one-call rebase that also proves the regenerated patch with the engine."""
+"""Rebase cases for the rebase and drift tests: an in-memory vLLM tree, diffs, and a one-call
+rebase that also proves the regenerated patch with the engine."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from sparkmods.rebase import RebaseResult, rebase_patches
 from sparkmods.runtime.engine import EXACT, OK, plan
 from sparkmods.sources.base import MemorySource
 from sparkmods.runtime.udiff import parse_patch
+from udiffref import assert_parsed_alike
 
 PATH = "vllm/model_executor/layers/demo.py"
 
@@ -30,11 +31,13 @@ def rebase(base: Dict[str, str], patched: Dict[str, str], onto: Dict[str, str]) 
 
 
 def carried(result: RebaseResult, onto: Dict[str, str]) -> Dict[str, str]:
-    """onto after the rebased patch, applied by the engine; every hunk must be exact."""
+    """onto after the rebased patch, applied by the engine; every hunk must be exact, and unidiff
+    must read the patch as the runtime does."""
     assert result.clean, result.to_dict()
     out = dict(onto)
     if not result.patch:
         return out
+    assert_parsed_alike(result.patch, "the rebased patch")
     for res in plan(parse_patch(result.patch), MemorySource("onto", onto).read):
         assert res.status == OK and all(h.outcome == EXACT for h in res.hunks), res.to_dict()
         out[res.path] = res.after.decode() if res.after is not None else None  # type: ignore[assignment]

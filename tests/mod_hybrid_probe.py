@@ -1,11 +1,11 @@
 """Probe for test_mod_hybrid_runtime.py, run by the python of a venv where vLLM is installed.
 
-`python tests/test_mod_hybrid_probe.py JOB.json` reads {"cases": [{"name", "checkpoint",
+`python tests/mod_hybrid_probe.py JOB.json` reads {"cases": [{"name", "checkpoint",
 "map": [names], "layers": [...]}]} and prints one line `PROBE-REPORT {json}`, per case: what
 the release's INCConfig, built by vLLM's own
 VllmConfig from the checkpoint (so `maybe_update_config` runs as in `vllm serve`) and given
 the model class's name mapper and fused-module table (vLLM's `configure_quant_config`),
-decides for each layer. It holds no tests; pytest collects nothing here. Top-level imports
+decides for each layer. It holds no tests (pytest does not collect it). Top-level imports
 are stdlib only.
 
 Layers are real vLLM objects with the module names the Qwen3.5-MoE model gives them. They

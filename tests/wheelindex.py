@@ -1,6 +1,6 @@
-"""Shared pieces of the sources tests (no tests here): real wheel zips built with zipfile, and a
-loopback package index (http.server on 127.0.0.1) that speaks PEP 503 HTML and PEP 691 JSON and
-serves files with or without HTTP Range support."""
+"""Real wheel zips built with zipfile, and a loopback package index (http.server on 127.0.0.1)
+that speaks PEP 503 HTML and PEP 691 JSON and serves files with or without HTTP Range support.
+The fixtures over them (loopback_index, fresh_cache) are in conftest.py."""
 
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
-
-import pytest
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 
@@ -208,12 +206,6 @@ def _range(header: Optional[str], size: int) -> Optional[Tuple[int, int]]:
     return int(first), min(int(last) + 1 if last else size, size)
 
 
-@pytest.fixture
-def loopback_index() -> Iterator[LoopbackIndex]:
-    with serving(LoopbackIndex()) as index:
-        yield index
-
-
 @contextlib.contextmanager
 def serving(index: LoopbackIndex) -> Iterator[LoopbackIndex]:
     """index served on 127.0.0.1 (index.url set) until the block ends: a second server beside
@@ -228,15 +220,3 @@ def serving(index: LoopbackIndex) -> Iterator[LoopbackIndex]:
     finally:
         server.shutdown()
         server.server_close()
-
-
-@pytest.fixture(autouse=True)
-def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test gets its own empty cache and zeroed fetch statistics."""
-    from sparkmods.sources import stats
-
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("SPARKMODS_CACHE_DIR", str(cache))
-    monkeypatch.delenv("SPARKMODS_INDEX_URL", raising=False)
-    stats.reset()
-    return cache

@@ -1,6 +1,6 @@
 """Probe run by test_mod_turboquant_runtime.py under a real vLLM 0.18-0.19 with the mod applied.
 
-Not a pytest module: `python test_mod_turboquant_probe.py JOB.json` in the vLLM venv, with the
+Not a pytest module: `python mod_turboquant_probe.py JOB.json` in the vLLM venv, with the
 overlay site first on PYTHONPATH, prints one PROBE-REPORT line. vLLM on this CPU-only machine
 has no platform, so the probe installs vLLM's own CPU platform first (the engine config path,
 the backend selector and the KV-cache spec code are platform-neutral).

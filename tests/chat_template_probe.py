@@ -1,10 +1,10 @@
 """Probe for test_chat_template_vllm.py, run by the python of a venv where vLLM is installed.
 
-`python tests/test_chat_template_probe.py JOB.json` reads {"template": path, "cases": [...]}
+`python tests/chat_template_probe.py JOB.json` reads {"template": path, "cases": [...]}
 (the cases of test_chat_template.py) and prints one line `PROBE-REPORT {json}`: how that release's
 transformers renders each case, how vLLM classifies the template's content format, and what its
 `qwen3` reasoning parser and `qwen3_coder` / `qwen3_xml` tool parsers extract from the model output
-of each case. It holds no tests; pytest collects nothing here. Top-level imports are stdlib only.
+of each case. It holds no tests (pytest does not collect it). Top-level imports are stdlib only.
 
 Tokenizer: the parsers only need a tokenizer whose vocabulary holds Qwen's special tokens as single
 ids. `_tokenizer` builds one with `tokenizers`: byte-level BPE over the 256 byte symbols (no merges,

@@ -1,6 +1,6 @@
 """Probe run by test_mod_turboquant_shape.py under a real vLLM 0.25-0.26 (stock, or with the mod).
 
-Not a pytest module: `python test_mod_turboquant_shape_probe.py JOB.json` in the vLLM venv
+Not a pytest module: `python mod_turboquant_shape_probe.py JOB.json` in the vLLM venv
 (overlay site first on PYTHONPATH when the mod is applied) prints one PROBE-REPORT line.
 
 For each model and TurboQuant dtype it runs what `vllm serve --kv-cache-dtype DTYPE` runs up to

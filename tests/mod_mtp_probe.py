@@ -1,8 +1,8 @@
 """Probe for test_mod_mtp_runtime.py, run by the python of a venv where vLLM is installed.
 
-`python tests/test_mod_mtp_probe.py JOB.json` reads {"cases": [{"name", "checkpoint"}]} and
+`python tests/mod_mtp_probe.py JOB.json` reads {"cases": [{"name", "checkpoint"}]} and
 prints one line `PROBE-REPORT {json}`: per checkpoint, what the release's DefaultModelLoader
-does for an MTP drafter. It holds no tests; pytest collects nothing here. Top-level imports
+does for an MTP drafter. It holds no tests (pytest does not collect it). Top-level imports
 are stdlib only.
 
 Per case:

@@ -1,11 +1,11 @@
 """Probe run under a vLLM environment's python with the int8-lm-head mod applied (no GPU).
 
-    python test_mod_int8_lm_head_probe.py
+    python mod_int8_lm_head_probe.py
 
 Builds vLLM's own ParallelLMHead and LogitsProcessor in a one-process CPU group, runs them
 with the mod switched off, switched on, on tied embeddings and through the top-token paths,
 and prints one line `MARK {json}` that test_mod_int8_lm_head_vllm.py asserts on. Everything
-vLLM is imported inside main(): pytest collects this file without vLLM and finds no tests.
+torch and vLLM is imported inside main(), so that test imports the shape from here without them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import logging
 import os
 from typing import Any, Dict
 
-from int8_lm_head_bounds import logit_bound
 from probekit import LogLines, emit, free_port
 
 ORG_VOCAB, HIDDEN, ROWS = 1000, 64, 3  # 1000 pads to 1024 rows: the trim must remove 24
@@ -26,6 +25,7 @@ def main() -> None:
 
     import torch
     import vllm
+    from int8_lm_head_bounds import logit_bound
     from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.model_executor.layers import int8_lm_head, logits_processor
