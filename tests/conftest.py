@@ -4,4 +4,4 @@ from pathlib import Path
 # Test helpers (modfactory, ckptfactory, vllmenv, dockerimg) live beside the tests.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dockerimg import base_image, docker_engine, ray_image, sandbox_image  # noqa: E402,F401  (fixtures for docker tests)
+from dockerimg import base_image, docker_engine, ray_image, sandbox_image  # noqa: F401  (fixtures for docker tests)

@@ -12,13 +12,12 @@ import re
 import shutil
 import threading
 import zipfile
+from contextlib import contextmanager
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Iterator, List, Tuple
 from urllib.parse import quote
-
-from contextlib import contextmanager
 
 
 class _RangeHandler(SimpleHTTPRequestHandler):

@@ -39,8 +39,20 @@ import docker.errors
 import docker.types
 from docker.models.containers import Container
 
-from dockerimg import (BASE_CHANGES, BUILD_RECIPE_VERSION, DEBIAN_SUITE, DEBOOTSTRAP_INCLUDE, ROOTFS_TRIM,
-                       _add_bytes, _build, _build_lock, _digest, _image_exists, build_rootfs_tarball, cache_dir)
+from dockerimg import (
+    BASE_CHANGES,
+    BUILD_RECIPE_VERSION,
+    DEBIAN_SUITE,
+    DEBOOTSTRAP_INCLUDE,
+    ROOTFS_TRIM,
+    _add_bytes,
+    _build,
+    _build_lock,
+    _digest,
+    _image_exists,
+    build_rootfs_tarball,
+    cache_dir,
+)
 
 ROOTFS_REPO = "sparkmods-test-sshnode-rootfs"
 NODE_REPO = "sparkmods-test-sshnode"

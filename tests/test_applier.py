@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from modfactory import ORIGINAL, PATCHED, TARGET, edit_runtime, make_mod, make_site, make_template_mod
 from sparkmods.cli import main
 from sparkmods.sync import drift

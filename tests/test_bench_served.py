@@ -123,7 +123,7 @@ class _FakeVllm(BaseHTTPRequestHandler):
     prefill_lock = threading.Lock()
     payloads: list[dict] = []
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.payloads.append(payload)
         with self.prefill_lock:
@@ -175,7 +175,7 @@ def test_run_cell_against_a_streaming_server():
 
 def test_run_cell_reports_a_refused_request():
     class Refuse(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             self.rfile.read(int(self.headers["Content-Length"]))
             body = b'{"error": "too long"}'
             self.send_response(400)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from sparkmods.checkpoint.fp8 import (
-    Fp8Layer, block_interval, common_block, declared_block, fits, fp8_layers, scale_problem,
+    Fp8Layer,
+    block_interval,
+    common_block,
+    declared_block,
+    fits,
+    fp8_layers,
+    scale_problem,
 )
 from sparkmods.checkpoint.header import TensorInfo
 

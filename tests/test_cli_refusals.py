@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import time
-from pathlib import Path
 
 import pytest
 
@@ -119,7 +118,7 @@ def test_an_existing_launcher_still_works(tmp_path):
     assert done.returncode == 0 and (tmp_path / "out.sh").is_file(), done.stderr
 
 
-def test_a_trickling_server_is_asked_once_and_cut_off_once(loopback_index, tmp_path):  # noqa: F811
+def test_a_trickling_server_is_asked_once_and_cut_off_once(loopback_index, tmp_path):
     """The check fetches central directories ahead (warming); a failure there is the answer, not a
     reason to ask the same range again and wait out the deadline twice."""
     loopback_index.add(make_wheel(tmp_path / NAME, "0.19.1"))

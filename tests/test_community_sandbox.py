@@ -17,8 +17,17 @@ import pytest
 
 from realtree import write_site
 from sparkmods.cli import main
-from sparkmods.community.sandbox import (APPLIED, FAILED, NO_CHANGE, OUTSIDE, SITE_DIR, TIMED_OUT, agrees,
-                                         release_tree, run_mod)
+from sparkmods.community.sandbox import (
+    APPLIED,
+    FAILED,
+    NO_CHANGE,
+    OUTSIDE,
+    SITE_DIR,
+    TIMED_OUT,
+    agrees,
+    release_tree,
+    run_mod,
+)
 from sparkmods.sources import open_targets
 from test_community import FIXTURES, sites
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_drift import IMPORTS, TREE, add, check
+from test_drift import IMPORTS, add, check
 
 
 @pytest.mark.parametrize("call", [
@@ -26,10 +26,9 @@ def test_super_naming_the_enclosing_class_is_still_checked():
 import difflib  # noqa: E402
 import subprocess  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Dict, List, Optional  # noqa: E402
+from typing import Optional  # noqa: E402
 
-from sparkmods.runtime.engine import APPLIED, OK, OK_OFFSET, plan  # noqa: E402
-from sparkmods.runtime.udiff import PatchParseError, parse_patch, reverse  # noqa: E402
+from sparkmods.runtime.udiff import PatchParseError, parse_patch  # noqa: E402
 
 SITE = "usr/local/lib/python3.12/dist-packages"  # where the community image keeps vLLM
 REL = "vllm/model_executor/models/glm4_moe.py"

@@ -4,7 +4,6 @@ GNU `patch --dry-run`. Where they accept, our engine must too, and produce their
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest

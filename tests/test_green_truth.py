@@ -367,7 +367,7 @@ def test_a_folder_or_fifo_where_the_mod_writes_is_refused_and_nothing_sticks(tmp
 
 def test_a_file_where_the_mod_needs_a_folder_is_refused(tmp_path: Path) -> None:
     site = make_site(tmp_path / "site")
-    mod = make_mod(tmp_path / "mods", patch=f"--- /dev/null\n+++ b/vllm/pkg/new.py\n@@ -0,0 +1 @@\n+x = 1\n")
+    mod = make_mod(tmp_path / "mods", patch="--- /dev/null\n+++ b/vllm/pkg/new.py\n@@ -0,0 +1 @@\n+x = 1\n")
     (site / "vllm/pkg").write_text("not a folder\n")
     one_error(run_sh(mod, site, tmp_path), 2, "vllm/pkg", "not a folder")
 

@@ -45,7 +45,7 @@ def test_the_preferred_wheel_of_every_version() -> None:
             assert "manylinux_2_28_x86_64" in best.filename
 
 
-def test_a_range_over_thousands_of_builds_opens_the_preferred_wheel_of_each(fresh_cache: Path) -> None:  # noqa: F811
+def test_a_range_over_thousands_of_builds_opens_the_preferred_wheel_of_each(fresh_cache: Path) -> None:
     url = "https://nightly.example/simple/vllm/"
     body = page(3_000, seed=2)
     entry = {"url": url, "final_url": url, "content_type": JSON_TYPE, "fetched": 0, "max_age": 0,

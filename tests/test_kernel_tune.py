@@ -28,7 +28,7 @@ from typing import Any, Dict, List
 import pytest
 import torch
 
-from int8_lm_head_interp import REPO, bench_module
+from int8_lm_head_interp import REPO
 
 SHARED = REPO / "mods" / "turboquant" / "files" / "sparkmods_kerneltune.py"
 SM12X = 101376

@@ -34,12 +34,12 @@ import pytest
 
 from dockerimg import build_vllm_image, default_build_metadata
 from modfactory import make_mod, unified
-from sshnode import free_network
 from sparkmods.cli import main
 from sparkmods.runtime.manifest import load_manifest
 from sparkmods.runtime.modcheck import check_mod
 from sparkmods.sources import open_targets
 from sparkmods.sync import sync
+from sshnode import free_network
 
 pytestmark = pytest.mark.docker
 

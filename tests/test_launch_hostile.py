@@ -28,7 +28,6 @@ from sparkmods.launch.recipe import MAX_EXPANDED, load_recipe
 from sparkmods.launch.standalone import container_prefix, render_standalone, serve_argv
 
 
-
 def _remote_nodes() -> "tuple[str, str]":
     """Two documentation addresses this machine does not have (the script reaches them with ssh)."""
     local = set(subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split())

@@ -22,8 +22,7 @@ from typing import Iterator, List, Tuple
 import pytest
 
 from sshnode import SshNode, client_config, ensure_ssh_node_image, free_network, keygen, ssh_node
-from test_launch_docker import (REAL_MODS, Launch, assert_node_patched, launch, launch_image,  # noqa: F401
-                                serve_args, vllm_py_files)
+from test_launch_docker import REAL_MODS, Launch, assert_node_patched, launch, launch_image, serve_args, vllm_py_files  # noqa: F401
 
 pytestmark = pytest.mark.docker
 

@@ -30,6 +30,7 @@ from typing import Any, Dict, List
 
 from probekit import emit
 
+
 def _drafter(hidden: int, vocab: int) -> Any:
     import torch
     from torch import nn

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from probekit import LogLines, emit, free_port  # noqa: E402
+from probekit import LogLines, emit, free_port
 
 MOD_LOGGER = "vllm.v1.attention.backends.sparkmods_turboquant"
 

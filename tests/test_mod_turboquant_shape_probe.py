@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from probekit import emit  # noqa: E402
+from probekit import emit
 
 NUM_BLOCKS = 4
 

@@ -93,7 +93,7 @@ def test_rebase_patch_output_keeps_its_mode(tmp_path, capsys, umask):
     assert code == 0 and mode_of(fresh) == 0o644
 
 
-def test_rebase_write_keeps_mod_toml_mode_and_new_patches_follow_the_umask(index, mod, capsys, umask):  # noqa: F811
+def test_rebase_write_keeps_mod_toml_mode_and_new_patches_follow_the_umask(index, mod, capsys, umask):
     umask(0o002)
     (mod / "mod.toml").chmod(0o644)
     code, out, _ = run(capsys, "rebase", str(mod), "--onto", "0.20.0", "--index-url", index, "--write")
@@ -103,7 +103,7 @@ def test_rebase_write_keeps_mod_toml_mode_and_new_patches_follow_the_umask(index
     assert mode_of(patch) == 0o664
 
 
-def test_matrix_outputs_keep_their_modes(loopback_index, tmp_path, capsys, umask):  # noqa: F811
+def test_matrix_outputs_keep_their_modes(loopback_index, tmp_path, capsys, umask):
     umask(0o022)
     make_mod(tmp_path / "mods", "demo")
     loopback_index.add(make_wheel(tmp_path / "vllm-0.19.1-cp38-abi3-manylinux_2_28_x86_64.whl", "0.19.1",
@@ -130,7 +130,7 @@ def test_launch_script_follows_the_umask(tmp_path, capsys, umask):
     assert mode_of(out) == 0o750
 
 
-def test_cache_entries_stay_private(loopback_index, tmp_path, fresh_cache, umask):  # noqa: F811
+def test_cache_entries_stay_private(loopback_index, tmp_path, fresh_cache, umask):
     umask(0o000)
     from sparkmods.sources import open_targets
     loopback_index.add(make_wheel(tmp_path / "vllm-0.19.1-cp38-abi3-manylinux_2_28_x86_64.whl", "0.19.1"))
@@ -192,7 +192,7 @@ def test_matrix_out_that_is_not_a_folder_is_refused(tmp_path, what):
                                     "matrix files in")
 
 
-def test_a_matrix_file_that_is_a_folder_is_one_line(loopback_index, tmp_path, capsys):  # noqa: F811
+def test_a_matrix_file_that_is_a_folder_is_one_line(loopback_index, tmp_path, capsys):
     make_mod(tmp_path / "mods", "demo")
     loopback_index.add(make_wheel(tmp_path / "vllm-0.19.1-cp38-abi3-manylinux_2_28_x86_64.whl", "0.19.1"))
     (tmp_path / "matrix" / "MATRIX.md").mkdir(parents=True)

@@ -9,8 +9,8 @@ from typing import Dict, List
 
 from sparkmods.rebase import RebaseResult, rebase_patches
 from sparkmods.runtime.engine import EXACT, OK, plan
-from sparkmods.sources.base import MemorySource
 from sparkmods.runtime.udiff import parse_patch
+from sparkmods.sources.base import MemorySource
 
 PATH = "vllm/model_executor/layers/demo.py"
 

@@ -42,7 +42,7 @@ detect = [{ file = "vllm/model_executor/layers/demo.py", contains = "demo mod" }
 
 
 @pytest.fixture
-def index(loopback_index, tmp_path):  # noqa: F811
+def index(loopback_index, tmp_path):
     def publish(version: str, text: str) -> None:
         wheel = make_wheel(tmp_path / f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl", version,
                            extra={TARGET: text.encode()})

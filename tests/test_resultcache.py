@@ -36,7 +36,7 @@ def entries(cache: Path) -> List[Path]:
 
 
 @pytest.fixture
-def two_wheels(loopback_index, tmp_path):  # noqa: F811
+def two_wheels(loopback_index, tmp_path):
     """Mods `demo` (applies) and `broken` (conflicts) and two releases on a loopback index."""
     make_mod(tmp_path / "mods", "demo")
     make_mod(tmp_path / "mods", "broken",
@@ -46,7 +46,7 @@ def two_wheels(loopback_index, tmp_path):  # noqa: F811
     return ["--mods-dir", str(tmp_path / "mods"), "--index-url", f"{loopback_index.url}/simple", "--vllm", ">=0.19"]
 
 
-def test_reused_rows_equal_checked_rows_and_read_no_wheel(two_wheels, loopback_index, fresh_cache, capsys):  # noqa: F811
+def test_reused_rows_equal_checked_rows_and_read_no_wheel(two_wheels, loopback_index, fresh_cache, capsys):
     first = check_json(capsys, *two_wheels)
     assert first["result_cache"] == {"reuse": True, "reused": 0, "checked": 4, "not_cacheable": 0}
     assert {r["status"] for r in first["results"]} == {"ok", "conflict"} and first["code"] == 1
@@ -76,7 +76,7 @@ def test_text_output_says_rows_were_reused(two_wheels, capsys):
     lambda raw: json.dumps({**json.loads(raw), "result": {**json.loads(raw)["result"], "extra": 1}}).encode(),
     lambda raw: json.dumps({**json.loads(raw), "result": {**json.loads(raw)["result"], "mod": "other"}}).encode(),
 ])
-def test_a_damaged_or_foreign_entry_is_checked_again(two_wheels, fresh_cache, capsys, damage):  # noqa: F811
+def test_a_damaged_or_foreign_entry_is_checked_again(two_wheels, fresh_cache, capsys, damage):
     first = check_json(capsys, *two_wheels)
     for path in entries(fresh_cache):
         path.write_bytes(damage(path.read_bytes()))
@@ -93,7 +93,7 @@ def test_any_change_to_the_mod_is_a_new_key(two_wheels, tmp_path, capsys):
     assert {r["mod"] for r in doc["results"]} == {"demo", "broken"}
 
 
-def test_the_cache_is_bounded_least_recently_used_first(two_wheels, fresh_cache, capsys, monkeypatch):  # noqa: F811
+def test_the_cache_is_bounded_least_recently_used_first(two_wheels, fresh_cache, capsys, monkeypatch):
     monkeypatch.setattr(resultcache, "MAX_ENTRIES", 2)
     one_release = two_wheels[:-1] + ["0.19.1"]  # one source: rows are written in a known order
     check_json(capsys, *one_release)  # demo and broken stored
@@ -104,7 +104,7 @@ def test_the_cache_is_bounded_least_recently_used_first(two_wheels, fresh_cache,
     assert check_json(capsys, *one_release)["result_cache"]["reused"] == 2
 
 
-def test_a_folder_is_never_cached(tmp_path, fresh_cache, capsys):  # noqa: F811
+def test_a_folder_is_never_cached(tmp_path, fresh_cache, capsys):
     site = make_site(tmp_path / "site", "0.19.1")
     make_mod(tmp_path / "mods", "demo")
     for _ in range(2):
@@ -113,7 +113,7 @@ def test_a_folder_is_never_cached(tmp_path, fresh_cache, capsys):  # noqa: F811
     assert entries(fresh_cache) == []
 
 
-def test_a_checked_wheel_keeps_nothing_in_memory(two_wheels, loopback_index, tmp_path):  # noqa: F811
+def test_a_checked_wheel_keeps_nothing_in_memory(two_wheels, loopback_index, tmp_path):
     resultcache.start(reuse=False)
     sources = open_targets(">=0.19", index_url=f"{loopback_index.url}/simple")
     rows = check_mods([tmp_path / "mods" / "demo", tmp_path / "mods" / "broken"], sources)
@@ -123,7 +123,7 @@ def test_a_checked_wheel_keeps_nothing_in_memory(two_wheels, loopback_index, tmp
 
 
 @pytest.mark.network
-def test_real_mods_on_real_releases_reused_equal_checked(fresh_cache, capsys):  # noqa: F811
+def test_real_mods_on_real_releases_reused_equal_checked(fresh_cache, capsys):
     """Every mod of this collection and a loose patch with a drift finding, on real wheels."""
     targets = ["--vllm", "0.19.1", "--vllm", "0.20.0", "--vllm", "0.26.0"]
     checked = check_json(capsys, *targets, "--no-cache")

@@ -68,7 +68,7 @@ def test_a_local_wheel_member_past_its_bounds_is_one_line_and_small(tmp_path, in
     assert peak < SMALL_RSS_KIB, peak
 
 
-def test_a_remote_bomb_is_one_line_and_small(loopback_index, tmp_path):  # noqa: F811
+def test_a_remote_bomb_is_one_line_and_small(loopback_index, tmp_path):
     loopback_index.add(bomb_wheel(tmp_path / NAME, 400 << 20, 1000))
     done, peak = check_reading(tmp_path, "0.19.1", "--index-url", f"{loopback_index.url}/simple")
     assert one_line_error(done).endswith("member vllm/bomb.py inflates past the 1000 bytes its entry lists; "
@@ -129,7 +129,7 @@ def _serve_claimed(index, tmp_path: Path, segments: Dict[int, bytes]) -> List[st
     return asked
 
 
-def test_a_claimed_huge_central_directory_is_refused_before_it_is_asked_for(loopback_index, tmp_path):  # noqa: F811
+def test_a_claimed_huge_central_directory_is_refused_before_it_is_asked_for(loopback_index, tmp_path):
     cd_size = 2 << 30
     asked = _serve_claimed(loopback_index, tmp_path, {CLAIMED - 22: _eocd(1, cd_size, CLAIMED - 22 - cd_size)})
     done, peak = check_reading(tmp_path, "0.19.1", "--index-url", f"{loopback_index.url}/simple")
@@ -138,7 +138,7 @@ def test_a_claimed_huge_central_directory_is_refused_before_it_is_asked_for(loop
     assert len(asked) == 1 and peak < SMALL_RSS_KIB, (asked, peak)
 
 
-def test_a_member_whose_span_is_gigabytes_is_refused_before_it_is_asked_for(loopback_index, tmp_path):  # noqa: F811
+def test_a_member_whose_span_is_gigabytes_is_refused_before_it_is_asked_for(loopback_index, tmp_path):
     body = b"x" * 6
     local = struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 0, 0, 0, zlib.crc32(body), 6, 6, 12, 0) + b"vllm/bomb.py"
     records = _central_record("vllm/bomb.py", 0, 6) + _central_record("vllm/far.py", 2 << 30, 6)

@@ -19,8 +19,7 @@ from clirun import sparkmods
 from modfactory import ORIGINAL, TARGET, make_mod
 from sparkmods.errors import SparkmodsError
 from sparkmods.sources import memberstore, open_targets
-from test_sources_kit import (A, LoopbackIndex, fresh_cache, loopback_index, make_wheel,  # noqa: F401
-                              serving, wheel_files)
+from test_sources_kit import A, LoopbackIndex, fresh_cache, loopback_index, make_wheel, serving, wheel_files  # noqa: F401
 
 NAME = "vllm-0.19.1-cp38-abi3-manylinux_2_28_x86_64.whl"
 REAL_A = wheel_files("0.19.1")[A]
@@ -88,7 +87,7 @@ def evil(tmp_path, request):
 
 
 @pytest.fixture
-def real(loopback_index, tmp_path):  # noqa: F811
+def real(loopback_index, tmp_path):
     publish(loopback_index, tmp_path / "real", forged=False)
     return loopback_index
 

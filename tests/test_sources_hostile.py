@@ -22,8 +22,7 @@ from sparkmods.errors import SparkmodsError
 from sparkmods.sources import open_targets
 from sparkmods.sources.http import MAX_PAGE_BYTES
 from sparkmods.sources.remote import RemoteWheel
-from test_sources_kit import (A, B, JSON_TYPE, LoopbackIndex, fresh_cache, loopback_index,  # noqa: F401
-                              make_wheel, wheel_files)
+from test_sources_kit import JSON_TYPE, A, B, LoopbackIndex, fresh_cache, loopback_index, make_wheel, wheel_files  # noqa: F401
 
 NAME = "vllm-0.19.1-cp38-abi3-manylinux_2_28_x86_64.whl"
 Route = Callable[[BaseHTTPRequestHandler], None]

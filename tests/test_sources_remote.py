@@ -15,8 +15,18 @@ from sparkmods.errors import SparkmodsError
 from sparkmods.sources import open_targets, stats
 from sparkmods.sources.rangefile import RangeFile, coalesce
 from sparkmods.sources.remote import TAIL_BYTES
-from test_sources_kit import (A, B, FAR, FILLER, flip_byte_in_member, fresh_cache, loopback_index,  # noqa: F401
-                              make_wheel, module_text, wheel_files)
+from test_sources_kit import (  # noqa: F401
+    FAR,
+    FILLER,
+    A,
+    B,
+    flip_byte_in_member,
+    fresh_cache,
+    loopback_index,
+    make_wheel,
+    module_text,
+    wheel_files,
+)
 
 WHEEL = "vllm-{v}-cp38-abi3-manylinux_2_28_x86_64.whl"
 

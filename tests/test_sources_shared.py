@@ -35,7 +35,7 @@ def member_requests(index, version: str) -> List[str]:
     return [h.range for h in index.file_hits() if h.path.endswith(WHEEL.format(v=version)) and "=-" not in h.range]
 
 
-def test_a_member_two_wheels_hold_byte_for_byte_is_fetched_once(loopback_index, tmp_path):  # noqa: F811
+def test_a_member_two_wheels_hold_byte_for_byte_is_fetched_once(loopback_index, tmp_path):
     old, new = two_releases(loopback_index, tmp_path)
     assert old.read(SHARED) == b"SHARED = 1\n" * 50
     stats.reset()
@@ -43,13 +43,13 @@ def test_a_member_two_wheels_hold_byte_for_byte_is_fetched_once(loopback_index, 
     assert member_requests(loopback_index, "0.19.1") == [] and stats.snapshot()["cache_hits"] == 1
 
 
-def test_a_member_whose_bytes_differ_is_never_taken_from_another_wheel(loopback_index, tmp_path):  # noqa: F811
+def test_a_member_whose_bytes_differ_is_never_taken_from_another_wheel(loopback_index, tmp_path):
     old, new = two_releases(loopback_index, tmp_path)
     assert old.read(A) != new.read(A)  # same path and size, another CRC-32
     assert new.read(A) == wheel_files("0.19.1")[A] and len(member_requests(loopback_index, "0.19.1")) == 1
 
 
-def test_a_stored_member_that_fails_its_check_is_fetched_again(loopback_index, tmp_path):  # noqa: F811
+def test_a_stored_member_that_fails_its_check_is_fetched_again(loopback_index, tmp_path):
     old, new = two_releases(loopback_index, tmp_path)
     old.read(SHARED)
     key = old._key(SHARED)
@@ -75,7 +75,7 @@ def _read_in_thread(wheel, path: str):
     return thread, out
 
 
-def test_a_wheel_waits_for_the_fetch_another_is_making_of_the_same_bytes(loopback_index, tmp_path):  # noqa: F811
+def test_a_wheel_waits_for_the_fetch_another_is_making_of_the_same_bytes(loopback_index, tmp_path):
     _, new = two_releases(loopback_index, tmp_path)
     claim, reached = _claimed_elsewhere(new, SHARED)
     thread, out = _read_in_thread(new, SHARED)
@@ -86,7 +86,7 @@ def test_a_wheel_waits_for_the_fetch_another_is_making_of_the_same_bytes(loopbac
     assert out["data"] == b"SHARED = 1\n" * 50 and member_requests(loopback_index, "0.19.1") == []
 
 
-def test_when_the_fetch_waited_for_fails_the_wheel_fetches_itself(loopback_index, tmp_path):  # noqa: F811
+def test_when_the_fetch_waited_for_fails_the_wheel_fetches_itself(loopback_index, tmp_path):
     _, new = two_releases(loopback_index, tmp_path)
     claim, reached = _claimed_elsewhere(new, SHARED)
     thread, out = _read_in_thread(new, SHARED)
@@ -96,7 +96,7 @@ def test_when_the_fetch_waited_for_fails_the_wheel_fetches_itself(loopback_index
     assert out["data"] == b"SHARED = 1\n" * 50 and len(member_requests(loopback_index, "0.19.1")) == 1
 
 
-def test_a_warmed_wheel_holds_nothing_and_its_first_read_is_one_request(loopback_index, tmp_path):  # noqa: F811
+def test_a_warmed_wheel_holds_nothing_and_its_first_read_is_one_request(loopback_index, tmp_path):
     old, _ = two_releases(loopback_index, tmp_path)
     old.warm()
     assert [h.range.startswith("bytes=-") for h in loopback_index.file_hits()] == [True]
@@ -106,7 +106,7 @@ def test_a_warmed_wheel_holds_nothing_and_its_first_read_is_one_request(loopback
     assert len(loopback_index.file_hits()) == 2 and len(member_requests(loopback_index, "0.19.0")) == 1
 
 
-def test_a_wheel_fetches_what_its_sibling_was_asked_for_in_the_same_round(loopback_index, tmp_path):  # noqa: F811
+def test_a_wheel_fetches_what_its_sibling_was_asked_for_in_the_same_round(loopback_index, tmp_path):
     old, new = two_releases(loopback_index, tmp_path)
     old.prefetch([A, HINTED])
     old.release()

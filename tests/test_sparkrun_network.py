@@ -18,7 +18,7 @@ import shlex
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Dict, List
+from typing import List
 
 import pytest
 import yaml
@@ -61,7 +61,7 @@ def sparkrun(tmp_path_factory) -> Sparkrun:
         subprocess.run(git + step, check=True, capture_output=True)
     run = Sparkrun(exe, tmp_path_factory.mktemp("home"))
     added = run("registry", "add", "--trust", f"file://{repo}")
-    assert added.returncode == 0 and f"Added 1 registry" in added.stdout, added.stdout + added.stderr
+    assert added.returncode == 0 and "Added 1 registry" in added.stdout, added.stdout + added.stderr
     return run
 
 

@@ -302,8 +302,8 @@ def runsh_rows(reps: int, before: Optional[Path], work: Path) -> List[Row]:
     again = Row("run.sh on the applied tree (already applied)", "<= 0.03 s", lambda r: r.median() <= 0.03)
     mod = REPO / "mods" / RUNSH_MOD
     pristine = realtree.release_site(work / "pristine", [mod], RUNSH_VLLM)
-    from sparkmods.check import paths_needed  # noqa: E402  (what the variant patches, for the yardsticks)
-    from sparkmods.runtime.manifest import load_manifest  # noqa: E402
+    from sparkmods.check import paths_needed  # what the variant patches, for the yardsticks
+    from sparkmods.runtime.manifest import load_manifest
 
     variant = load_manifest(mod).select(RUNSH_VLLM)
     patches = [str(mod / rel) for rel in variant.patches]

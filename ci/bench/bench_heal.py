@@ -36,9 +36,10 @@ import shutil
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
+
+import tomllib
 
 from sparkmods.check import check_mods
 from sparkmods.heal import PROPOSED, UNTESTED, heal_break, pytest_runner

@@ -58,9 +58,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from packaging.version import Version
 
 from sparkmods.rebase import rebase_patches
-from sparkmods.sources.base import MemorySource
 from sparkmods.runtime.engine import plan
 from sparkmods.runtime.udiff import parse_patch
+from sparkmods.sources.base import MemorySource
 
 FIRST = Version("0.18.0")
 NEAR = 3  # an edit within this many lines of an upstream change is "near changed code"

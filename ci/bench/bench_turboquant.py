@@ -92,9 +92,9 @@ def load_modules(interpret: bool) -> Tuple[ModuleType, ModuleType]:
         os.environ["TRITON_INTERPRET"] = "1"
     sys.path.insert(0, str(MOD_FILES))
     try:
-        import triton.experimental.gluon  # noqa: F401  (imported lazily at the first launch otherwise)
         import tq_format
         import tq_triton
+        import triton.experimental.gluon  # noqa: F401  (imported lazily at the first launch otherwise)
 
         load_bf16_yardstick()  # defines Triton kernels too: inside the same TRITON_INTERPRET window
     finally:

@@ -22,7 +22,8 @@ from typing import Any, Callable, Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_turboquant as bench  # noqa: E402
+import bench_turboquant as bench
+
 
 def _config(label: str) -> Callable[[ModuleType], Dict[str, Any]]:
     """The decode with one DecodeConfig (label as in DecodeConfig.label) at every shape."""
@@ -87,7 +88,6 @@ def main() -> int:
     args = p.parse_args()
     fmt, tq = bench.load_modules(interpret=False)
     import torch
-
     import triton
 
     args.out.mkdir(parents=True, exist_ok=True)

@@ -118,7 +118,7 @@ def _requirements(wheel: Path, extras: Iterable[str] = ()) -> List[str]:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _download(requirement: str, dest: Path) -> Path:
     """One py3.12 manylinux x86_64 wheel for `requirement` (no dependencies), via pip; asked once
     per prepare (releases share most requirement lines).

@@ -272,8 +272,22 @@ from . import fsops, stamp
 from .basics import say_to, sha256
 from .engine import APPLIED, CONFLICT, OK, OK_OFFSET, UnsafePath, plain_path, plan
 from .interrupts import Interrupted, deferred, exit_code, handled
-from .journal import (JOURNAL_NAME, STATE_DIR, STATE_FILE, Entry, Journal, JournalError, applied_rel, check_state,
-                      orig_rel, recover, state_dir, sweep, temp_rel, transact)
+from .journal import (
+    JOURNAL_NAME,
+    STATE_DIR,
+    STATE_FILE,
+    Entry,
+    Journal,
+    JournalError,
+    applied_rel,
+    check_state,
+    orig_rel,
+    recover,
+    state_dir,
+    sweep,
+    temp_rel,
+    transact,
+)
 from .locate import LocateError, find_vllm, named_site, read_version
 from .lock import LockTimeout, ReadOnlyTree, UntrustedState, tree_lock
 from .manifest import ManifestError, Variant, load_manifest
@@ -2687,7 +2701,19 @@ import os
 import stat
 
 from .basics import Record
-from .engine import APPLIED, CONFLICT, EXACT, MISSING_FILE, OK, OK_OFFSET, FileResult, HunkResult, UnsafePath, confine, plan
+from .engine import (
+    APPLIED,
+    CONFLICT,
+    EXACT,
+    MISSING_FILE,
+    OK,
+    OK_OFFSET,
+    FileResult,
+    HunkResult,
+    UnsafePath,
+    confine,
+    plan,
+)
 from .manifest import ManifestError, Upstream
 from .pep440 import InvalidVersion, Version
 from .udiff import PatchParseError, parse_patch

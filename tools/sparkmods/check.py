@@ -23,8 +23,15 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Opti
 from sparkmods import gcpause, resultcache, slots
 from sparkmods.modsdir import load
 from sparkmods.runtime.manifest import Manifest, Upstream, Variant
-from sparkmods.runtime.modcheck import (BASE_ENV, BaseMismatch, ModResult, aggregate, by_version, check_mod,
-                                       variant_patches)
+from sparkmods.runtime.modcheck import (
+    BASE_ENV,
+    BaseMismatch,
+    ModResult,
+    aggregate,
+    by_version,
+    check_mod,
+    variant_patches,
+)
 from sparkmods.runtime.pep440 import InvalidVersion
 from sparkmods.runtime.udiff import FilePatch
 

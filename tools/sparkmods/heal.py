@@ -27,13 +27,13 @@ from typing import Callable, Dict, List, Optional, Sequence
 from sparkmods.check import check_mods
 from sparkmods.errors import SparkmodsError
 from sparkmods.modsdir import load, mod_dirs
+from sparkmods.outputfile import write_into
 from sparkmods.rebase.modrebase import ModPlan, plan_mod, write_plan
 from sparkmods.rebase.report import drift_lines, result_lines
 from sparkmods.rebase.tomledit import TomlEditError, set_verified
 from sparkmods.runtime.manifest import MANIFEST_TOML, ManifestError, load_manifest
 from sparkmods.runtime.modcheck import GREEN
 from sparkmods.runtime.pep440 import Version
-from sparkmods.outputfile import write_into
 
 PROPOSED, FLAGGED, TESTS_FAILED, UNTESTED = "proposed", "flagged", "tests-failed", "no-runtime-tests"
 

@@ -17,6 +17,7 @@ from sparkmods.commands import help_for, only_one
 from sparkmods.drift import Finding
 from sparkmods.errors import SparkmodsError
 from sparkmods.modsdir import load, resolve_mods
+from sparkmods.outputfile import check_target, write_atomic, write_into
 from sparkmods.patchfile import read_patch_file
 from sparkmods.rebase import BaseMismatch, RebaseResult, rebase_patches
 from sparkmods.rebase.modrebase import ModPlan, drift_of, plan_mod, write_plan
@@ -24,7 +25,6 @@ from sparkmods.rebase.report import drift_lines, result_lines
 from sparkmods.runtime.engine import safe_target
 from sparkmods.runtime.manifest import Upstream
 from sparkmods.runtime.modcheck import GREEN, check_mod
-from sparkmods.outputfile import check_target, write_atomic, write_into
 
 
 def _source_args(p: argparse.ArgumentParser) -> None:

@@ -20,8 +20,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from sparkmods.community.shell import AndOr, Func, Group, If, Loop, Node, Opaque, Script, ShellError, Simple, \
-    parse_script, sub_pattern
+from sparkmods.community.shell import (
+    AndOr,
+    Func,
+    Group,
+    If,
+    Loop,
+    Node,
+    Opaque,
+    Script,
+    ShellError,
+    Simple,
+    parse_script,
+    sub_pattern,
+)
 from sparkmods.runtime.engine import PACKAGE
 from sparkmods.runtime.udiff import FilePatch, PatchParseError, parse_patch, reverse
 

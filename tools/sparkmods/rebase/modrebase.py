@@ -19,8 +19,8 @@ from sparkmods.drift import Finding, check_patched, new_findings
 from sparkmods.errors import SparkmodsError
 from sparkmods.runtime.engine import plan as engine_plan
 from sparkmods.runtime.manifest import MANIFEST_TOML, Manifest, ManifestError, Variant
-from sparkmods.runtime.pep440 import Range, Version
 from sparkmods.runtime.modcheck import variant_patches
+from sparkmods.runtime.pep440 import Range, Version
 from sparkmods.runtime.udiff import FilePatch, parse_patch
 
 from .core import BaseMismatch, RebaseResult, Tree, rebase_patches

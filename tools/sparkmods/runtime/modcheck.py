@@ -17,7 +17,19 @@ import os
 import stat
 
 from .basics import Record
-from .engine import APPLIED, CONFLICT, EXACT, MISSING_FILE, OK, OK_OFFSET, FileResult, HunkResult, UnsafePath, confine, plan
+from .engine import (
+    APPLIED,
+    CONFLICT,
+    EXACT,
+    MISSING_FILE,
+    OK,
+    OK_OFFSET,
+    FileResult,
+    HunkResult,
+    UnsafePath,
+    confine,
+    plan,
+)
 from .manifest import ManifestError, Upstream
 from .pep440 import InvalidVersion, Version
 from .udiff import PatchParseError, parse_patch

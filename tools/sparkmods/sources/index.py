@@ -99,7 +99,7 @@ class _Json:
         return SparkmodsError(f"{self.page_url}: not a valid PEP 691 project page: {what}")
 
     def need(self, value: object, want: type, where: str, wanted: str) -> None:
-        if not isinstance(value, want) or isinstance(value, bool) and want is not bool:
+        if not isinstance(value, want) or (isinstance(value, bool) and want is not bool):
             raise self.bad(f"{where} is {_kind(value)}, want {wanted}")
 
     def files(self, body: bytes) -> List[IndexFile]:

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, BinaryIO, Callable, Dict, Iterable, List, Opti
 from sparkmods import slots
 from sparkmods.errors import SparkmodsError
 from sparkmods.runtime.pep440 import InvalidVersion, Version
-from sparkmods.sources.base import VllmSource, check_member
 from sparkmods.sources import memberstore
+from sparkmods.sources.base import VllmSource, check_member
 from sparkmods.sources.cache import cache_root
 from sparkmods.sources.fetchstats import stats
 from sparkmods.sources.rangefile import RangeFile
