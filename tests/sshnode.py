@@ -183,7 +183,7 @@ def _wait_for_port(node_ip: str, container: Container) -> None:
             container.reload()
             if container.status != "running" or time.monotonic() > deadline:
                 raise RuntimeError(f"sshd in {container.name} never listened on {node_ip}:22 "
-                                   f"({container.status}):\n{container.logs().decode(errors='replace')}")
+                                   f"({container.status}):\n{container.logs().decode(errors='replace')}") from None
             time.sleep(0.5)
 
 

@@ -88,7 +88,7 @@ def main() -> None:
             if dequant is not None:
                 out["max_err_vs_dequant_over_bf16_ulp"] = float(((logits.double() - dequant).abs() / (2.0**-8 * dequant.abs() + 1e-12)).max())
             if topk is not None:
-                ids, values = topk
+                _ids, values = topk
                 out["topk_matches_logits"] = bool(torch.equal(values.float(), logits.float().topk(5, dim=1).values))
             return out
 

@@ -76,7 +76,7 @@ def test_sweep_rows_limits_and_tuning(swept: Path, report: ModuleType) -> None:
         cfg = next(c for limit, c in suggested if limit is None or (b["limit"] or 10**9) <= limit)
         assert sweep.describe(cfg) == b["suggested"]
     assert set(data["accuracy"]) == {f"{h} {kind}" for h in ("160x48", "70x40") for kind in sweep.KINDS}
-    for name, a in data["accuracy"].items():
+    for _name, a in data["accuracy"].items():
         assert a["states"] == 24 and 0.0 <= a["top1_int8_vs_bf16"] <= 1.0
         assert a["max_abs_int8_vs_bf16"] >= a["mean_abs_int8_vs_bf16"] > 0.0
     acc = data["accuracy"]

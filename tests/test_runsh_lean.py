@@ -257,5 +257,5 @@ def test_run_sh_arguments_read_as_argparse_read_them_or_are_refused() -> None:
             if ours != theirs:
                 assert ours == 2, (argv, theirs, ours)
                 assert theirs == 0 or any(w in ("--", "--dry", "--si") for w in argv) or any(
-                    w in ("--site", "--workspace") and value.startswith("-") for w, value in zip(argv, argv[1:])
+                    w in ("--site", "--workspace") and value.startswith("-") for w, value in itertools.pairwise(argv)
                 ), (argv, theirs)

@@ -12,7 +12,7 @@ import re
 import time
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import pytest
 
@@ -40,7 +40,7 @@ def check_args(index: LoopbackIndex, tmp_path: Path) -> List[str]:
     return ["check", "demo", "--mods-dir", str(mods), "--vllm", "0.19.1", "--index-url", simple(index)]
 
 
-def check_cli(index: LoopbackIndex, tmp_path: Path, env: Dict[str, str] = None):
+def check_cli(index: LoopbackIndex, tmp_path: Path, env: Optional[Dict[str, str]] = None):
     """`sparkmods check demo --vllm 0.19.1` against the index, in a subprocess."""
     return sparkmods(*check_args(index, tmp_path), env=env, timeout=60)
 

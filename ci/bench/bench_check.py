@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, ClassVar, Dict, List, Optional, Tuple
 from urllib.parse import quote, unquote
 
 REPO = Path(__file__).resolve().parents[2]
@@ -240,7 +240,7 @@ class _NightlyIndex(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     wheel: Path = Path()  # set by nightly_row
-    names: List[str] = []
+    names: ClassVar[List[str]] = []
 
     def log_message(self, *args: object) -> None:
         pass

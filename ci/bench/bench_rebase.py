@@ -41,6 +41,7 @@ import argparse
 import ast
 import difflib
 import glob
+import itertools
 import os
 import platform
 import random
@@ -213,7 +214,7 @@ class Case:
 
 def _changed_lines(a: List[str], b: List[str]) -> List[int]:
     out = []
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+    for tag, i1, i2, _j1, _j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
         if tag != "equal":
             out.extend(range(i1, i2) if i2 > i1 else [i1 - 0.5])  # type: ignore[arg-type]
     return out
@@ -352,8 +353,8 @@ def score(c: Case) -> Tuple[List[str], List[float]]:
     outcomes, times = [], []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        for i, run in enumerate((lambda: run_sparkmods(c, patch), lambda: run_gnu_patch(c, patch, tmp),
-                                 lambda: run_git_merge_file(c, tmp))):
+        for run in (lambda: run_sparkmods(c, patch), lambda: run_gnu_patch(c, patch, tmp),
+                    lambda: run_git_merge_file(c, tmp)):
             t0 = time.perf_counter()
             got = run()
             times.append(time.perf_counter() - t0)
@@ -429,7 +430,7 @@ def real_mods(mods_dir: Path, wheels: Optional[Path]) -> List[str]:
         return opened[v]
     for mod in sorted(p.parent for p in mods_dir.glob("*/mod.toml")):
         variants = [v for v in load_manifest(mod).variants if v.patches and v.verified]
-        for a, b in zip(variants, variants[1:]):
+        for a, b in itertools.pairwise(variants):
             base, onto = rel(a.verified[-1]), rel(b.verified[0])
             fps = variant_patches(mod, a)
             want = {p: x for p, x in _patched_files(variant_patches(mod, b), onto).items()}

@@ -67,7 +67,7 @@ def run_head(head: int, args: argparse.Namespace, fmt: ModuleType, tq: ModuleTyp
                         setattr(tq, attr, value)
                     try:
                         err = bench.rel_err(tq.tq_decode(q, cache, bt, lens, runner.work.scale, spec), ref)
-                        us, _ = bench.median_us(lambda: tq.tq_decode(q, cache, bt, lens, runner.work.scale, spec), False)
+                        us, _ = bench.median_us(lambda: tq.tq_decode(q, cache, bt, lens, runner.work.scale, spec), False)  # noqa: F821 - timed before the del below
                     finally:
                         for attr, value in saved.items():
                             setattr(tq, attr, value)

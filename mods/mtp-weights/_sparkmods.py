@@ -2025,7 +2025,7 @@ def transact(site: StrPath, journal: Journal, payload: Dict[str, bytes]) -> None
                     sweep(site, [e.path for e in journal.entries])
             except (OSError, JournalError) as failed:
                 raise JournalError(f"{_what(exc)}; rolling back failed too ({_what(failed)}); the journal "
-                                   f"{_journal_path(site)} is kept: the next run.sh (any action) settles it")
+                                   f"{_journal_path(site)} is kept: the next run.sh (any action) settles it") from failed
         if isinstance(exc, Interrupted):
             exc.completed = side == FORWARD  # too late to roll back: the change was finished instead
         raise
@@ -3354,13 +3354,9 @@ class Range:
 
     def contains(self, version: "Version | str") -> bool:
         v = (Version(version) if isinstance(version, str) else version).public
-        if self.lower is not None:
-            if v < self.lower or (v == self.lower and not self.lower_inclusive):
-                return False
-        if self.upper is not None:
-            if v > self.upper or (v == self.upper and not self.upper_inclusive):
-                return False
-        return True
+        below = self.lower is not None and (v < self.lower or (v == self.lower and not self.lower_inclusive))
+        above = self.upper is not None and (v > self.upper or (v == self.upper and not self.upper_inclusive))
+        return not (below or above)
 
     def __contains__(self, version: "Version | str") -> bool:
         return self.contains(version)

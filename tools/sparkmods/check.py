@@ -245,7 +245,7 @@ def warming(sources: Sequence) -> Iterator[None]:
 def _quietly(action: Callable[[], None]) -> None:
     try:
         action()
-    except Exception:  # see warming
+    except Exception:  # noqa: BLE001 - a failure is left for the check's own read of the source (warming)
         pass
 
 

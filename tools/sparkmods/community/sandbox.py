@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import os
 import re
 import shlex
@@ -267,7 +268,7 @@ def tree_image(tree: Path, image: str, client=None) -> str:
 def _leaves(changes: List[dict]) -> List[dict]:
     """docker diff's entries without the folders it lists only because something below changed."""
     paths = sorted(c["Path"] for c in changes)
-    parents = {p for p, q in zip(paths, paths[1:]) if q.startswith(p.rstrip("/") + "/")}
+    parents = {p for p, q in itertools.pairwise(paths) if q.startswith(p.rstrip("/") + "/")}
     return [c for c in changes if c["Path"] not in parents]
 
 
@@ -291,7 +292,7 @@ def _changes(container, tree: Path, name: str, keep: bool) -> Tuple[List[Tuple[s
     changed, outside, after = [], [], {}
     for entry in _leaves(container.diff() or []):
         path, kind = entry["Path"], kinds.get(entry["Kind"], "modified")
-        if "/__pycache__" in path or path == own or path.startswith(own + "/") or path == MODS_DIR:
+        if "/__pycache__" in path or path in (own, MODS_DIR) or path.startswith(own + "/"):
             continue  # bytecode Python leaves behind, and the mod's own copy
         if not path.startswith(f"{SITE_DIR}/vllm/"):
             outside.append(path)

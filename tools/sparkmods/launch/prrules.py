@@ -53,7 +53,7 @@ def pr_overlap(ctx: Context) -> Iterator[Problem]:
                 continue
             manifest = load_manifest(folder)
             decided = check_mod(manifest, folder, ctx.facts.source.version,
-                                lambda rel: after[rel] if rel in after else ctx.facts.source.read(rel))
+                                lambda rel: after[rel] if rel in after else ctx.facts.source.read(rel))  # noqa: B023 - used in this iteration only
             if decided.green:
                 yield Problem("vllm-pr", f"{where}: the mod still applies after the PR (variant "
                                          f"{decided.variant}), so pass --apply-vllm-pr before --apply-mod", WARNING)

@@ -9,6 +9,7 @@ every edit of the file is reported as a conflict. Nothing here ever guesses.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
@@ -97,7 +98,7 @@ def _place(align: Alignment, anchors: Optional[Anchorer], bf, of, e: Edit) -> Ed
 def _order(outcomes: List[EditOutcome]) -> None:
     """Placements must keep base order and not overlap; offenders become conflicts."""
     placed = [x for x in outcomes if x.outcome == PLACED]
-    for a, b in zip(placed, placed[1:]):
+    for a, b in itertools.pairwise(placed):
         if b.o0 < a.o1:  # type: ignore[operator]
             for x in (a, b):
                 x.outcome, x.reason = CONFLICT, "placed out of order with a neighbouring edit"

@@ -379,7 +379,7 @@ def transact(site: StrPath, journal: Journal, payload: Dict[str, bytes]) -> None
                     sweep(site, [e.path for e in journal.entries])
             except (OSError, JournalError) as failed:
                 raise JournalError(f"{_what(exc)}; rolling back failed too ({_what(failed)}); the journal "
-                                   f"{_journal_path(site)} is kept: the next run.sh (any action) settles it")
+                                   f"{_journal_path(site)} is kept: the next run.sh (any action) settles it") from failed
         if isinstance(exc, Interrupted):
             exc.completed = side == FORWARD  # too late to roll back: the change was finished instead
         raise

@@ -251,13 +251,9 @@ class Range:
 
     def contains(self, version: "Version | str") -> bool:
         v = (Version(version) if isinstance(version, str) else version).public
-        if self.lower is not None:
-            if v < self.lower or (v == self.lower and not self.lower_inclusive):
-                return False
-        if self.upper is not None:
-            if v > self.upper or (v == self.upper and not self.upper_inclusive):
-                return False
-        return True
+        below = self.lower is not None and (v < self.lower or (v == self.lower and not self.lower_inclusive))
+        above = self.upper is not None and (v > self.upper or (v == self.upper and not self.upper_inclusive))
+        return not (below or above)
 
     def __contains__(self, version: "Version | str") -> bool:
         return self.contains(version)

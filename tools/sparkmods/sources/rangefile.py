@@ -112,7 +112,7 @@ class RangeFile(io.RawIOBase):
         for start, future in futures:
             try:
                 self.add(start, future.result())
-            except Exception as exc:  # wait for all, then raise the first error
+            except Exception as exc:  # noqa: BLE001 - wait for all, then raise the first error
                 if first_error is None:
                     first_error = exc
                 else:
