@@ -24,7 +24,7 @@ import ast
 import textwrap
 from dataclasses import dataclass
 from difflib import SequenceMatcher
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Set, Tuple, Union
 
 from sparkmods import pyparse
 
@@ -135,7 +135,7 @@ class Anchorer:
         return found[0] if len(found) == 1 else None
 
     # -- counterpart lookup ----------------------------------------------------------------
-    def _unique(self, pf: PyFile, stmts: Sequence[Stmt], key: str, keyf) -> Optional[Stmt]:
+    def _unique(self, pf: PyFile, stmts: Sequence[Stmt], key: str, keyf: Callable[[PyFile, Stmt], str]) -> Optional[Stmt]:
         hits = [s for s in stmts if keyf(pf, s) == key]
         return hits[0] if len(hits) == 1 else None
 
@@ -292,7 +292,7 @@ class Anchorer:
         return self._gap_place(b0, b1, g0, g1, oblock, slot, "statement")
 
     # -- replacing whole statements ----------------------------------------------------------
-    def _aligned(self, b0: int, b1: int):
+    def _aligned(self, b0: int, b1: int) -> Union[str, Tuple[Block, int, int], None]:
         """(block, i, k) when [b0, b1) is statements i..k of one block plus blank/comment
         lines; a reason string when it partly overlaps statements; None when it holds none."""
         inside = [s for s in self.b.stmts if b0 <= s.start and s.end <= b1]
@@ -307,7 +307,7 @@ class Anchorer:
             overlaps = s.start < b1 and b0 < s.end
             if overlaps and s not in inside and not (s.start <= b0 and b1 <= s.end):
                 return None  # cuts through a statement: an intra-statement edit
-        covered = set()
+        covered: Set[int] = set()
         for s in top:
             covered.update(range(s.start, s.end))
         if any(not is_trivia(self.b.lines[i]) for i in range(b0, b1) if i not in covered):

@@ -54,7 +54,7 @@ def conflict_lines(align: Alignment, outcomes: Sequence[EditOutcome], onto_label
     base, onto = align.base, align.onto
     regions = _regions(align, [x.edit for x in outcomes if x.outcome == CONFLICT])
     inside = lambda e: any(lo <= e.b0 and e.b1 <= hi for lo, hi in regions)  # noqa: E731
-    repl = [(x.o0, x.o1, list(x.edit.new)) for x in outcomes if x.outcome == PLACED and not inside(x.edit)]
+    repl = [(*x.span, list(x.edit.new)) for x in outcomes if x.outcome == PLACED and not inside(x.edit)]
     for lo, hi in regions:
         o0, o1 = _o_left(align, lo), _o_right(align, hi)
         mine = [(e.b0 - lo, e.b1 - lo, e.new) for e in (x.edit for x in outcomes) if lo <= e.b0 and e.b1 <= hi]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from sparkmods import pyparse
 from sparkmods.runtime.engine import APPLIED, plan_file
@@ -35,6 +35,13 @@ class EditOutcome:
     o0: Optional[int] = None  # 0-based onto line where it goes (placed)
     o1: Optional[int] = None
     reason: str = ""
+
+    @property
+    def span(self) -> Tuple[int, int]:
+        """(o0, o1) of a placed edit."""
+        if self.o0 is None or self.o1 is None:
+            raise ValueError(f"hunk {self.edit.hunk}: {self.outcome}, not placed")
+        return self.o0, self.o1
 
     def to_dict(self) -> dict:
         out = {"hunk": self.edit.hunk, "base_line": self.edit.b0 + 1, "removes": self.edit.b1 - self.edit.b0,
@@ -77,7 +84,7 @@ def _diff3(align: Alignment, bf: Optional[PyFile], of: Optional[PyFile], e: Edit
     return Placement(o0, o0 + (e.b1 - e.b0), "diff3"), ""
 
 
-def _place(align: Alignment, anchors: Optional[Anchorer], bf, of, e: Edit) -> EditOutcome:
+def _place(align: Alignment, anchors: Optional[Anchorer], bf: Optional[PyFile], of: Optional[PyFile], e: Edit) -> EditOutcome:
     d, dwhy = _diff3(align, bf, of, e)
     answer = anchors.place(e.b0, e.b1, e.new) if anchors is not None else Answer(None)
     s, swhy = answer.placement, answer.reason
@@ -99,7 +106,7 @@ def _order(outcomes: List[EditOutcome]) -> None:
     """Placements must keep base order and not overlap; offenders become conflicts."""
     placed = [x for x in outcomes if x.outcome == PLACED]
     for a, b in itertools.pairwise(placed):
-        if b.o0 < a.o1:  # type: ignore[operator]
+        if b.span[0] < a.span[1]:
             for x in (a, b):
                 x.outcome, x.reason = CONFLICT, "placed out of order with a neighbouring edit"
 
@@ -134,8 +141,8 @@ def merge_file(fp: FilePatch, base: Sequence[str], onto: Sequence[str], edits: S
     if any(x.outcome == CONFLICT for x in outcomes):
         return FileMerge(outcomes, None, alignment=align)
     eol = "\r\n" if sum(1 for x in onto if x.endswith("\r\n")) * 2 > len(onto) else "\n"
-    placed = [(x.o0, x.o1, [_with_eol(line, eol) for line in x.edit.new]) for x in outcomes if x.outcome == PLACED]
-    merged = apply_edits(list(onto), placed)  # type: ignore[arg-type]
+    placed = [(*x.span, [_with_eol(line, eol) for line in x.edit.new]) for x in outcomes if x.outcome == PLACED]
+    merged = apply_edits(list(onto), placed)
     if python and of is not None:
         try:
             pyparse.parse(join_lines(merged))

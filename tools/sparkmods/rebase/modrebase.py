@@ -11,6 +11,7 @@ an atomic rename; patch files are written first and removed again if anything fa
 from __future__ import annotations
 
 import posixpath
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -211,10 +212,10 @@ def drift_of(fps: Sequence[FilePatch], result: RebaseResult, base: Tree, onto: T
 
 
 def _load_toml(text: str, where: str) -> Dict[str, Any]:
-    try:
-        import tomllib  # type: ignore[import-not-found]
-    except ImportError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[import-not-found,no-redef]
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

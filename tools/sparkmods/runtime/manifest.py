@@ -9,6 +9,7 @@ Every error names the file, the key and the problem in one line.
 from __future__ import annotations
 
 import os
+import sys
 
 from . import cached
 from .basics import Record
@@ -274,13 +275,13 @@ def load_manifest(mod_dir: StrPath) -> Manifest:
     json_path = os.path.join(mod_dir, MANIFEST_JSON)
     data: Any
     if not _IN_MOD and os.path.isfile(toml_path):
-        try:
-            import tomllib  # type: ignore[import-not-found]
-        except ImportError:  # Python < 3.11
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:
             try:
-                import tomli as tomllib  # type: ignore[import-not-found,no-redef]
+                import tomli as tomllib
             except ImportError:
-                tomllib = None  # type: ignore[assignment]
+                tomllib = None
         if tomllib is not None:
             try:
                 data = tomllib.loads(_utf8(toml_path, _read(toml_path)))
