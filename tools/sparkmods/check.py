@@ -18,7 +18,7 @@ import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from sparkmods import gcpause, resultcache, slots
 from sparkmods.modsdir import load
@@ -37,6 +37,10 @@ from sparkmods.runtime.udiff import FilePatch
 
 if TYPE_CHECKING:
     from sparkmods.gitdiff import Change
+    from sparkmods.sources.base import VllmSource
+
+# drift.drift_status, imported where a row is checked
+DriftStatus = Callable[["VllmSource", ModResult, Optional[Sequence[FilePatch]]], Optional[Tuple[str, str]]]
 
 
 # Host code that can change a row's status beyond the mod's own files (whose runtime copy is
@@ -65,7 +69,7 @@ class CheckRow:
     served: "dict | None" = None  # the GPU run that served this variant here (matrix/served.py)
 
     def to_dict(self) -> dict:
-        out = {"target": self.target, "commit": self.commit, "wheel_sha256": self.sha256}
+        out: Dict[str, Any] = {"target": self.target, "commit": self.commit, "wheel_sha256": self.sha256}
         out.update(self.result.to_dict())
         if self.served is not None:
             out["served"] = self.served
@@ -92,7 +96,7 @@ def paths_needed(manifest: Manifest, mod_dir: Path, version: str, content: Optio
     return set()
 
 
-def check_source(mods: Sequence["tuple[Path, Manifest]"], source,
+def check_source(mods: Sequence["tuple[Path, Manifest]"], source: VllmSource,
                  hashes: Optional[Dict[str, str]] = None) -> List[CheckRow]:
     """All mods on one source (anything with version, read(), prefetch()), in order.
 
@@ -101,8 +105,9 @@ def check_source(mods: Sequence["tuple[Path, Manifest]"], source,
     """
     cache = resultcache.active()
     hashes = hashes if hashes is not None else {m.name: resultcache.mod_hash(d) for d, m in mods}
-    results = {m.name: cache.get(hashes[m.name], source, m.name) for _, m in mods}
-    todo = [(d, m) for d, m in mods if results[m.name] is None]
+    cached = {m.name: cache.get(hashes[m.name], source, m.name) for _, m in mods}
+    results = {name: result for name, result in cached.items() if result is not None}
+    todo = [(d, m) for d, m in mods if m.name not in results]
     try:
         if todo:
             wanted: Set[str] = set()
@@ -123,7 +128,7 @@ def check_source(mods: Sequence["tuple[Path, Manifest]"], source,
     return [CheckRow(source.label, source.commit, source.sha256, results[m.name]) for _, m in mods]
 
 
-def _checked(manifest: Manifest, mod_dir: Path, source, content: str, drift_status: Callable) -> ModResult:
+def _checked(manifest: Manifest, mod_dir: Path, source: VllmSource, content: str, drift_status: DriftStatus) -> ModResult:
     """check_mod, then the drift checks (drift.drift_status) for a variant that applies."""
     result = check_mod(manifest, mod_dir, source.version, source.read)
     if result.green and result.variant is not None:
@@ -136,8 +141,8 @@ def _checked(manifest: Manifest, mod_dir: Path, source, content: str, drift_stat
     return result
 
 
-def _drift_free(manifest: Manifest, mod_dir: Path, source, content: str, chosen: Variant,
-                drift_status: Callable) -> str:
+def _drift_free(manifest: Manifest, mod_dir: Path, source: VllmSource, content: str, chosen: Variant,
+                drift_status: DriftStatus) -> str:
     """For a variant chosen by content that drifts: another variant that applies without drift,
     as the override that makes run.sh choose it (run.sh cannot run the drift checks)."""
     for variant in reversed(manifest.variants):
@@ -170,7 +175,7 @@ def _parsed_patches(mod_dir: Path, label: str, content: str) -> "tuple[FilePatch
     return tuple(variant_patches(mod_dir, chosen))
 
 
-def check_patch_source(name: str, subject: str, changes: Sequence["Change"], source) -> CheckRow:
+def check_patch_source(name: str, subject: str, changes: Sequence["Change"], source: VllmSource) -> CheckRow:
     """A loose diff (no manifest; git's renames, modes and binary changes read as `git apply`
     reads them, gitdiff.py) on one source: the plan, then the drift checks; reused from the
     result cache under `subject` (resultcache.patch_hash) when stored."""
@@ -203,7 +208,7 @@ def _without_bytes(result: ModResult) -> ModResult:
     return result
 
 
-def _release(source) -> None:
+def _release(source: VllmSource) -> None:
     """source.release() for sources that hold state (VllmSource); duck-typed ones may not."""
     release = getattr(source, "release", None)
     if release is not None:

@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence
 
 from sparkmods.check import CheckRow, check_mods
 from sparkmods.errors import SparkmodsError
-from sparkmods.runtime.modcheck import DRIFT, GREEN
+from sparkmods.runtime.modcheck import DRIFT, GREEN, ModResult
 from sparkmods.runtime.pep440 import InvalidVersion, Version
 from sparkmods.sources import open_targets
 from sparkmods.sources.http import get
@@ -104,7 +104,7 @@ class Report:
         return "\n".join(out) + "\n"
 
 
-def break_lines(res) -> List[str]:
+def break_lines(res: ModResult) -> List[str]:
     """What broke in one check result, as a Markdown list: each conflicting hunk (with up to
     three of its differing lines), each missing file, and the reason of a drift or no-variant."""
     out = []

@@ -57,14 +57,15 @@ def load_mod_package(patch: Path, package: str, workdir: Path) -> ModuleType:
     from sparkmods.runtime.udiff import parse_patch
 
     try:
-        created = [r for r in plan(parse_patch(patch.read_text(encoding="utf-8")), lambda _p: None) if r.after is not None]
+        created = [(r.path, r.after) for r in plan(parse_patch(patch.read_text(encoding="utf-8")), lambda _p: None)
+                   if r.after is not None]
     except OSError as exc:
         raise SparkmodsError(f"{patch}: cannot read the mod's patch ({exc.strerror}); pass --mods-dir") from None
     folder = workdir / package
     folder.mkdir(parents=True)
     (folder / "__init__.py").write_text("", encoding="utf-8")
-    for result in created:
-        (folder / Path(result.path).name).write_bytes(result.after)
+    for path, after in created:
+        (folder / Path(path).name).write_bytes(after)
     if str(workdir) not in sys.path:
         sys.path.insert(0, str(workdir))
     return importlib.import_module(package)

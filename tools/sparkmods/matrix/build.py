@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from sparkmods import __version__, gcpause, resultcache
 from sparkmods.check import SOURCE_JOBS, check_source, checker_hash
@@ -24,12 +24,15 @@ from sparkmods.runtime.manifest import Manifest
 from sparkmods.runtime.modcheck import ModResult
 from sparkmods.runtime.pep440 import Version
 
+if TYPE_CHECKING:
+    from sparkmods.sources.base import VllmSource
+
 SCHEMA = 1
 TIMESTAMP_KEY = "generated_at"
 
 
 def _mod_entry(manifest: Manifest, content_hash: str) -> dict:
-    entry = {
+    entry: Dict[str, Any] = {
         "name": manifest.name,
         "summary": manifest.summary,
         "content_hash": content_hash,
@@ -50,7 +53,7 @@ def cell_from_result(result: ModResult, target: str, content_hash: str, sha256: 
             if f.reason:
                 entry["reason"] = f.reason
             files.append(entry)
-    cell = {"mod": result.mod, "vllm": result.version, "target": target, "status": result.status,
+    cell: Dict[str, Any] = {"mod": result.mod, "vllm": result.version, "target": target, "status": result.status,
             "variant": result.variant, "mod_hash": content_hash, "wheel_sha256": sha256}
     if result.reason:
         cell["reason"] = result.reason
@@ -100,7 +103,7 @@ def build_counted(mod_dirs: Sequence[Path], sources: Sequence, previous: Optiona
     stored_before = counts.reused
     old = _reusable(previous, checker)
 
-    def one(source) -> Tuple[List[dict], int]:
+    def one(source: VllmSource) -> Tuple[List[dict], int]:
         cells: Dict[str, dict] = {}
         todo = []
         for mod_dir, manifest in mods:
