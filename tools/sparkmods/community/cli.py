@@ -15,12 +15,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Iterator, List, Optional, Sequence, Tuple
 
 from sparkmods.community.judge import NOT_CHECKABLE, SKIPPED, CommunityResult, judge, judge_all
 from sparkmods.community.runsh import CommunityMod, is_community_mod, read_mod
 from sparkmods.community.sandbox import SITE_DIR, RunResult, agrees
 from sparkmods.errors import SparkmodsError
+
+if TYPE_CHECKING:
+    from sparkmods.sources.base import VllmSource
 
 __all__ = ["collect", "load_mods", "loose_mod", "run_cells", "run_check", "run_matrix", "wants_community"]
 
@@ -102,8 +105,8 @@ def run_check(args: argparse.Namespace) -> int:
         return _static_check(args, mods) if args.static else _run_check(args, mods)
 
 
-def run_cells(mods: Sequence[CommunityMod], sources: Sequence, image: str,
-              timeout: float) -> Iterator[Tuple[object, CommunityMod, RunResult, Optional[CommunityResult]]]:
+def run_cells(mods: Sequence[CommunityMod], sources: Sequence[VllmSource], image: str,
+              timeout: float) -> Iterator[Tuple[VllmSource, CommunityMod, RunResult, Optional[CommunityResult]]]:
     """(source, mod, what its run did, the static judgment where run.sh can be read) for every
     mod on every source, one container at a time."""
     from sparkmods.community.sandbox import _client, release_tree, run_mod, tree_image

@@ -273,7 +273,7 @@ class _Walker:
                 return
 
     def loop(self, node: Loop, tolerated: str) -> None:
-        items = None
+        items: Optional[List[str]] = None
         if node.items is not None:
             items = []
             for word in node.items:
