@@ -7,12 +7,15 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from sparkmods.commands import help_for
 from sparkmods.errors import SparkmodsError
 from sparkmods.outputfile import write_atomic
 from sparkmods.targets import add_target_args, open_sources
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 JSON_NAME, MD_NAME, SVG_NAME = "matrix.json", "MATRIX.md", "matrix.svg"
 _REPO_MATRIX = Path(__file__).resolve().parents[3] / "matrix"
@@ -78,7 +81,7 @@ def _write_all(out: Path, files: Dict[str, str]) -> None:
         write_atomic(out / name, text)
 
 
-def _check(out: Path, mod_dirs) -> int:
+def _check(out: Path, mod_dirs: List[Path]) -> int:
     from sparkmods.matrix.compare import stale_mods, stale_served
 
     doc = _read(out / JSON_NAME)
@@ -97,7 +100,7 @@ def _check(out: Path, mod_dirs) -> int:
     return 1 if problems else 0
 
 
-def _progress(total: int):
+def _progress(total: int) -> Tuple[Optional[Progress], Optional[Callable[[str], None]]]:
     """A progress callback: a bar on a terminal, nothing in CI or pipes."""
     if not sys.stderr.isatty() or os.environ.get("CI"):
         return None, None
