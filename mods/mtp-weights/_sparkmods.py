@@ -39,6 +39,11 @@ except ImportError:
     except ImportError:  # an interpreter built without its own hashes
         from hashlib import sha256
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import CodeType, ModuleType, TracebackType
+    from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+
 MAGIC_NUMBER = _frozen_importlib_external.MAGIC_NUMBER
 
 # A SIGINT before the end of this file is held and then raised inside __main__, whose handler
@@ -48,8 +53,8 @@ MAGIC_NUMBER = _frozen_importlib_external.MAGIC_NUMBER
 # .pth files and sitecustomize of vLLM's site-packages. Imported some other way, this file
 # holds it from here on. Only as run.sh's `_sparkmods`: on the host this module is read by
 # `sparkmods sync`, not run.
-_held_sigint = []
-_previous_handler = None
+_held_sigint: "List[int]" = []
+_previous_handler: "Any" = None
 if __name__ == "_sparkmods":
     _main = sys.modules["__main__"]
     if hasattr(_main, "held"):
@@ -62,7 +67,7 @@ if __name__ == "_sparkmods":
         site.main()
 
 
-def cache_dir():
+def cache_dir() -> "Optional[str]":
     """The folder for compiled runtime code, or None when there is no home to put it in."""
     base = os.environ.get("SPARKMODS_CACHE_DIR")
     if not base:
@@ -73,7 +78,7 @@ def cache_dir():
     return os.path.join(os.path.expanduser(base), "runtime-code")
 
 
-def _ours(folder):
+def _ours(folder: str) -> bool:
     """folder exists and belongs to this user, or does not exist yet (then it may be made)."""
     try:
         return os.stat(folder).st_uid == os.getuid()
@@ -83,18 +88,20 @@ def _ours(folder):
         return False
 
 
-_cache = None  # the cache folder (install sets it), None: none to use
+_cache: "Optional[str]" = None  # the cache folder (install sets it), None: none to use
+__path__: "List[str]"  # install makes this module a package
 
 
-def cached(name, path, source, make):
+def cached(name: str, path: str, source: object, make: "Callable[[], Any]") -> "Any":
     """make(), kept in the cache and used again while this interpreter, `path` and `source`
     (the text or bytes it is made from) are all what they were: each runtime module's code
     (RuntimeLoader) and the decoded manifest.json (manifest.py: json, with re, would be
     imported for it on every run). Runtime modules reach it as `from . import cached` (on the
     host, the package's stand-in). Without a cache folder, just make()."""
-    if _cache is None:
+    folder = _cache
+    if folder is None:
         return make()
-    entry = os.path.join(_cache, f"{name}-{sha256(path.encode()).hexdigest()[:16]}.code")
+    entry = os.path.join(folder, f"{name}-{sha256(path.encode()).hexdigest()[:16]}.code")
     want = (MAGIC_NUMBER, path, source)
     try:
         with open(entry, "rb") as fh:
@@ -104,57 +111,58 @@ def cached(name, path, source, make):
     except (OSError, ValueError, EOFError, TypeError):
         pass  # absent, unreadable, or from another interpreter: make it
     value = make()
-    _store(entry, want + (value,))
+    _store(folder, entry, want + (value,))
     return value
 
 
 class RuntimeLoader:
     """Finds and loads `<package>.<name>` from the sources this file holds, through the cache."""
 
-    def __init__(self, package, archive, sources):
+    def __init__(self, package: str, archive: str, sources: "Dict[str, str]") -> None:
         self.package, self.archive, self.sources = package, archive, sources
 
-    def find_spec(self, fullname, path=None, target=None):
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> "Optional[Any]":
         head, _, leaf = fullname.rpartition(".")
         if head != self.package or leaf not in self.sources:
             return None
-        spec = _frozen_importlib.ModuleSpec(fullname, self, origin=self._path(fullname))
+        # a loader by protocol: importlib.abc.Loader would cost run.sh an import
+        spec = _frozen_importlib.ModuleSpec(fullname, self, origin=self._path(fullname))  # type: ignore[arg-type]
         spec.has_location = True  # sets __file__: the runtime finds its mod folder from it
         return spec
 
-    def create_module(self, spec):
+    def create_module(self, spec: object) -> None:
         return None
 
-    def exec_module(self, module):
+    def exec_module(self, module: "ModuleType") -> None:
         exec(self.get_code(module.__name__), module.__dict__)
 
-    def get_source(self, fullname):
+    def get_source(self, fullname: str) -> str:
         return self.sources[fullname.rpartition(".")[2]]
 
-    def _path(self, fullname):
+    def _path(self, fullname: str) -> str:
         """The module's file name, zipimport-style: <mod>/_sparkmods.py/<name>.py."""
         return f"{self.archive}/{fullname.rpartition('.')[2]}.py"
 
-    def get_code(self, fullname):
+    def get_code(self, fullname: str) -> "CodeType":
         path = self._path(fullname)
         source = self.get_source(fullname)
         return cached(fullname, path, source, lambda: self._compile(source, path))
 
     @staticmethod
-    def _compile(source, path):
+    def _compile(source: str, path: str) -> "CodeType":
         # run.sh's single thread: the host's parse lock (sparkmods.pyparse) is not needed here,
         # and this file may import nothing of the host's.
         return compile(source, path, "exec", dont_inherit=True)
 
 
-def _store(entry, value):
-    """Write entry (a marshal of value) atomically into a folder of our own; any failure
+def _store(folder: str, entry: str, value: "Tuple[Any, ...]") -> None:
+    """Write entry (a marshal of value) atomically into folder, if it is our own; any failure
     leaves the cache alone."""
-    tmp = os.path.join(_cache, f".{os.path.basename(entry)}.{os.getpid()}.tmp")
+    tmp = os.path.join(folder, f".{os.path.basename(entry)}.{os.getpid()}.tmp")
     try:
         data = marshal.dumps(value)
-        os.makedirs(_cache, mode=0o700, exist_ok=True)
-        if not _ours(_cache):
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        if not _ours(folder):
             return  # never run code from (or leave code in) a folder another user controls
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as fh:
@@ -169,7 +177,7 @@ def _store(entry, value):
             pass
 
 
-def install(sources):
+def install(sources: "Dict[str, str]") -> None:
     """Make this module the package of `sources` (name -> text), then let a held SIGINT go."""
     global __path__, _cache
     __path__ = []  # a package: `import _sparkmods.applier` asks the finders below
@@ -182,7 +190,7 @@ def install(sources):
         _signal.signal(_signal.SIGINT, _previous_handler)
 
 
-def _excepthook(kind, value, tb):
+def _excepthook(kind: "Type[BaseException]", value: BaseException, tb: "Optional[TracebackType]") -> None:
     """Python's own report, through the traceback module: unlike the built-in printer it asks
     the loader for the source, so a runtime bug's traceback shows the lines of this file."""
     import traceback
@@ -190,7 +198,7 @@ def _excepthook(kind, value, tb):
     traceback.print_exception(kind, value, tb)
 
 
-def sigint_held():
+def sigint_held() -> bool:
     """Whether a SIGINT arrived while this file ran (__main__ raises it inside its handler)."""
     return bool(_held_sigint)
 
@@ -296,7 +304,7 @@ from .udiff import reverse
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Sequence
+    from typing import Callable, Dict, List, Optional, Sequence, TextIO
 
     from .fsops import StrPath
     from .manifest import Install, Manifest
@@ -311,7 +319,7 @@ class Printer:
     """Every line goes out prefixed with `[<mod>]` so cluster logs show who said it; a line
     that cannot be written never fails the run (basics.say_to)."""
 
-    def __init__(self, mod: str, stream=None) -> None:
+    def __init__(self, mod: str, stream: "Optional[TextIO]" = None) -> None:
         self.prefix = f"[{mod}]"
         self.stream = stream or sys.stdout
 
@@ -323,7 +331,7 @@ def _sha256(data: Optional[bytes]) -> Optional[str]:
     return None if data is None else sha256(data).hexdigest()
 
 
-def _reader(site: StrPath):
+def _reader(site: StrPath) -> "Callable[[str], Optional[bytes]]":
     def read(rel: str) -> Optional[bytes]:
         return fsops.read_regular(plain_path(site, rel, leaf=True))
     return read
@@ -358,7 +366,7 @@ def _explain_failure(say: Printer, manifest: Manifest, result: ModResult) -> Non
 
 
 def _install_files(say: Printer, mod_dir: StrPath, inputs: ModInputs, workspace: StrPath, dry_run: bool) -> None:
-    for item, data in zip(inputs.chosen.install, inputs.sources):
+    for item, data in zip(inputs.variant.install, inputs.sources):
         if item.site:
             continue  # installed into vLLM with the patches, through the journal
         dest = os.path.join(workspace, item.name)
@@ -453,7 +461,9 @@ def _refuse_earlier_apply(site: StrPath, state: dict, version: str, result: ModR
 def _apply_journal(manifest: Manifest, result: ModResult, site: StrPath, mod_dir: StrPath, variant: Variant
                    ) -> "tuple[Journal, Dict[str, bytes]]":
     """The apply journal; a patched file keeps its mode, a new one gets `_new_file_mode`."""
-    entries, payload, files = [], {}, {}
+    entries: List[Entry] = []
+    payload: Dict[str, bytes] = {}
+    files = {}
     for f in result.files:
         if not f.changes:
             continue
@@ -463,10 +473,10 @@ def _apply_journal(manifest: Manifest, result: ModResult, site: StrPath, mod_dir
         new = temp_rel(f.path) if f.after is not None else None
         sums = {"before": _sha256(f.before), "after": _sha256(f.after)}
         entries.append(Entry(f.path, sums["before"], sums["after"], new, old, mode))
-        if old is not None:
-            payload[old] = f.before  # type: ignore[assignment]
-        if new is not None:
-            payload[new] = f.after  # type: ignore[assignment]
+        if old is not None and f.before is not None:  # (old is set exactly when there are before bytes)
+            payload[old] = f.before
+        if new is not None and f.after is not None:
+            payload[new] = f.after
         files[f.path] = sums
     state = {"mod": manifest.name, "variant": result.variant, "vllm": result.version, "files": files}
     return Journal("apply", manifest.name, entries, state), payload
@@ -498,7 +508,7 @@ def apply_mod(mod_dir: StrPath, site: StrPath, workspace: StrPath, dry_run: bool
         if result.status == UPSTREAM:
             say(f"not needed: {result.reason}")
             return EXIT_OK
-        variant = inputs.chosen
+        variant = inputs.variant
         if not dry_run:
             sweep(site, [f.path for f in result.files])
         if result.status == APPLIED:
@@ -537,7 +547,7 @@ def _stamp(weighed: ModInputs, mod_dir: StrPath, site: StrPath) -> None:
     inputs, result = settle(weighed, _reader(site))
     if result.status != APPLIED:
         return
-    variant = inputs.chosen
+    variant = inputs.variant
     installs = [(item.name, data) for item, data in zip(variant.install, inputs.sources) if not item.site]
     # A choice by content also read the other variants' patches and files.
     variants = weighed.manifest.variants if weighed.options else [variant]
@@ -582,8 +592,9 @@ def _revert_from_state(site: StrPath, inputs: ModInputs, state: dict) -> "Option
             raise JournalError(f"{os.path.join(site, new)}: the saved original of {rel} is missing or corrupt; "
                                "reinstall vLLM")
         old = applied_rel(name, rel) if s["after"] is not None else None
-        if old is not None:
-            payload[old] = current[rel]  # type: ignore[assignment]
+        now = current[rel]  # not None where s["after"] is: the foreign check above compared it
+        if old is not None and now is not None:
+            payload[old] = now
         mode = os.stat(plain_path(site, rel)).st_mode & 0o7777 if current[rel] is not None else 0o644
         entries.append(Entry(rel, s["after"], s["before"], new, old, mode))
     return Journal("revert", name, entries), payload
@@ -615,8 +626,9 @@ def _revert_by_reverse_patch(site: StrPath, inputs: ModInputs, say: Printer
         before = read(rel)
         new = temp_rel(rel) if after is not None else None
         old = applied_rel(manifest.name, rel)
-        payload[old] = before  # type: ignore[assignment]
-        if new is not None:
+        if before is not None:  # the applied file (read by the plan above)
+            payload[old] = before
+        if new is not None and after is not None:  # (new is set exactly when there are after bytes)
             payload[new] = after
         mode = os.stat(plain_path(site, rel)).st_mode & 0o7777
         entries.append(Entry(rel, _sha256(before), _sha256(after), new, old, mode))
@@ -696,7 +708,7 @@ def run(action: str, mod_dir: StrPath, site: Optional[StrPath], workspace: StrPa
     """One run.sh action with every failure turned into one line and an exit code."""
     try:
         with handled():
-            site = named_site(site) if site else find_vllm().site
+            site = named_site(os.fspath(site)) if site else find_vllm().site
             base = os.environ.get(BASE_ENV, "").strip() or None
             if action == "revert":
                 return revert_mod(mod_dir, site, dry_run, say, base, workspace)
@@ -749,7 +761,8 @@ def parse_args(argv: Sequence[str]) -> "tuple[str, bool, Optional[str], Optional
     (basics.py). Refused here, unlike argparse: abbreviated options (`--dry`), `--`, a value
     beginning with `-` (argparse took `-` and negative numbers), and a -h after a refused word
     (argparse showed the help); tests/test_runsh_lean.py holds it to that."""
-    action, dry_run, values = None, False, {"--site": None, "--workspace": None}
+    action, dry_run = None, False
+    values: "Dict[str, Optional[str]]" = {"--site": None, "--workspace": None}
     rest = list(argv)
     while rest:
         arg = rest.pop(0)
@@ -810,9 +823,9 @@ try:
     from _sha2 import sha256  # Python >= 3.12
 except ImportError:
     try:
-        from _sha256 import sha256  # type: ignore[no-redef]  # Python 3.9 - 3.11
+        from _sha256 import sha256  # Python 3.9 - 3.11
     except ImportError:  # an interpreter built without its own hashes
-        from hashlib import sha256  # type: ignore[no-redef]
+        from hashlib import sha256
 
 __all__ = ["Record", "sha256", "say_to"]
 
@@ -1896,15 +1909,21 @@ def _read(path: str) -> bytes:
         return fh.read()
 
 
+def _reader(site: StrPath, rel: str) -> Callable[[], bytes]:
+    """The bytes of site/rel, read when the write is due."""
+    return lambda: _read(plain_path(site, rel))
+
+
 def _bytes_to_write(site: StrPath, journal: Journal, direction: str
                     ) -> List["tuple[str, str, Callable[[], bytes], int]"]:
     """(target, sha256, bytes, mode) of every file the settle must write, state.json included."""
-    out = []
+    out: List["tuple[str, str, Callable[[], bytes], int]"] = []
     for e in journal.entries:
         sha, copy = _side(e, direction)
         if sha is not None and not _holds(site, e.path, sha):
+            assert copy is not None  # Journal.confine: a copy beside every sha256
             target = plain_path(site, e.path)
-            out.append((target, sha, lambda c=copy: _read(plain_path(site, c)), _mode(target, e.mode)))
+            out.append((target, sha, _reader(site, copy), _mode(target, e.mode)))
     if journal.op == APPLY and direction == FORWARD:
         data = dump_json(journal.state)
         target = os.path.join(state_dir(site, journal.mod), STATE_FILE)
@@ -2353,6 +2372,7 @@ Every error names the file, the key and the problem in one line.
 from __future__ import annotations
 
 import os
+import sys
 
 from . import cached
 from .basics import Record
@@ -2618,13 +2638,13 @@ def load_manifest(mod_dir: StrPath) -> Manifest:
     json_path = os.path.join(mod_dir, MANIFEST_JSON)
     data: Any
     if not _IN_MOD and os.path.isfile(toml_path):
-        try:
-            import tomllib  # type: ignore[import-not-found]
-        except ImportError:  # Python < 3.11
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:
             try:
-                import tomli as tomllib  # type: ignore[import-not-found,no-redef]
+                import tomli as tomllib
             except ImportError:
-                tomllib = None  # type: ignore[assignment]
+                tomllib = None
         if tomllib is not None:
             try:
                 data = tomllib.loads(_utf8(toml_path, _read(toml_path)))
@@ -2899,6 +2919,13 @@ class ModInputs(Record):
         self.reason, self.by, self.base = reason, by, base
         self.options = [] if options is None else options
 
+    @property
+    def variant(self) -> Variant:
+        """The chosen variant; a ValueError when these inputs chose none, or the upstream section."""
+        if self.chosen is None or isinstance(self.chosen, Upstream):
+            raise ValueError(f"{self.manifest.name}: no variant chosen for vLLM {self.version}")
+        return self.chosen
+
     def paths(self) -> List[str]:
         """The vLLM files deciding reads (each patch target, site install and upstream check)."""
         if self.by == BY_CONTENT:
@@ -3020,7 +3047,7 @@ def _by_content(inputs: ModInputs, read: Reader) -> "tuple[ModInputs, ModResult]
     reports = f"vLLM reports {version}"
     upstream = manifest.upstream
     carried = _check_upstream(manifest, upstream, version, read) if upstream is not None else None
-    if carried is not None and carried.status == UPSTREAM:
+    if upstream is not None and carried is not None and carried.status == UPSTREAM:
         carried.how = f"by content: every upstream detect matches (vLLM carries it since {upstream.since}); {reports}"
         return ModInputs(manifest, version, upstream), carried
     decided = [(option, _decide_one(option, read)) for option in inputs.options]
@@ -3160,6 +3187,12 @@ class Version:
     """A parsed PEP 440 version with packaging-compatible ordering."""
 
     __slots__ = ("text", "epoch", "release", "pre", "post", "dev", "local", "_key")
+    epoch: int
+    release: Tuple[int, ...]
+    pre: Optional[Tuple[str, int]]
+    post: Optional[int]
+    dev: Optional[int]
+    local: Optional[Tuple[str, ...]]
 
     def __init__(self, text: str) -> None:
         self.text = text.strip()
@@ -3181,20 +3214,20 @@ class Version:
         if not match:
             raise InvalidVersion(f"not a PEP 440 version: {text!r}")
         self.epoch = int(match.group("epoch") or 0)
-        self.release: Tuple[int, ...] = tuple(int(p) for p in match.group("release").split("."))
+        self.release = tuple(int(p) for p in match.group("release").split("."))
         pre_l = match.group("pre_l")
-        self.pre: Optional[Tuple[str, int]] = (
+        self.pre = (
             (_PRE_CANON[pre_l.lower()], int(match.group("pre_n") or 0)) if pre_l else None
         )
         if match.group("post_n1") is not None:
-            self.post: Optional[int] = int(match.group("post_n1"))
+            self.post = int(match.group("post_n1"))
         elif match.group("post_l"):
             self.post = int(match.group("post_n2") or 0)
         else:
             self.post = None
-        self.dev: Optional[int] = int(match.group("dev_n") or 0) if match.group("dev_l") else None
+        self.dev = int(match.group("dev_n") or 0) if match.group("dev_l") else None
         local = match.group("local")
-        self.local: Optional[Tuple[str, ...]] = (
+        self.local = (
             tuple(local.lower().replace("-", ".").replace("_", ".").split(".")) if local else None
         )
 

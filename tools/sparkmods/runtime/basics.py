@@ -21,9 +21,9 @@ try:
     from _sha2 import sha256  # Python >= 3.12
 except ImportError:
     try:
-        from _sha256 import sha256  # type: ignore[no-redef]  # Python 3.9 - 3.11
+        from _sha256 import sha256  # Python 3.9 - 3.11
     except ImportError:  # an interpreter built without its own hashes
-        from hashlib import sha256  # type: ignore[no-redef]
+        from hashlib import sha256
 
 __all__ = ["Record", "sha256", "say_to"]
 

@@ -38,6 +38,11 @@ except ImportError:
     except ImportError:  # an interpreter built without its own hashes
         from hashlib import sha256
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import CodeType, ModuleType, TracebackType
+    from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+
 MAGIC_NUMBER = _frozen_importlib_external.MAGIC_NUMBER
 
 # A SIGINT before the end of this file is held and then raised inside __main__, whose handler
@@ -47,8 +52,8 @@ MAGIC_NUMBER = _frozen_importlib_external.MAGIC_NUMBER
 # .pth files and sitecustomize of vLLM's site-packages. Imported some other way, this file
 # holds it from here on. Only as run.sh's `_sparkmods`: on the host this module is read by
 # `sparkmods sync`, not run.
-_held_sigint = []
-_previous_handler = None
+_held_sigint: "List[int]" = []
+_previous_handler: "Any" = None
 if __name__ == "_sparkmods":
     _main = sys.modules["__main__"]
     if hasattr(_main, "held"):
@@ -61,7 +66,7 @@ if __name__ == "_sparkmods":
         site.main()
 
 
-def cache_dir():
+def cache_dir() -> "Optional[str]":
     """The folder for compiled runtime code, or None when there is no home to put it in."""
     base = os.environ.get("SPARKMODS_CACHE_DIR")
     if not base:
@@ -72,7 +77,7 @@ def cache_dir():
     return os.path.join(os.path.expanduser(base), "runtime-code")
 
 
-def _ours(folder):
+def _ours(folder: str) -> bool:
     """folder exists and belongs to this user, or does not exist yet (then it may be made)."""
     try:
         return os.stat(folder).st_uid == os.getuid()
@@ -82,18 +87,20 @@ def _ours(folder):
         return False
 
 
-_cache = None  # the cache folder (install sets it), None: none to use
+_cache: "Optional[str]" = None  # the cache folder (install sets it), None: none to use
+__path__: "List[str]"  # install makes this module a package
 
 
-def cached(name, path, source, make):
+def cached(name: str, path: str, source: object, make: "Callable[[], Any]") -> "Any":
     """make(), kept in the cache and used again while this interpreter, `path` and `source`
     (the text or bytes it is made from) are all what they were: each runtime module's code
     (RuntimeLoader) and the decoded manifest.json (manifest.py: json, with re, would be
     imported for it on every run). Runtime modules reach it as `from . import cached` (on the
     host, the package's stand-in). Without a cache folder, just make()."""
-    if _cache is None:
+    folder = _cache
+    if folder is None:
         return make()
-    entry = os.path.join(_cache, f"{name}-{sha256(path.encode()).hexdigest()[:16]}.code")
+    entry = os.path.join(folder, f"{name}-{sha256(path.encode()).hexdigest()[:16]}.code")
     want = (MAGIC_NUMBER, path, source)
     try:
         with open(entry, "rb") as fh:
@@ -103,57 +110,58 @@ def cached(name, path, source, make):
     except (OSError, ValueError, EOFError, TypeError):
         pass  # absent, unreadable, or from another interpreter: make it
     value = make()
-    _store(entry, want + (value,))
+    _store(folder, entry, want + (value,))
     return value
 
 
 class RuntimeLoader:
     """Finds and loads `<package>.<name>` from the sources this file holds, through the cache."""
 
-    def __init__(self, package, archive, sources):
+    def __init__(self, package: str, archive: str, sources: "Dict[str, str]") -> None:
         self.package, self.archive, self.sources = package, archive, sources
 
-    def find_spec(self, fullname, path=None, target=None):
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> "Optional[Any]":
         head, _, leaf = fullname.rpartition(".")
         if head != self.package or leaf not in self.sources:
             return None
-        spec = _frozen_importlib.ModuleSpec(fullname, self, origin=self._path(fullname))
+        # a loader by protocol: importlib.abc.Loader would cost run.sh an import
+        spec = _frozen_importlib.ModuleSpec(fullname, self, origin=self._path(fullname))  # type: ignore[arg-type]
         spec.has_location = True  # sets __file__: the runtime finds its mod folder from it
         return spec
 
-    def create_module(self, spec):
+    def create_module(self, spec: object) -> None:
         return None
 
-    def exec_module(self, module):
+    def exec_module(self, module: "ModuleType") -> None:
         exec(self.get_code(module.__name__), module.__dict__)
 
-    def get_source(self, fullname):
+    def get_source(self, fullname: str) -> str:
         return self.sources[fullname.rpartition(".")[2]]
 
-    def _path(self, fullname):
+    def _path(self, fullname: str) -> str:
         """The module's file name, zipimport-style: <mod>/_sparkmods.py/<name>.py."""
         return f"{self.archive}/{fullname.rpartition('.')[2]}.py"
 
-    def get_code(self, fullname):
+    def get_code(self, fullname: str) -> "CodeType":
         path = self._path(fullname)
         source = self.get_source(fullname)
         return cached(fullname, path, source, lambda: self._compile(source, path))
 
     @staticmethod
-    def _compile(source, path):
+    def _compile(source: str, path: str) -> "CodeType":
         # run.sh's single thread: the host's parse lock (sparkmods.pyparse) is not needed here,
         # and this file may import nothing of the host's.
         return compile(source, path, "exec", dont_inherit=True)
 
 
-def _store(entry, value):
-    """Write entry (a marshal of value) atomically into a folder of our own; any failure
+def _store(folder: str, entry: str, value: "Tuple[Any, ...]") -> None:
+    """Write entry (a marshal of value) atomically into folder, if it is our own; any failure
     leaves the cache alone."""
-    tmp = os.path.join(_cache, f".{os.path.basename(entry)}.{os.getpid()}.tmp")
+    tmp = os.path.join(folder, f".{os.path.basename(entry)}.{os.getpid()}.tmp")
     try:
         data = marshal.dumps(value)
-        os.makedirs(_cache, mode=0o700, exist_ok=True)
-        if not _ours(_cache):
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        if not _ours(folder):
             return  # never run code from (or leave code in) a folder another user controls
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as fh:
@@ -168,7 +176,7 @@ def _store(entry, value):
             pass
 
 
-def install(sources):
+def install(sources: "Dict[str, str]") -> None:
     """Make this module the package of `sources` (name -> text), then let a held SIGINT go."""
     global __path__, _cache
     __path__ = []  # a package: `import _sparkmods.applier` asks the finders below
@@ -181,7 +189,7 @@ def install(sources):
         _signal.signal(_signal.SIGINT, _previous_handler)
 
 
-def _excepthook(kind, value, tb):
+def _excepthook(kind: "Type[BaseException]", value: BaseException, tb: "Optional[TracebackType]") -> None:
     """Python's own report, through the traceback module: unlike the built-in printer it asks
     the loader for the source, so a runtime bug's traceback shows the lines of this file."""
     import traceback
@@ -189,6 +197,6 @@ def _excepthook(kind, value, tb):
     traceback.print_exception(kind, value, tb)
 
 
-def sigint_held():
+def sigint_held() -> bool:
     """Whether a SIGINT arrived while this file ran (__main__ raises it inside its handler)."""
     return bool(_held_sigint)

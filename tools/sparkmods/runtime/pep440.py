@@ -57,6 +57,12 @@ class Version:
     """A parsed PEP 440 version with packaging-compatible ordering."""
 
     __slots__ = ("text", "epoch", "release", "pre", "post", "dev", "local", "_key")
+    epoch: int
+    release: Tuple[int, ...]
+    pre: Optional[Tuple[str, int]]
+    post: Optional[int]
+    dev: Optional[int]
+    local: Optional[Tuple[str, ...]]
 
     def __init__(self, text: str) -> None:
         self.text = text.strip()
@@ -78,20 +84,20 @@ class Version:
         if not match:
             raise InvalidVersion(f"not a PEP 440 version: {text!r}")
         self.epoch = int(match.group("epoch") or 0)
-        self.release: Tuple[int, ...] = tuple(int(p) for p in match.group("release").split("."))
+        self.release = tuple(int(p) for p in match.group("release").split("."))
         pre_l = match.group("pre_l")
-        self.pre: Optional[Tuple[str, int]] = (
+        self.pre = (
             (_PRE_CANON[pre_l.lower()], int(match.group("pre_n") or 0)) if pre_l else None
         )
         if match.group("post_n1") is not None:
-            self.post: Optional[int] = int(match.group("post_n1"))
+            self.post = int(match.group("post_n1"))
         elif match.group("post_l"):
             self.post = int(match.group("post_n2") or 0)
         else:
             self.post = None
-        self.dev: Optional[int] = int(match.group("dev_n") or 0) if match.group("dev_l") else None
+        self.dev = int(match.group("dev_n") or 0) if match.group("dev_l") else None
         local = match.group("local")
-        self.local: Optional[Tuple[str, ...]] = (
+        self.local = (
             tuple(local.lower().replace("-", ".").replace("_", ".").split(".")) if local else None
         )
 
