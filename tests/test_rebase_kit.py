@@ -37,7 +37,7 @@ def carried(result: RebaseResult, onto: Dict[str, str]) -> Dict[str, str]:
         return out
     for res in plan(parse_patch(result.patch), MemorySource("onto", onto).read):
         assert res.status == OK and all(h.outcome == EXACT for h in res.hunks), res.to_dict()
-        out[res.path] = res.after.decode() if res.after is not None else None  # type: ignore[assignment]
+        out[res.path] = res.after.decode() if res.after is not None else None
     return out
 
 

@@ -462,7 +462,7 @@ def _configs(text: str) -> list[Config]:
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (exit 2), as every command here."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> None:
         print(f"bench_served.py: {message}", file=sys.stderr)
         raise SystemExit(2)
 

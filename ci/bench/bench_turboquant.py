@@ -71,7 +71,7 @@ def _fix_interpreter_scalars() -> None:
         original(tensor, scope)
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
-    patched.sparkmods_fixed = True  # type: ignore[attr-defined]
+    patched.sparkmods_fixed = True
     interpreter._patch_lang_tensor = patched
 
 
@@ -182,7 +182,7 @@ def _int_list(text: str) -> List[int]:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> None:
         raise InputError(message)
 
 

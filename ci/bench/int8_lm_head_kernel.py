@@ -153,7 +153,7 @@ def enable_interpreter() -> None:
         original(tensor, scope)
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
-    patch_tensor._sparkmods_index_fix = True  # type: ignore[attr-defined]
+    patch_tensor._sparkmods_index_fix = True
     interpreter._patch_lang_tensor = patch_tensor
 
 
