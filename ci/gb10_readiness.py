@@ -60,9 +60,10 @@ Job = Tuple[str, str, str, Dict[str, Any], Dict[str, str], Tuple[str, ...], Dict
 def load_modules(workdir: Path) -> Tuple[ModuleType, ModuleType, ModuleType]:
     """(int8_lm_head from its patch, tq_format, tq_triton from the mod folder): what the mods install."""
     sys.path[:0] = [str(REPO / "ci" / "bench"), str(REPO / "mods" / "turboquant" / "files")]
-    import int8_lm_head_kernel
     import tq_format
     import tq_triton
+
+    import int8_lm_head_kernel
 
     return int8_lm_head_kernel.load_kernel_module(workdir), tq_format, tq_triton
 

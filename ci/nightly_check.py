@@ -26,8 +26,15 @@ from pathlib import Path
 
 from sparkmods.errors import SparkmodsError, Unreachable
 from sparkmods.modsdir import resolve_mods
-from sparkmods.nightly import (DEFAULT_NIGHTLY_URL, Report, break_lines, community_broke, newer_releases,
-                               resolve_nightly, run_job)
+from sparkmods.nightly import (
+    DEFAULT_NIGHTLY_URL,
+    Report,
+    break_lines,
+    community_broke,
+    newer_releases,
+    resolve_nightly,
+    run_job,
+)
 from sparkmods.runtime.pep440 import Version
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,9 +14,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import docker  # noqa: E402
+import docker
 
-from dockerimg import ensure_sandbox_image  # noqa: E402
+from dockerimg import ensure_sandbox_image
 
 if __name__ == "__main__":
     print(ensure_sandbox_image(docker.from_env(timeout=300)))

@@ -10,7 +10,6 @@ from typing import Any, Dict, List, Optional
 
 from sparkmods.verify.template import hf_environment
 
-
 MOD_DIR = Path(__file__).resolve().parent.parent / "mods" / "chat-template"
 TEMPLATE_NAME = "qwen3.5-sparkmods.jinja"
 TEMPLATE_PATH = MOD_DIR / "files" / TEMPLATE_NAME

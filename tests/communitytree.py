@@ -9,7 +9,6 @@ from typing import Dict
 from realtree import _old_side, write_site
 from sparkmods.runtime.udiff import parse_patch
 
-
 FIXTURES = Path(__file__).parent / "fixtures" / "community"
 GLM = "vllm/model_executor/models/glm4_moe.py"
 

@@ -8,7 +8,6 @@ from typing import Dict, List
 from rebasecase import src
 from sparkmods.checking.drift import check_patched
 
-
 MOD = "vllm/model_executor/layers/demo.py"
 TREE = {
     "vllm/__init__.py": "def __getattr__(name):\n    raise AttributeError(name)\n",

@@ -7,12 +7,11 @@ import re
 import time
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 from clirun import sparkmods
 from modfactory import make_mod
 from wheelindex import JSON_TYPE, LoopbackIndex
-
 
 NAME = "vllm-0.19.1-cp38-abi3-manylinux_2_28_x86_64.whl"
 Route = Callable[[BaseHTTPRequestHandler], None]
@@ -30,7 +29,7 @@ def check_args(index: LoopbackIndex, tmp_path: Path) -> List[str]:
     return ["check", "demo", "--mods-dir", str(mods), "--vllm", "0.19.1", "--index-url", simple(index)]
 
 
-def check_cli(index: LoopbackIndex, tmp_path: Path, env: Dict[str, str] = None):
+def check_cli(index: LoopbackIndex, tmp_path: Path, env: Optional[Dict[str, str]] = None):
     """`sparkmods check demo --vllm 0.19.1` against the index, in a subprocess."""
     return sparkmods(*check_args(index, tmp_path), env=env, timeout=60)
 

@@ -28,7 +28,6 @@ from sparkmods.runtime.modcheck import check_mod
 from sparkmods.sources import open_targets
 from sparkmods.sync import sync
 
-
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = Path(__file__).resolve().parent / "fixtures" / "vllm-standin.py"
 WHEEL_VERSION = "0.19.1"

@@ -20,7 +20,6 @@ from sparkmods.launch.vllmopen import check_with_engine
 from sparkmods.sources import open_targets
 from sparkmods.sync import sync
 
-
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 STAND_IN = FIXTURES / "launch-cluster.sh"
 VERSION = "0.21.0"

@@ -25,11 +25,12 @@ def main() -> None:
 
     import torch
     import vllm
-    from int8_lm_head_bounds import logit_bound
     from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.model_executor.layers import int8_lm_head, logits_processor
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    from int8_lm_head_bounds import logit_bound
 
     capture = LogLines(logging.DEBUG)
     module_logger = logging.getLogger(MODULE_LOGGER)
@@ -88,7 +89,7 @@ def main() -> None:
             if dequant is not None:
                 out["max_err_vs_dequant_over_bf16_ulp"] = float(((logits.double() - dequant).abs() / (2.0**-8 * dequant.abs() + 1e-12)).max())
             if topk is not None:
-                ids, values = topk
+                _ids, values = topk
                 out["topk_matches_logits"] = bool(torch.equal(values.float(), logits.float().topk(5, dim=1).values))
             return out
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from probekit import LogLines, emit, free_port  # noqa: E402
+from probekit import LogLines, emit, free_port
 
 MOD_LOGGER = "vllm.v1.attention.backends.sparkmods_turboquant"
 
@@ -40,7 +40,7 @@ def _engine(model: str, dtype: str) -> Dict[str, Any]:
     try:
         cfg = EngineArgs(model=model, kv_cache_dtype=dtype, skip_tokenizer_init=True, enforce_eager=True,
                          max_model_len=4096).create_engine_config()
-    except Exception as exc:  # the test asserts on the message
+    except Exception as exc:  # noqa: BLE001 - the test asserts on the message
         return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0], "log": lines.lines}
     finally:
         logging.getLogger(MOD_LOGGER).removeHandler(lines)
@@ -56,7 +56,7 @@ def _cache_dtypes(names: List[str]) -> Dict[str, str]:
     for name in names:
         try:
             out[name] = CacheConfig(cache_dtype=name).cache_dtype
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the probe reports any error of vLLM's to the test
             out[name] = "error: " + f"{type(exc).__name__}".splitlines()[0]
     return out
 
@@ -67,18 +67,24 @@ def _layers(vllm_config: Any, head_size: int, prefixes: List[str]) -> Dict[str, 
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.layers.attention import Attention
 
-    out = {}
+    out: Dict[str, Any] = {}
     cache = vllm_config.cache_config
-    with set_current_vllm_config(vllm_config):
-        torch.set_default_dtype(torch.bfloat16)
-        for prefix in prefixes:
-            layer = Attention(num_heads=8, head_size=head_size, scale=head_size ** -0.5, num_kv_heads=2,
-                              cache_config=cache, prefix=prefix)
-            cache.block_size = 16
-            spec = layer.get_kv_cache_spec(vllm_config)
-            out[prefix] = {"backend": layer.attn_backend.get_name(), "impl": type(layer.impl).__name__,
-                           "kv_cache_dtype": layer.kv_cache_dtype, "spec": type(spec).__name__,
-                           "page_size_bytes": spec.page_size_bytes, "dtype": str(spec.dtype)}
+    lines = LogLines()  # what the mod's backend selection says, as a server log shows it
+    logging.getLogger(MOD_LOGGER).addHandler(lines)
+    try:
+        with set_current_vllm_config(vllm_config):
+            torch.set_default_dtype(torch.bfloat16)
+            for prefix in prefixes:
+                layer = Attention(num_heads=8, head_size=head_size, scale=head_size ** -0.5, num_kv_heads=2,
+                                  cache_config=cache, prefix=prefix)
+                cache.block_size = 16
+                spec = layer.get_kv_cache_spec(vllm_config)
+                out[prefix] = {"backend": layer.attn_backend.get_name(), "impl": type(layer.impl).__name__,
+                               "kv_cache_dtype": layer.kv_cache_dtype, "spec": type(spec).__name__,
+                               "page_size_bytes": spec.page_size_bytes, "dtype": str(spec.dtype)}
+    finally:
+        logging.getLogger(MOD_LOGGER).removeHandler(lines)
+    out["selection_log"] = lines.lines
     return out
 
 

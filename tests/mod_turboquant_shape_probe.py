@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from probekit import emit  # noqa: E402
+from probekit import emit
 
 NUM_BLOCKS = 4
 
@@ -98,7 +98,7 @@ def _shape(cfg: Any, layers: Dict[str, Any]) -> Dict[str, Any]:
     try:
         raw = runner._allocate_kv_cache_tensors(runner.kv_cache_config)
         caches = runner._reshape_kv_cache_tensors(raw, [g.kv_cache_spec.block_size for g in groups])
-    except Exception as exc:  # the test asserts on the message
+    except Exception as exc:  # noqa: BLE001 - the test asserts on the message
         out["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
         return out
     out["caches"] = {name: {"shape": list(t.shape), "dtype": str(t.dtype), "bytes": t.numel() * t.element_size(),

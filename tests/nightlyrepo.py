@@ -12,13 +12,12 @@ import re
 import shutil
 import threading
 import zipfile
+from contextlib import contextmanager
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Iterator, List, Tuple
 from urllib.parse import quote
-
-from contextlib import contextmanager
 
 
 class _RangeHandler(SimpleHTTPRequestHandler):
@@ -38,7 +37,7 @@ class _RangeHandler(SimpleHTTPRequestHandler):
         size = path.stat().st_size
         first, last = match.groups()
         start, end = (max(size - int(last), 0), size) if not first else (int(first), min(int(last) + 1 if last else size, size))
-        fh = open(path, "rb")
+        fh = open(path, "rb")  # noqa: SIM115 - send_head returns it; the server closes it
         fh.seek(start)
         self.send_response(206)
         self.send_header("Content-Type", "application/octet-stream")

@@ -7,7 +7,6 @@ import difflib
 import subprocess
 from pathlib import Path
 
-
 REL = "vllm/model_executor/models/glm4_moe.py"
 
 

@@ -9,8 +9,8 @@ from typing import Dict, List
 
 from sparkmods.rebase import RebaseResult, rebase_patches
 from sparkmods.runtime.engine import EXACT, OK, plan
-from sparkmods.sources.base import MemorySource
 from sparkmods.runtime.udiff import parse_patch
+from sparkmods.sources.base import MemorySource
 from udiffref import assert_parsed_alike
 
 PATH = "vllm/model_executor/layers/demo.py"
@@ -40,7 +40,7 @@ def carried(result: RebaseResult, onto: Dict[str, str]) -> Dict[str, str]:
     assert_parsed_alike(result.patch, "the rebased patch")
     for res in plan(parse_patch(result.patch), MemorySource("onto", onto).read):
         assert res.status == OK and all(h.outcome == EXACT for h in res.hunks), res.to_dict()
-        out[res.path] = res.after.decode() if res.after is not None else None  # type: ignore[assignment]
+        out[res.path] = res.after.decode() if res.after is not None else None
     return out
 
 

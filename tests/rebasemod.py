@@ -14,7 +14,6 @@ from sparkmods.cli import main
 from sparkmods.sync import sync
 from wheelindex import make_wheel
 
-
 # 0.20.0 changed the line after the patched one: the exact engine refuses the old patch there.
 ONTO = ORIGINAL.replace("        return y\n", "        return y.float()\n")
 BROKEN = ORIGINAL.replace("        y = x * 2\n", "        z = x.relu()\n").replace("        return y\n", "        return z\n")

@@ -39,8 +39,20 @@ import docker.errors
 import docker.types
 from docker.models.containers import Container
 
-from dockerimg import (BASE_CHANGES, BUILD_RECIPE_VERSION, DEBIAN_SUITE, DEBOOTSTRAP_INCLUDE, ROOTFS_TRIM,
-                       _add_bytes, _build, _build_lock, _digest, _image_exists, build_rootfs_tarball, cache_dir)
+from dockerimg import (
+    BASE_CHANGES,
+    BUILD_RECIPE_VERSION,
+    DEBIAN_SUITE,
+    DEBOOTSTRAP_INCLUDE,
+    ROOTFS_TRIM,
+    _add_bytes,
+    _build,
+    _build_lock,
+    _digest,
+    _image_exists,
+    build_rootfs_tarball,
+    cache_dir,
+)
 
 ROOTFS_REPO = "sparkmods-test-sshnode-rootfs"
 NODE_REPO = "sparkmods-test-sshnode"
@@ -171,7 +183,7 @@ def _wait_for_port(node_ip: str, container: Container) -> None:
             container.reload()
             if container.status != "running" or time.monotonic() > deadline:
                 raise RuntimeError(f"sshd in {container.name} never listened on {node_ip}:22 "
-                                   f"({container.status}):\n{container.logs().decode(errors='replace')}")
+                                   f"({container.status}):\n{container.logs().decode(errors='replace')}") from None
             time.sleep(0.5)
 
 

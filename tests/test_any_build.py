@@ -191,7 +191,7 @@ def fork_trees(tmp_path_factory) -> Dict[str, Path]:
 def _expected(mod: Path, release: str) -> str:
     """What the release itself selects by version: the variant content must find again."""
     chosen = load_manifest(mod).select(release)
-    return "upstream" if isinstance(chosen, Upstream) else chosen.label  # type: ignore[union-attr]
+    return "upstream" if isinstance(chosen, Upstream) else chosen.label
 
 
 @pytest.mark.network

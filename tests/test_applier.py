@@ -6,7 +6,6 @@ import json
 import sys
 from pathlib import Path
 
-
 from modfactory import ORIGINAL, PATCHED, TARGET, edit_runtime, make_mod, make_site, make_template_mod, run_sh
 from sparkmods.cli import main
 from sparkmods.sync import stale_files

@@ -11,6 +11,7 @@ import time
 import xml.etree.ElementTree as ET
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -124,9 +125,9 @@ class _FakeVllm(BaseHTTPRequestHandler):
     STEP = 0.01
     protocol_version = "HTTP/1.1"
     prefill_lock = threading.Lock()
-    payloads: list[dict] = []
+    payloads: ClassVar[list[dict]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.payloads.append(payload)
         with self.prefill_lock:
@@ -178,7 +179,7 @@ def test_run_cell_against_a_streaming_server():
 
 def test_run_cell_reports_a_refused_request():
     class Refuse(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             self.rfile.read(int(self.headers["Content-Length"]))
             body = b'{"error": "too long"}'
             self.send_response(400)
@@ -209,7 +210,7 @@ def folders(tmp_path_factory):
 def test_model_folders_hold_real_headers_and_sparse_data(folders):
     from sparkmods.checkpoint.header import read_header
 
-    model, int4, hybrid = folders
+    _model, int4, hybrid = folders
     index = json.loads((hybrid / "model.safetensors.index.json").read_text())
     files = sorted(hybrid.glob("*.safetensors"))
     assert {Path(f).name for f in index["weight_map"].values()} == {f.name for f in files}

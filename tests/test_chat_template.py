@@ -20,7 +20,24 @@ from typing import Any, Dict, List
 import jinja2
 import pytest
 
-from chatcases import ASK_WEATHER, CASES, END, GEN_NO_THINK, GEN_THINK, MOD_DIR, PY_SOURCE, SYSTEM, TEMPLATE_NAME, TOOLS, WEATHER_RESULTS, WEATHER_STEP, Message, call, render, tool_result
+from chatcases import (
+    ASK_WEATHER,
+    CASES,
+    END,
+    GEN_NO_THINK,
+    GEN_THINK,
+    MOD_DIR,
+    PY_SOURCE,
+    SYSTEM,
+    TEMPLATE_NAME,
+    TOOLS,
+    WEATHER_RESULTS,
+    WEATHER_STEP,
+    Message,
+    call,
+    render,
+    tool_result,
+)
 from sparkmods.runtime.manifest import Install, load_manifest
 from sparkmods.runtime.pep440 import Version
 

@@ -19,10 +19,10 @@ from typing import Any, Dict, List
 
 import pytest
 
+from chat_template_probe import MARK, TOOL_PARSERS
 from chatcases import CASES, MOD_DIR, TEMPLATE_PATH
 from sparkmods.runtime.manifest import load_manifest
 from sparkmods.runtime.pep440 import Range, Version
-from chat_template_probe import MARK, TOOL_PARSERS
 from vllmenv import vllm_env
 
 pytestmark = pytest.mark.vllm_runtime

@@ -138,7 +138,7 @@ def test_failure_halfway_leaves_no_output(pair: tuple[Path, Path], tmp_path: Pat
         (out / "old").write_text("previous build")
     plan = plan_hybrid(Checkpoint.open(int4), Checkpoint.open(fp8))
     _truncate_source_of_last_swap(plan)  # the FP8 shard changes after planning
-    with pytest.raises(SparkmodsError, match="ended .* bytes early"):
+    with pytest.raises(SparkmodsError, match=r"ended .* bytes early"):
         build_hybrid(plan, out, force=existing, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["fp8", "int4"] + (["hybrid"] if existing else []))
     if existing:

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from sparkmods.checkpoint.fp8 import (
-    Fp8Layer, block_interval, common_block, declared_block, fits, fp8_layers, scale_problem,
+    Fp8Layer,
+    block_interval,
+    common_block,
+    declared_block,
+    fits,
+    fp8_layers,
+    scale_problem,
 )
 from sparkmods.checkpoint.header import TensorInfo
 
@@ -69,7 +75,7 @@ def test_fp8_layers_pairs_each_weight_with_its_own_scale() -> None:
         "xy.weight": TensorInfo("xy.weight", "F8_E4M3", (4, 4), 20, 36),
         "n.weight": TensorInfo("n.weight", "BF16", (4,), 36, 44),
     }
-    found = {l.module: l.scale.name if l.scale else None for l in fp8_layers(tensors)}
+    found = {layer.module: layer.scale.name if layer.scale else None for layer in fp8_layers(tensors)}
     assert found == {"x": "x.weight_scale_inv", "xy": None}
 
 

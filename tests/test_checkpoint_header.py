@@ -12,7 +12,11 @@ import pytest
 
 import ckptfactory as cf
 from sparkmods.checkpoint.header import (
-    HeaderEntry, HeaderError, encode_header, read_header, tensor_nbytes,
+    HeaderEntry,
+    HeaderError,
+    encode_header,
+    read_header,
+    tensor_nbytes,
 )
 
 SPECS = [

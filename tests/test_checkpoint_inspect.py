@@ -82,7 +82,7 @@ def test_index_problems(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 def test_stray_and_duplicate_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = cf.write_int4_autoround(tmp_path / "int4")
     cf.write_safetensors(root / "stray.safetensors", [cf.Spec("lm_head.weight", "BF16", (S.vocab, S.hidden))])
-    code, report = inspect(root, capsys)
+    _code, report = inspect(root, capsys)
     assert codes(report)["unindexed-file"] == "warning"
     assert codes(report)["duplicate-tensor"] == "error"
     assert "lm_head.weight" in finding(report, "duplicate-tensor")["message"]

@@ -61,7 +61,7 @@ def test_exit_code_output_and_exit_handlers_survive_the_fast_exit(demo, tmp_path
     body, _, tail = done.stdout.rpartition("}\n")
     doc = json.loads(body + "}")  # everything printed arrived, then the handlers ran
     assert {r["mod"]: r["status"] for r in doc["results"]} == {"broken": "conflict", "demo": "ok"}
-    assert sorted(tail.split()) == sorted("handler ran finalizer ran".split())
+    assert sorted(tail.split()) == sorted(["handler", "ran", "finalizer", "ran"])
     ok = program(demo[0], "demo", *demo[1:], cache=str(tmp_path / "cache"))
     assert ok.returncode == 0 and "1 checked, 1 green" in ok.stdout, ok.stdout + ok.stderr
 
@@ -132,9 +132,8 @@ def test_the_collector_pause_nests_across_threads_and_restores_what_it_found():
     release.set()
     worker.join(10)
     assert gc.isenabled()
-    with pytest.raises(RuntimeError):
-        with gcpause.paused():
-            raise RuntimeError("a failed check")
+    with pytest.raises(RuntimeError), gcpause.paused():
+        raise RuntimeError("a failed check")
     assert gc.isenabled()
     gc.disable()
     try:

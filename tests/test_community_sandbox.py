@@ -18,8 +18,17 @@ import pytest
 from communitytree import FIXTURES, sites
 from realtree import write_site
 from sparkmods.cli import main
-from sparkmods.community.sandbox import (APPLIED, FAILED, NO_CHANGE, OUTSIDE, SITE_DIR, TIMED_OUT, agrees,
-                                         release_tree, run_mod)
+from sparkmods.community.sandbox import (
+    APPLIED,
+    FAILED,
+    NO_CHANGE,
+    OUTSIDE,
+    SITE_DIR,
+    TIMED_OUT,
+    agrees,
+    release_tree,
+    run_mod,
+)
 from sparkmods.sources import open_targets
 
 pytestmark = pytest.mark.docker

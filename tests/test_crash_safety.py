@@ -13,6 +13,7 @@ with SIGINT / SIGTERM sent to itself. For every N until the run completes:
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import shutil
@@ -191,7 +192,7 @@ def test_a_full_disk_at_any_write_rolls_back_and_names_the_file(tmp_path: Path, 
     site, workspace = trees.fresh(START[action])
     status, out, bounds = full_disk_run(action, trees.mod, site, None)
     assert status == 0 and len(bounds) > 4, out
-    for budget in sorted({b for start, end in zip(bounds, bounds[1:]) for b in (start, (start + end) // 2)}):
+    for budget in sorted({b for start, end in itertools.pairwise(bounds) for b in (start, (start + end) // 2)}):
         site, workspace = trees.fresh(START[action])
         status, out, _ = full_disk_run(action, trees.mod, site, budget)
         assert status == 1, (budget, out)

@@ -14,11 +14,16 @@ import pytest
 import yaml
 
 import dockerimg
-from sparkmods.sources import open_targets
-
-from dockerimg import (SITE_DIR, build_vllm_image, default_build_metadata, mod_archive, run_mod_like_launch_cluster,
-                       running_container)
+from dockerimg import (
+    SITE_DIR,
+    build_vllm_image,
+    default_build_metadata,
+    mod_archive,
+    run_mod_like_launch_cluster,
+    running_container,
+)
 from modfactory import make_site
+from sparkmods.sources import open_targets
 
 docker = pytest.mark.docker
 

@@ -32,10 +32,9 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -117,7 +116,7 @@ def _params() -> List[pytest.param]:
 def test_every_command_block_is_a_transcript_or_says_why_not() -> None:
     """A shown command either has its real output under it (a transcript) or a stated reason."""
     for block in ALL:
-        commands = block.lang in ("bash", "sh", "console") or any(l.startswith("$ ") for l in block.lines)
+        commands = block.lang in ("bash", "sh", "console") or any(line.startswith("$ ") for line in block.lines)
         if not commands:
             continue
         if block in TRANSCRIPTS:
@@ -163,7 +162,7 @@ def test_numpy_and_safetensors_are_named_before_the_block_that_needs_them() -> N
     for doc in DOCS:
         lines = doc.read_text(encoding="utf-8").splitlines()
         for block in ALL:
-            if block.doc == doc and any("examples/make_demo_checkpoints.py" in l for l in block.lines):
+            if block.doc == doc and any("examples/make_demo_checkpoints.py" in line for line in block.lines):
                 previous = max((b.line + len(b.lines) for b in ALL if b.doc == doc and b.line < block.line), default=0)
                 assert "pip install numpy safetensors" in "\n".join(lines[previous:block.line]), block.name
 

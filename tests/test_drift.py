@@ -11,8 +11,8 @@ import pytest
 
 from drifttree import IMPORTS, MOD, TREE, add, check
 from modfactory import make_mod, make_site, unified
-from sparkmods.cli import main
 from sparkmods.checking.drift import check_patched, drift_status, new_findings
+from sparkmods.cli import main
 from sparkmods.runtime.manifest import load_manifest
 from sparkmods.runtime.modcheck import check_mod, variant_patches
 

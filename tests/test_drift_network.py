@@ -12,8 +12,8 @@ import json
 import pytest
 
 from modfactory import make_mod, unified
-from sparkmods.cli import main
 from sparkmods.checking.drift import check_patched, drift_status
+from sparkmods.cli import main
 from sparkmods.runtime.manifest import load_manifest
 from sparkmods.runtime.modcheck import check_mod
 from sparkmods.sources import open_targets

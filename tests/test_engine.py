@@ -119,11 +119,11 @@ def test_git_style_headers_and_strip_level():
 
 
 def test_crlf_file_keeps_crlf_and_crlf_patch_applies():
-    crlf = [l.replace("\n", "\r\n") for l in BASE]
+    crlf = [line.replace("\n", "\r\n") for line in BASE]
     new = edited(BASE, 10, ["added\n"])
     res = run(udiff(BASE, new), joined(crlf))
     assert res.status == "ok"
-    assert res.after == joined([l.replace("\n", "\r\n") for l in new])
+    assert res.after == joined([line.replace("\n", "\r\n") for line in new])
     crlf_patch = udiff(BASE, new).replace("\n", "\r\n")
     assert run(crlf_patch, joined(crlf)).after == res.after
 

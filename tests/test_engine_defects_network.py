@@ -73,7 +73,7 @@ def test_a_reverse_patch_undoes_an_upstream_change(tmp_path: Path, original: str
     for text, expect in ((once, (OK, OK_OFFSET)), (original, (APPLIED,))):
         root = tree(tmp_path / str(len(text)), text)
         proc = git_apply(root, change, "-R", "--check") if tool == "git" else gnu_patch(root, change, "-p1", "-R")
-        (result,) = plan(backwards, lambda p: (root / p).read_bytes())
+        (result,) = plan(backwards, lambda p: (root / p).read_bytes())  # noqa: B023 - used in this iteration only
         assert result.status in expect
         assert (proc.returncode == 0) == (result.status != APPLIED), proc.stdout + proc.stderr
         if result.status != APPLIED:

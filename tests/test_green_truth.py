@@ -138,7 +138,7 @@ def test_transact_that_cannot_finish_raises_and_rolls_back(tmp_path: Path) -> No
     site = realtree.write_site(tmp_path, "0.19.1", {"vllm/a.py": b"A\n"})
     before, after = (hashlib.sha256(b).hexdigest() for b in (b"A\n", b"A2\n"))
     entry = Entry("vllm/a.py", before, after, f"{STATE_DIR}/m/elsewhere/vllm/a.py", f"{STATE_DIR}/m/orig/vllm/a.py")
-    with pytest.raises(JournalError, match="vllm/a.py"):
+    with pytest.raises(JournalError, match=r"vllm/a\.py"):
         transact(site, Journal("apply", "m", [entry], {"files": {}}), {entry.old: b"A\n"})
     assert (site / "vllm/a.py").read_bytes() == b"A\n"
     clean(site, [])
@@ -367,7 +367,7 @@ def test_a_folder_or_fifo_where_the_mod_writes_is_refused_and_nothing_sticks(tmp
 
 def test_a_file_where_the_mod_needs_a_folder_is_refused(tmp_path: Path) -> None:
     site = make_site(tmp_path / "site")
-    mod = make_mod(tmp_path / "mods", patch=f"--- /dev/null\n+++ b/vllm/pkg/new.py\n@@ -0,0 +1 @@\n+x = 1\n")
+    mod = make_mod(tmp_path / "mods", patch="--- /dev/null\n+++ b/vllm/pkg/new.py\n@@ -0,0 +1 @@\n+x = 1\n")
     (site / "vllm/pkg").write_text("not a folder\n")
     one_error(run_sh(mod, site, tmp_path), 2, "vllm/pkg", "not a folder")
 

@@ -273,7 +273,7 @@ def test_set_verified_edits_one_line_and_refuses_what_it_cannot_find():
     with pytest.raises(TomlEditError, match="no \\[\\[variant\\]\\] table with label 'c'"):
         set_verified(text, "c", ["0.2"], "x")
     split = text.replace('verified = []  # none yet\n', 'verified = [\n  "0.1",\n]\n')
-    with pytest.raises(TomlEditError, match="variant 'b': no single one-line `verified = \\[...\\]`"):
+    with pytest.raises(TomlEditError, match=r"variant 'b': no single one-line `verified = \[\.\.\.\]`"):
         set_verified(split, "b", ["0.2"], "x")
 
 

@@ -31,7 +31,7 @@ from extras import need
 
 torch = need("torch")
 
-from int8_lm_head_interp import REPO, bench_module  # noqa: E402
+from int8_lm_head_interp import REPO  # noqa: E402
 
 SHARED = REPO / "mods" / "turboquant" / "files" / "sparkmods_kerneltune.py"
 SM12X = 101376
@@ -275,7 +275,7 @@ def test_tune_writes_a_table_both_mods_read_back(mods: Dict[str, ModuleType], tm
     assert doc["gpu"] == gpu and doc["schema"] == 1
     assert [m["tuned_us"] <= m["shipped_us"] for s in doc["mods"].values() for m in s["measured"]] == [True] * 9
     dispatch, decode = read_both(mods, out, caplog, gpu)
-    int8, tq = mods["int8"], mods["tq"]
+    int8 = mods["int8"]
     assert [(limit, c.kernel) for limit, c in dispatch] == [(limit, c.kernel) for limit, c in int8.DISPATCH]  # kinds kept
     assert {k for k in decode if k[3] == "turboquant_k3v4_nc"} == {(32, b, c, "turboquant_k3v4_nc") for b in ("1", "many") for c in ("short", "long")}
     assert sum("from the tune table" in r.getMessage() for r in caplog.records) == 2

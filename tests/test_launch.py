@@ -17,7 +17,7 @@ from typing import List, Sequence
 
 import pytest
 
-from launchrepo import FIXTURES, RECIPE, Repo, SPECULATIVE_PY, STAND_IN, VERSION, calls, launch, run_script
+from launchrepo import FIXTURES, RECIPE, SPECULATIVE_PY, STAND_IN, VERSION, Repo, calls, launch, run_script
 from modfactory import make_mod
 from sparkmods.cli import main
 from sparkmods.launch.plan import CLUSTER, STANDALONE, LaunchOptions, build_plan

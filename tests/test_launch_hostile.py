@@ -24,9 +24,8 @@ import yaml
 
 from clirun import one_line_error, sparkmods
 from sparkmods.launch.plan import STANDALONE, LaunchOptions, build_plan
-from sparkmods.launch.recipe import MAX_EXPANDED, load_recipe
+from sparkmods.launch.recipe import MAX_EXPANDED, RecipeError, load_recipe
 from sparkmods.launch.standalone import container_prefix, render_standalone, serve_argv
-
 
 
 def _remote_nodes() -> "tuple[str, str]":
@@ -76,7 +75,9 @@ def test_a_huge_value_is_shortened_in_the_message(tmp_path):
     path = tmp_path / "long.yaml"
     path.write_text(yaml.safe_dump({"recipe_version": "1", "name": "n", "container": "c",
                                     "command": "vllm serve m", "mods": "m" * 100_000}))
-    message = str(pytest.raises(Exception, load_recipe, path).value)
+    with pytest.raises(RecipeError) as refused:
+        load_recipe(path)
+    message = str(refused.value)
     assert message.startswith(f"{path}: mods: must be a list of non-empty strings, got 'mmm")
     assert message.endswith("...") and len(message) < len(str(path)) + 120
 

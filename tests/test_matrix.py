@@ -21,7 +21,7 @@ def setup(tmp_path: Path):
 
 
 def test_matrix_writes_json_markdown_svg(tmp_path, capsys):
-    mods, out, args = setup(tmp_path)
+    _mods, out, args = setup(tmp_path)
     assert main(args) == 0
     doc = json.loads((out / "matrix.json").read_text())
     assert doc["schema"] == 1 and doc["generated_by"].startswith("sparkmods ")
@@ -37,7 +37,7 @@ def test_matrix_writes_json_markdown_svg(tmp_path, capsys):
 
 
 def test_matrix_is_deterministic_apart_from_timestamp(tmp_path):
-    mods, out, args = setup(tmp_path)
+    _mods, out, args = setup(tmp_path)
     assert main(args) == 0
     first = {p.name: p.read_bytes() for p in out.iterdir()}
     assert main(args) == 0
@@ -65,7 +65,7 @@ def test_check_detects_a_mod_change_and_hand_edits(tmp_path, capsys):
 
 
 def test_against_reports_regressions_and_fixes(tmp_path, capsys):
-    mods, out, args = setup(tmp_path)
+    _mods, out, args = setup(tmp_path)
     main(args)
     old = tmp_path / "old.json"
     doc = json.loads((out / "matrix.json").read_text())

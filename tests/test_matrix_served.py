@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from sparkmods.checking.report import detail
 from sparkmods.checking.rows import CheckRow
 from sparkmods.matrix import render, served
 from sparkmods.matrix.compare import stale_served
 from sparkmods.modsdir import load, resolve_mods
-from sparkmods.checking.report import detail
 from sparkmods.runtime.modcheck import ModResult
 
 ROOT = Path(__file__).resolve().parents[1]

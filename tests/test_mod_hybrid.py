@@ -78,7 +78,7 @@ def test_disagreeing_layers_name_both(hyb: ModuleType) -> None:
 def test_only_2d_block_scales_count(hyb: ModuleType) -> None:
     per_tensor = {"x.weight": {"dtype": "F8_E4M3", "shape": [128, 128]},
                   "x.weight_scale_inv": {"dtype": "F32", "shape": [1]}}
-    with pytest.raises(ValueError, match="x: float8 weight .* expected 2-D block scales"):
+    with pytest.raises(ValueError, match=r"x: float8 weight .* expected 2-D block scales"):
         hyb.find_fp8_layers(per_tensor)
     too_many = {"x.weight": {"dtype": "F8_E4M3", "shape": [4, 4]},
                 "x.weight_scale_inv": {"dtype": "F32", "shape": [8, 1]}}

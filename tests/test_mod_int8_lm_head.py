@@ -239,7 +239,7 @@ class ParallelLMHead(VocabParallelEmbedding):
 def logs(mod: ModuleType) -> List[str]:
     lines: List[str] = []
     handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    handler.emit = lambda record: lines.append(record.getMessage())
     mod.logger.addHandler(handler)
     mod.logger.setLevel(logging.INFO)
     yield lines

@@ -19,10 +19,10 @@ from typing import Any, Dict, List
 
 import pytest
 
+from mod_int8_lm_head_probe import ORG_VOCAB, ROWS
+from probekit import read_report
 from sparkmods.runtime.applier import apply_mod
 from sparkmods.runtime.manifest import load_manifest
-from probekit import read_report
-from mod_int8_lm_head_probe import ORG_VOCAB, ROWS
 from vllmenv import runtime_mods, runtime_releases, vllm_env
 
 pytestmark = pytest.mark.vllm_runtime

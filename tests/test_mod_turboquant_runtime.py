@@ -89,6 +89,11 @@ def test_backend_is_ours_on_quantised_layers_and_the_default_on_boundary_layers(
     # page of 16 tokens: packed 2 x 118 bytes against bf16 2 x 2 x 128 x 2 bytes
     assert (quantised["page_size_bytes"], boundary["page_size_bytes"]) == (16 * 236, 16 * 1024)
     assert report["enum"] == "TurboQuantBackend"
+    # vLLM logs the backend it picks; ours is picked by the mod's hook, which names it instead, once
+    # per process (the hybrid model's layers were made first, in the same process)
+    assert report["layers"]["hybrid"]["selection_log"] == [
+        "Using TURBOQUANT attention backend for --kv-cache-dtype turboquant_k3v4_nc (sparkmods turboquant)"]
+    assert dense["selection_log"] == []
 
 
 def test_hybrid_attention_pages_unify_with_the_deltanet_state_pages(report: Dict[str, Any]) -> None:

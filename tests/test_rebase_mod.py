@@ -82,7 +82,7 @@ def test_verified_above_onto_is_an_input_error(index, mod, capsys):
     text = (mod / "mod.toml").read_text().replace('verified = ["0.19.1"]', 'verified = ["0.19.1", "0.20.1"]')
     (mod / "mod.toml").write_text(text)
     sync(mod)
-    code, out, err = run(capsys, "rebase", str(mod), "--onto", "0.20.0", "--index-url", index)
+    code, _out, err = run(capsys, "rebase", str(mod), "--onto", "0.20.0", "--index-url", index)
     assert code == 2 and "verified on 0.20.1" in err
 
 

@@ -15,7 +15,7 @@ from sparkmods.errors import SparkmodsError
 from sparkmods.sources import open_targets, stats
 from sparkmods.sources.rangefile import RangeFile, coalesce
 from sparkmods.sources.remote import TAIL_BYTES
-from wheelindex import A, B, FAR, FILLER, flip_byte_in_member, make_wheel, module_text, wheel_files
+from wheelindex import FAR, FILLER, A, B, flip_byte_in_member, make_wheel, module_text, wheel_files
 
 pytestmark = pytest.mark.usefixtures("fresh_cache")
 

@@ -68,7 +68,7 @@ def _claimed_elsewhere(wheel, path: str):
     mine, _ = memberstore.claim([key])
     event, reached = memberstore._claims[key.name], threading.Event()
     wait = event.wait
-    event.wait = lambda timeout=None: (reached.set(), wait(timeout))[1]  # type: ignore[method-assign]
+    event.wait = lambda timeout=None: (reached.set(), wait(timeout))[1]
     return mine, reached
 
 

@@ -93,7 +93,7 @@ def test_widened_takes_whole_neighbours_within_reach_and_stops_at_a_large_member
     assert 5 in inside and inside == list(range(inside[0], inside[-1] + 1))
     assert start >= spans[0][0] and end <= members.central_offset  # never past the central directory
     for i in inside:  # each one taken is within reach of the asked span, and not larger than it
-        assert spans[5][0] - spans[i][0] <= reach and spans[i][1] - spans[5][1] <= reach or i == 5
+        assert (spans[5][0] - spans[i][0] <= reach and spans[i][1] - spans[5][1] <= reach) or i == 5
         assert spans[i][1] - spans[i][0] <= reach or i == 5
     if reach >= 20_000 + 4 * 400:
         assert inside == list(range(len(sizes)))  # the large member is within reach now

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 from typing import Any, Dict
 
-
 DTYPES = ["turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"]
 HYBRID_LAYERS = 8  # full attention at 3 and 7
 

@@ -45,7 +45,7 @@ def export(spec: str, dest: Path) -> "tuple[Path, str, str]":
     """The commit's vllm/ folder under dest, with a dist-info naming the version vLLM's build
     would give it; (site, version, commit)."""
     (source,) = open_targets(spec)
-    path, _, ref = spec[len("git:"):].rpartition("@")
+    path, _, _ref = spec[len("git:"):].rpartition("@")
     archive = subprocess.run(["git", "-C", path, "archive", "--format=tar", source.commit, "vllm"],
                              check=True, capture_output=True).stdout
     if dest.exists():
@@ -76,7 +76,7 @@ def main() -> int:
         name = name or spec
         for row in check_mods(mods, open_targets(spec)):
             rows.append({"target": name, "kind": "git", "commit": row.commit, **_decision(row.result.to_dict())})
-        site, version, commit = export(spec, args.work / f"tree{n}")
+        site, _version, commit = export(spec, args.work / f"tree{n}")
         dir_rows = {r.result.mod: r.result for r in check_mods(mods, open_targets(f"dir:{site}"))}
         for mod in mods:
             before = snapshot(site)

@@ -64,7 +64,7 @@ def measured(cmd: list[str], out: Path, repeat: int) -> tuple[float, int]:
         done = subprocess.run([GNU_TIME, "-f", "BENCH %M %e", *cmd], capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"{cmd[0]} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
-        line = next(l for l in reversed(done.stderr.splitlines()) if l.startswith("BENCH "))
+        line = next(ln for ln in reversed(done.stderr.splitlines()) if ln.startswith("BENCH "))
         _, rss_kb, seconds = line.split()
         times.append(float(seconds))
         peaks.append(int(rss_kb) * 1024)

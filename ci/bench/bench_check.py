@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, ClassVar, Dict, List, Optional, Tuple
 from urllib.parse import quote, unquote
 
 REPO = Path(__file__).resolve().parents[2]
@@ -241,7 +241,7 @@ class _NightlyIndex(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     wheel: Path = Path()  # set by nightly_row
-    names: List[str] = []
+    names: ClassVar[List[str]] = []
 
     def log_message(self, *args: object) -> None:
         pass
@@ -303,8 +303,8 @@ def runsh_rows(reps: int, before: Optional[Path], work: Path) -> List[Row]:
     again = Row("run.sh on the applied tree (already applied)", "<= 0.15 s", lambda r: r.median() <= 0.15)
     mod = REPO / "mods" / RUNSH_MOD
     pristine = realtree.release_site(work / "pristine", [mod], RUNSH_VLLM)
-    from sparkmods.checking.batch import paths_needed  # noqa: E402  (what the variant patches, for the yardsticks)
-    from sparkmods.runtime.manifest import load_manifest  # noqa: E402
+    from sparkmods.checking.batch import paths_needed
+    from sparkmods.runtime.manifest import load_manifest
 
     variant = load_manifest(mod).select(RUNSH_VLLM)
     patches = [str(mod / rel) for rel in variant.patches]

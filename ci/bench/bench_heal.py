@@ -29,6 +29,7 @@ Exit 1 when fewer than 60 % of the boundaries heal or any is wrong.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -36,9 +37,10 @@ import shutil
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
+
+import tomllib
 
 from sparkmods.checking.batch import check_mods
 from sparkmods.heal import PROPOSED, UNTESTED, heal_break, pytest_runner
@@ -54,6 +56,7 @@ from sparkmods.sync import sync
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "ci"))
+
 from nightly_check import RUNTIME_TESTS  # noqa: E402
 
 FIRST, LAST = Version("0.18.0"), Version("0.33.0")
@@ -152,7 +155,7 @@ def boundaries(mods: Path) -> List[tuple]:
     out = []
     for mod in sorted(p.parent for p in mods.glob("*/mod.toml")):
         variants = [v for v in load_manifest(mod).variants if v.patches]
-        for a, b in zip(variants, variants[1:]):
+        for a, b in itertools.pairwise(variants):
             if b.vllm.lower is not None and FIRST < b.vllm.lower <= LAST:
                 out.append((mod, a, b))
     return out

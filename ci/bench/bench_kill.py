@@ -146,7 +146,7 @@ def main() -> int:
         times = recent[(trees.mod.name, action)]
         row = trial(trees, action, kind, rng.uniform(0, sorted(times)[len(times) // 2]))
         if row["after_signal"] == "start":  # then the next run was a complete one
-            times.append(float(row["next_run_s"]))  # type: ignore[arg-type]
+            times.append(float(row["next_run_s"]))
         rows.append(row)
         if len(rows) % 50 == 0:
             landed = sum(1 for r in rows if r["landed"])
@@ -191,16 +191,16 @@ def summarize(rows: List[Dict[str, object]], mods) -> Dict[str, object]:
     for key in sorted({(str(r["mod"]), str(r["action"]), str(r["signal"])) for r in landed}):
         by["/".join(key)] = counts([r for r in landed if (r["mod"], r["action"], r["signal"]) == key])
     exits: Dict[str, Dict[str, object]] = {}
-    for r in sorted(landed, key=lambda r: (str(r["signal"]), int(r["exit"]))):  # type: ignore[call-overload]
+    for r in sorted(landed, key=lambda r: (str(r["signal"]), int(r["exit"]))):
         code = f"{r['signal']}:{r['exit']}"
         entry = exits.setdefault(code, {"runs": 0, "meaning": MEANING.get(code, "unexplained"), "said": Counter()})
-        entry["runs"] += 1  # type: ignore[operator]
+        entry["runs"] += 1
         if r["said"]:
-            entry["said"][r["said"]] += 1  # type: ignore[index]
+            entry["said"][r["said"]] += 1
     return {
         "totals": counts(landed),
         "by_mod_action_signal": by,
-        "exit_codes": {k: {**v, "said": dict(v["said"])} for k, v in exits.items()},  # type: ignore[call-overload]
+        "exit_codes": {k: {**v, "said": dict(v["said"])} for k, v in exits.items()},
         "vllm": {t.mod.name: v for t, v in mods},
         "signalled": len(rows),
         "finished_first": sum(1 for r in rows if not r["sent"]),
@@ -212,12 +212,12 @@ def summarize(rows: List[Dict[str, object]], mods) -> Dict[str, object]:
 
 def markdown(report: Dict[str, object]) -> str:
     """kill.md: the totals, one row per mod / action / signal, and the exit codes explained."""
-    t = report["totals"]  # type: ignore[index]
+    t = report["totals"]
     lines = [
         "# Randomized kills of run.sh (ci/bench/bench_kill.py)",
         "",
         f"{report['date']}, {report['machine']}; real vLLM files per mod: "
-        + ", ".join(f"{m} {v}" for m, v in report["vllm"].items()) + ".",  # type: ignore[union-attr]
+        + ", ".join(f"{m} {v}" for m, v in report["vllm"].items()) + ".",
         "",
         f"**{t['trials']} signals landed on a running run.sh: {t['clean']} clean, {t['repaired']} repaired by the "
         f"next run, {t['stuck']} stuck, {t['stray']} with stray files after the next run.**",
@@ -233,10 +233,10 @@ def markdown(report: Dict[str, object]) -> str:
         "| mod / action / signal | trials | clean | repaired | stuck | stray |",
         "|---|---|---|---|---|---|",
     ]
-    for key, c in report["by_mod_action_signal"].items():  # type: ignore[union-attr]
+    for key, c in report["by_mod_action_signal"].items():
         lines.append(f"| {key} | {c['trials']} | {c['clean']} | {c['repaired']} | {c['stuck']} | {c['stray']} |")
     lines += ["", "| signal:exit | runs | meaning | the runtime said |", "|---|---|---|---|"]
-    for code, e in report["exit_codes"].items():  # type: ignore[union-attr]
+    for code, e in report["exit_codes"].items():
         said = ", ".join(f"{k} x{v}" for k, v in sorted(e["said"].items())) or "-"
         lines.append(f"| {code} | {e['runs']} | {e['meaning']} | {said} |")
     return "\n".join(lines + [""])

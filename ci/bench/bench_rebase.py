@@ -41,6 +41,7 @@ import argparse
 import ast
 import difflib
 import glob
+import itertools
 import os
 import platform
 import random
@@ -58,9 +59,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from packaging.version import Version
 
 from sparkmods.rebase import rebase_patches
-from sparkmods.sources.base import MemorySource
 from sparkmods.runtime.engine import plan
 from sparkmods.runtime.udiff import parse_patch
+from sparkmods.sources.base import MemorySource
 
 FIRST = Version("0.18.0")
 NEAR = 3  # an edit within this many lines of an upstream change is "near changed code"
@@ -213,9 +214,9 @@ class Case:
 
 def _changed_lines(a: List[str], b: List[str]) -> List[int]:
     out = []
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+    for tag, i1, i2, _j1, _j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
         if tag != "equal":
-            out.extend(range(i1, i2) if i2 > i1 else [i1 - 0.5])  # type: ignore[arg-type]
+            out.extend(range(i1, i2) if i2 > i1 else [i1 - 0.5])
     return out
 
 
@@ -255,7 +256,7 @@ def generate(pair: str, path: str, base: str, onto: str, rng: random.Random, cou
         for j in range(len(stmts) + 1):
             s = stmts[j - 1] if j else None
             t = stmts[j] if j < len(stmts) else None
-            if s is None and (block not in bi.owner or t.docstring or not bi.header_clean(block)):  # type: ignore[union-attr]
+            if s is None and (block not in bi.owner or t.docstring or not bi.header_clean(block)):
                 continue
             new = probe(indent)
             p = s.end if s else bi.owner[block][1]
@@ -297,7 +298,7 @@ def _insert_truth(bi: Index, oi: Index, block: int, s: Optional[St], t: Optional
             return None, "function gone or defined twice"
         if not oi.header_clean(ob):
             return None, "comment lines under the newer def header"
-        to = oi.unique(t.text, t.func) if t and bi.unique(t.text, t.func) else None  # type: ignore[union-attr]
+        to = oi.unique(t.text, t.func) if t and bi.unique(t.text, t.func) else None
         if to is not None and (to.block != ob or to.idx != 0):
             return None, "upstream put code at the top of the function"
         return oi.owner[ob][1], ""
@@ -309,7 +310,7 @@ def _insert_truth(bi: Index, oi: Index, block: int, s: Optional[St], t: Optional
         if t is None and oi.next_of(so) is not None:
             return None, "upstream appended code after the last statement"
         return so.end, ""
-    if to is not None and p == t.start and to.idx > 0:  # type: ignore[union-attr]
+    if to is not None and p == t.start and to.idx > 0:
         prev = oi.blocks[to.block][to.idx - 1]
         if prev.end == to.start:
             return to.start, ""
@@ -352,8 +353,8 @@ def score(c: Case) -> Tuple[List[str], List[float]]:
     outcomes, times = [], []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        for i, run in enumerate((lambda: run_sparkmods(c, patch), lambda: run_gnu_patch(c, patch, tmp),
-                                 lambda: run_git_merge_file(c, tmp))):
+        for run in (lambda: run_sparkmods(c, patch), lambda: run_gnu_patch(c, patch, tmp),
+                    lambda: run_git_merge_file(c, tmp)):
             t0 = time.perf_counter()
             got = run()
             times.append(time.perf_counter() - t0)
@@ -429,7 +430,7 @@ def real_mods(mods_dir: Path, wheels: Optional[Path]) -> List[str]:
         return opened[v]
     for mod in sorted(p.parent for p in mods_dir.glob("*/mod.toml")):
         variants = [v for v in load_manifest(mod).variants if v.patches and v.verified]
-        for a, b in zip(variants, variants[1:]):
+        for a, b in itertools.pairwise(variants):
             base, onto = rel(a.verified[-1]), rel(b.verified[0])
             fps = variant_patches(mod, a)
             want = {p: x for p, x in _patched_files(variant_patches(mod, b), onto).items()}
@@ -466,7 +467,7 @@ def collect(vers: List[str], wheels: Optional[Path], seed: int, per_pair_files: 
         for path in changed:
             if used >= per_pair_files:
                 break
-            a, b = prev.read(path).decode(), cur.read(path).decode()  # type: ignore[union-attr]
+            a, b = prev.read(path).decode(), cur.read(path).decode()
             if a.count("\n") > MAX_LINES:
                 continue
             try:

@@ -50,11 +50,12 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "ci" / "gpu"))  # e2e_serve: overlay, apply_mod, Server
+sys.path.insert(0, str(REPO / "tests"))  # ckptfactory: the checkpoint's tensor specs
 sys.path.insert(0, str(REPO / "tools"))  # sparkmods.checkpoint.header: the safetensors header writer
 
-from qwen35_shapes import MODELS, Model, config_json  # noqa: E402  (first: it puts tests/ on the path)
 from ckptfactory import Spec, main_specs  # noqa: E402
 from e2e_serve import Server, apply_mod, free_port, overlay, server_env  # noqa: E402
+from qwen35_shapes import MODELS, Model, config_json  # noqa: E402
 from served_report import write_report  # noqa: E402
 from sparkmods.checkpoint.header import HeaderEntry, encode_header  # noqa: E402
 
@@ -461,7 +462,7 @@ def _configs(text: str) -> list[Config]:
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (exit 2), as every command here."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> None:
         print(f"bench_served.py: {message}", file=sys.stderr)
         raise SystemExit(2)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_turboquant import load_modules, markdown_table  # noqa: E402
+from bench_turboquant import load_modules, markdown_table
 
 SHAPES = [  # (head size, query heads, KV heads): Qwen3.5-122B (256, 32, 2) and a head-128 model
     (256, 32, 2), (128, 16, 2)]

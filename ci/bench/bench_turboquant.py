@@ -71,7 +71,7 @@ def _fix_interpreter_scalars() -> None:
         original(tensor, scope)
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
-    patched.sparkmods_fixed = True  # type: ignore[attr-defined]
+    patched.sparkmods_fixed = True
     interpreter._patch_lang_tensor = patched
 
 
@@ -92,9 +92,9 @@ def load_modules(interpret: bool) -> Tuple[ModuleType, ModuleType]:
         os.environ["TRITON_INTERPRET"] = "1"
     sys.path.insert(0, str(MOD_FILES))
     try:
-        import triton.experimental.gluon  # noqa: F401  (imported lazily at the first launch otherwise)
         import tq_format
         import tq_triton
+        import triton.experimental.gluon  # noqa: F401  (imported lazily at the first launch otherwise)
 
         load_bf16_yardstick()  # defines Triton kernels too: inside the same TRITON_INTERPRET window
     finally:
@@ -182,7 +182,7 @@ def _int_list(text: str) -> List[int]:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> None:
         raise InputError(message)
 
 
@@ -434,7 +434,7 @@ def median_us(fn: Callable[[], Any], smoke: bool, rep: int = 100) -> Tuple[Optio
     fn()
     try:
         return 1e3 * do_bench_cudagraph(fn, rep=rep, return_mode="median"), "cudagraph"
-    except Exception as exc:  # a kernel that cannot be captured is still timed, and said so
+    except Exception as exc:  # noqa: BLE001 - a kernel that cannot be captured is still timed, and said so
         return 1e3 * do_bench(fn, warmup=25, rep=rep, return_mode="median"), f"eager ({type(exc).__name__})"
 
 
@@ -541,20 +541,20 @@ class Bench:
                 err = rel_err(split_kv(), exact_attention(work, batch, context))
                 if err > REL_TOLERANCE:
                     self.failures.append(f"bf16 triton split-kv batch {batch} context {context}: vs exact {err:.3g} > {REL_TOLERANCE}")
-                cases: List[Tuple[str, Callable[[], Any]]] = [("bf16 sdpa-flash", lambda: flash(q4, k4, v4)), ("bf16 triton split-kv", split_kv)]
+                cases: List[Tuple[str, Callable[[], Any]]] = [("bf16 sdpa-flash", lambda: flash(q4, k4, v4)), ("bf16 triton split-kv", split_kv)]  # noqa: F821 - timed before the del below
                 if not self.args.smoke:
                     k8, v8 = k4.to(torch.float8_e4m3fn), v4.to(torch.float8_e4m3fn)
-                    cases.append(("fp8 dequant+sdpa-flash", lambda: flash(q4, k8.to(torch.bfloat16), v8.to(torch.bfloat16))))
+                    cases.append(("fp8 dequant+sdpa-flash", lambda: flash(q4, k8.to(torch.bfloat16), v8.to(torch.bfloat16))))  # noqa: F821 - timed before the del below
                 if self.up is not None and self.up.unified_attention is not None:
                     for fp8 in (False, True):
                         try:
                             cases.append((f"{'fp8' if fp8 else 'bf16'} paged vllm-triton", paged_triton_decoder(self.up, work, batch, context, fp8)))
-                        except Exception as exc:  # report, do not stop the peer comparison
+                        except Exception as exc:  # noqa: BLE001 - report, do not stop the peer comparison
                             self.up.notes.append(f"paged {'fp8' if fp8 else 'bf16'} yardstick failed: {type(exc).__name__}: {exc}")
                 for kind, fn in cases:
                     try:
                         us, how = median_us(fn, self.args.smoke)
-                    except Exception as exc:  # a yardstick that fails is reported, not fatal
+                    except Exception as exc:  # noqa: BLE001 - a yardstick that fails is reported, not fatal
                         us, how = None, f"failed: {type(exc).__name__}: {exc}"
                     timings.append({"kind": kind, "batch": batch, "context": context, "us": us, "method": how})
                 del cases, q4, k4, v4, split_kv
@@ -595,7 +595,7 @@ class Bench:
             try:
                 err = rel_err(self.tq.tq_decode(q, cache, bt, lens, self.work.scale, spec, config=cfg), ref)
                 us, how = median_us(lambda: self.tq.tq_decode(q, cache, bt, lens, self.work.scale, spec, config=cfg), self.args.smoke, rep=20)
-            except Exception as exc:  # e.g. out of shared memory: record and go on
+            except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory: record and go on
                 err, us, how = None, None, f"failed: {type(exc).__name__}: {str(exc)[:120]}"
             if err is not None and err > REL_TOLERANCE:
                 self.failures.append(f"sweep {name} b{batch} ctx {context} {cfg.label()}: ours vs reference {err:.3g} > {REL_TOLERANCE}")

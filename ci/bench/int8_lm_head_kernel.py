@@ -103,7 +103,7 @@ def suggested_dispatch(sweep_json: Path) -> str:
     try:
         data = json.loads(sweep_json.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise DispatchError(f"{sweep_json}: cannot read the sweep results ({exc}); pass DIR/sweep.json of sweep_int8_lm_head.py")
+        raise DispatchError(f"{sweep_json}: cannot read the sweep results ({exc}); pass DIR/sweep.json of sweep_int8_lm_head.py") from None
     tuning = data.get("tuning") if isinstance(data, dict) else None
     if not isinstance(tuning, dict) or not isinstance(tuning.get("dispatch_python"), str):
         raise DispatchError(f"{sweep_json}: no suggested DISPATCH (a --no-tune run?); run the sweep with tuning")
@@ -124,7 +124,7 @@ def with_dispatch(source: str, dispatch: str) -> str:
             table = load_kernel_module(Path(tmp), text).DISPATCH
         except Exception as exc:  # noqa: BLE001 - any failure of the edited module is the table's
             raise DispatchError(f"{PATCH}: the module does not import with the new DISPATCH ({type(exc).__name__}: "
-                                f"{exc}); check the sweep's dispatch_python")
+                                f"{exc}); check the sweep's dispatch_python") from None
     limits = [limit for limit, _ in table]
     if not table or limits[-1] is not None or limits[:-1] != sorted(set(limits[:-1])):
         raise DispatchError(f"{PATCH}: the new DISPATCH must rise in row count and end with None; got {limits}")
@@ -153,7 +153,7 @@ def enable_interpreter() -> None:
         original(tensor, scope)
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
-    patch_tensor._sparkmods_index_fix = True  # type: ignore[attr-defined]
+    patch_tensor._sparkmods_index_fix = True
     interpreter._patch_lang_tensor = patch_tensor
 
 

@@ -33,7 +33,7 @@ def load(results_dir: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ReportError(f"{path}: cannot read the sweep results ({exc}); run sweep_int8_lm_head.py --out {results_dir}")
+        raise ReportError(f"{path}: cannot read the sweep results ({exc}); run sweep_int8_lm_head.py --out {results_dir}") from None
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list) or "limits" not in data:
         raise ReportError(f"{path}: not a sweep_int8_lm_head.py result (no rows/limits); re-run the sweep")
     return data
@@ -225,7 +225,7 @@ def update_readme(readme: Path, data: dict, plot_path: str) -> None:
     try:
         text = readme.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ReportError(f"{readme}: cannot read ({exc}); pass the mod's README.md")
+        raise ReportError(f"{readme}: cannot read ({exc}); pass the mod's README.md") from None
     if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
         raise ReportError(f"{readme}: needs exactly one '{BEGIN}' line before one '{END}' line; add them where the tables go")
     head, rest = text.split(BEGIN, 1)

@@ -19,7 +19,7 @@ from typing import Mapping
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # ckptfactory: names, shapes, configs
 
-from ckptfactory import Shape, autoround_config, model_config  # noqa: E402
+from ckptfactory import Shape, autoround_config, model_config
 
 
 @dataclass(frozen=True)

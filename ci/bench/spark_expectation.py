@@ -29,10 +29,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO / "tests"))  # ckptfactory: the checkpoint's tensor specs
 sys.path.insert(0, str(REPO / "mods" / "turboquant" / "files"))  # tq_format: the TurboQuant slot layout
 
-from qwen35_shapes import MODELS, Model  # noqa: E402
 from ckptfactory import Spec, main_specs, mtp_specs  # noqa: E402
+from qwen35_shapes import MODELS, Model  # noqa: E402
 
 SPARK_BYTES_S = 273e9  # DGX Spark LPDDR5x bandwidth (../shared/docs/ecosystem.md)
 TQ_DTYPE = "turboquant_k3v4_nc"
@@ -77,7 +78,7 @@ PUBLISHED = (
 PUBLISHED_CONTEXT = 1024
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def checkpoint_specs(model: Model, shared: str) -> tuple[Spec, ...]:
     """The INT4 checkpoint's tensors with the shared expert stored as `shared` (built once: ~10^5 specs)."""
     return tuple(main_specs(model.shape, attn="int4", experts="int4", shared=shared))
@@ -100,7 +101,7 @@ def weight_bytes(model: Model, setup: Setup, tokens: int = 1) -> dict[str, float
     return dict(_weight_bytes(model, setup.shared, setup.head, tokens))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _weight_bytes(model: Model, shared: str, head: str, tokens: int) -> tuple[tuple[str, float], ...]:
     s, k = model.shape, model.experts_per_token
     parts: dict[str, float] = {}

@@ -140,7 +140,7 @@ def parse_batches(text: Optional[str], quick: bool) -> List[int]:
     try:
         batches = sorted({int(b) for b in text.split(",")})
     except ValueError:
-        raise SweepError(f"--batches {text!r}: expected positive integers separated by commas")
+        raise SweepError(f"--batches {text!r}: expected positive integers separated by commas") from None
     if not batches or batches[0] < 1:
         raise SweepError(f"--batches {text!r}: expected positive integers separated by commas")
     return batches
@@ -489,7 +489,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:
             args.out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise SweepError(f"--out {args.out}: cannot create the folder ({exc.strerror}); pass a writable folder")
+            raise SweepError(f"--out {args.out}: cannot create the folder ({exc.strerror}); pass a writable folder") from None
         data = run(args)
     except SweepError as exc:
         print(f"sweep_int8_lm_head: {exc}", file=sys.stderr)

@@ -22,7 +22,8 @@ from typing import Any, Callable, Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_turboquant as bench  # noqa: E402
+import bench_turboquant as bench
+
 
 def _config(label: str) -> Callable[[ModuleType], Dict[str, Any]]:
     """The decode with one DecodeConfig (label as in DecodeConfig.label) at every shape."""
@@ -66,7 +67,7 @@ def run_head(head: int, args: argparse.Namespace, fmt: ModuleType, tq: ModuleTyp
                         setattr(tq, attr, value)
                     try:
                         err = bench.rel_err(tq.tq_decode(q, cache, bt, lens, runner.work.scale, spec), ref)
-                        us, _ = bench.median_us(lambda: tq.tq_decode(q, cache, bt, lens, runner.work.scale, spec), False)
+                        us, _ = bench.median_us(lambda: tq.tq_decode(q, cache, bt, lens, runner.work.scale, spec), False)  # noqa: F821 - timed before the del below
                     finally:
                         for attr, value in saved.items():
                             setattr(tq, attr, value)
@@ -87,7 +88,6 @@ def main() -> int:
     args = p.parse_args()
     fmt, tq = bench.load_modules(interpret=False)
     import torch
-
     import triton
 
     args.out.mkdir(parents=True, exist_ok=True)

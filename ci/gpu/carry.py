@@ -50,7 +50,7 @@ INDEX = "https://pypi.org/simple"
 PIECE_BYTES = 48 * 1024 * 1024  # a call carries at most 64 MiB: one piece and the working tree (~10 MB) beside it
 STAGE = Path(os.environ.get("SPARKMODS_CARRY_STAGE", "/tmp/sparkmods-carry"))
 HERE = Path(__file__).resolve().parent
-PLATFORMS = ["manylinux_2_%d_x86_64" % n for n in range(17, 40)] + [  # pip matches each tag exactly
+PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(17, 40)] + [  # pip matches each tag exactly
     "manylinux2014_x86_64", "manylinux1_x86_64"]
 MARKER_ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
               "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
@@ -118,7 +118,7 @@ def _requirements(wheel: Path, extras: Iterable[str] = ()) -> List[str]:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _download(requirement: str, dest: Path) -> Path:
     """One py3.12 manylinux x86_64 wheel for `requirement` (no dependencies), via pip; asked once
     per prepare (releases share most requirement lines).

@@ -34,9 +34,9 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "tools"))  # sparkmods.verify: metrics and log parsing
 
 from e2e_checks import Report, rotated_absmax, summary_lines  # noqa: E402
-from e2e_scenarios import SCENARIOS, chat, greedy  # noqa: E402
-from e2e_parallel import Parallel, RayHead, gpus_visible, importable  # noqa: E402
 from e2e_nodes import NodeServer, node_server  # noqa: E402
+from e2e_parallel import Parallel, RayHead, gpus_visible, importable  # noqa: E402
+from e2e_scenarios import SCENARIOS, chat, greedy  # noqa: E402
 from e2e_serve import ServeError, Server, apply_mod, free_port, overlay, server_command, server_env  # noqa: E402
 
 # Model key -> builder arguments (variant, MTP head); every model is peaked, seed 0.

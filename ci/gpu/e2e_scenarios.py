@@ -12,8 +12,18 @@ import time
 from typing import Any, Callable, Optional
 
 from e2e_checks import (
-    Report, acceptance, chain, completion_tokens, completion_top, follows, int8_logprob_bound,
-    kv_cache_tokens, lines_with, max_logprob_gap, prompts, tokens_per_second,
+    Report,
+    acceptance,
+    chain,
+    completion_tokens,
+    completion_top,
+    follows,
+    int8_logprob_bound,
+    kv_cache_tokens,
+    lines_with,
+    max_logprob_gap,
+    prompts,
+    tokens_per_second,
 )
 from e2e_serve import SERVED_NAME, Server
 

@@ -131,11 +131,10 @@ class Server:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # after the run.sh output e2e wrote there
-        self.started_s = time.monotonic()
-        self.proc = subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
+        with open(self.log_path, "ab") as log:  # after the run.sh output e2e wrote there
+            self.started_s = time.monotonic()
+            self.proc = subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
 
     def wait_healthy(self, deadline_s: float = START_DEADLINE_S) -> bool:
         """True once /health answers 200; False when the process exits or the deadline passes."""

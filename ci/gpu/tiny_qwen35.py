@@ -45,6 +45,7 @@ sys.path.insert(0, str(_HERE.parents[1] / "tests"))  # tests/ckptfactory.py: nam
 
 try:
     import torch
+
     from ckptfactory import Shape, Spec, autoround_config, main_specs, model_config, mtp_specs, write_checkpoint
     from tiny_quant import block_fp8, gptq_int4
     from tiny_tokenizer import EOS, PAD, SCRIPT, SPECIAL, build_tokenizer, write_tokenizer

@@ -128,11 +128,11 @@ def check_reading(table: Path, work: Path) -> List[Dict[str, Any]]:
         return handler.lines[:] if a is int8.DISPATCH and b is tq.DEFAULT_DECODE else ["the table was used"]
 
     other_gpu = refused(lambda d: d.update(gpu={"name": "NVIDIA GB10", "capability": [12, 1]}))
-    check("a table from another GPU is refused in one line per mod", len(other_gpu) == 2 and all("was made on NVIDIA GB10" in l for l in other_gpu), other_gpu)
+    check("a table from another GPU is refused in one line per mod", len(other_gpu) == 2 and all("was made on NVIDIA GB10" in line for line in other_gpu), other_gpu)
     other_kernels = refused(lambda d: [s.update(kernels_sha256="0" * 64) for s in d["mods"].values()])
-    check("a table made with other kernels is refused", len(other_kernels) == 2 and all("another version" in l for l in other_kernels), other_kernels)
+    check("a table made with other kernels is refused", len(other_kernels) == 2 and all("another version" in line for line in other_kernels), other_kernels)
     writable = refused(lambda d: None, 0o666)
-    check("a table others may write is refused", len(writable) == 2 and all("writable by group or others" in l for l in writable), writable)
+    check("a table others may write is refused", len(writable) == 2 and all("writable by group or others" in line for line in writable), writable)
     logging.getLogger().removeHandler(handler)
     return checks
 

@@ -17,6 +17,11 @@ import os
 import signal
 import sys
 from importlib.machinery import ModuleSpec
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types import CodeType, ModuleType
+    from typing import Any, Dict, List, Optional
 
 # A SIGINT before the end of this file is held and then raised inside __main__, whose handler
 # says it in one line. run.sh's `-c` code holds it from its first line (`held` and the handler
@@ -25,8 +30,8 @@ from importlib.machinery import ModuleSpec
 # .pth files and sitecustomize of vLLM's site-packages. Imported some other way, this file
 # holds it from here on. Only as run.sh's `_sparkmods`: on the host this module is read by
 # `sparkmods sync`, not run.
-_held_sigint = []
-_previous_handler = None
+_held_sigint: "List[int]" = []
+_previous_handler: "Any" = None
 if __name__ == "_sparkmods":
     _main = sys.modules["__main__"]
     if hasattr(_main, "held"):
@@ -42,35 +47,38 @@ if __name__ == "_sparkmods":
 class RuntimeLoader:
     """Finds and loads `<package>.<name>` from the sources this file holds."""
 
-    def __init__(self, package, archive, sources):
+    def __init__(self, package: str, archive: str, sources: "Dict[str, str]") -> None:
         self.package, self.archive, self.sources = package, archive, sources
 
-    def find_spec(self, fullname, path=None, target=None):
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> "Optional[Any]":
         head, _, leaf = fullname.rpartition(".")
         if head != self.package or leaf not in self.sources:
             return None
-        spec = ModuleSpec(fullname, self, origin=self._path(fullname))
+        spec = ModuleSpec(fullname, self, origin=self._path(fullname))  # type: ignore[arg-type]  # a loader by protocol
         spec.has_location = True  # sets __file__: the runtime finds its mod folder from it
         return spec
 
-    def create_module(self, spec):
+    def create_module(self, spec: object) -> None:
         return None
 
-    def exec_module(self, module):
+    def exec_module(self, module: "ModuleType") -> None:
         exec(self.get_code(module.__name__), module.__dict__)
 
-    def get_source(self, fullname):
+    def get_source(self, fullname: str) -> str:
         return self.sources[fullname.rpartition(".")[2]]
 
-    def _path(self, fullname):
+    def _path(self, fullname: str) -> str:
         """The module's file name, zipimport-style: <mod>/_sparkmods.py/<name>.py."""
         return f"{self.archive}/{fullname.rpartition('.')[2]}.py"
 
-    def get_code(self, fullname):
+    def get_code(self, fullname: str) -> "CodeType":
         return compile(self.get_source(fullname), self._path(fullname), "exec", dont_inherit=True)
 
 
-def install(sources):
+__path__: "List[str]"  # install makes this module a package
+
+
+def install(sources: "Dict[str, str]") -> None:
     """Make this module the package of `sources` (name -> text), then let a held SIGINT go."""
     global __path__
     __path__ = []  # a package: `import _sparkmods.applier` asks the finders below
@@ -79,7 +87,7 @@ def install(sources):
         signal.signal(signal.SIGINT, _previous_handler)
 
 
-def sigint_held():
+def sigint_held() -> bool:
     """Whether a SIGINT arrived while this file ran (__main__ raises it inside its handler)."""
     return bool(_held_sigint)
 
@@ -137,7 +145,7 @@ except KeyboardInterrupt:
     # and namedtuple build their methods so) as unhandled even once it is caught, and under
     # `python -m` then ends the process by SIGINT instead of with the exit code.
     os._exit(130)
-except Exception as exc:  # SystemExit (argparse's usage, -h) is no bug and passes
+except Exception as exc:  # noqa: BLE001  a bug: one line, exit 3. SystemExit (argparse's usage, -h) is no bug and passes
     if os.environ.get("SPARKMODS_DEBUG"):
         import traceback
 
@@ -171,14 +179,28 @@ import json
 import os
 import sys
 from hashlib import sha256
-from typing import ContextManager, Dict, List, Optional, Sequence, TextIO
+from typing import Callable, ContextManager, Dict, List, Optional, Sequence, TextIO
 
 from . import fsops, stamp
 from .engine import APPLIED, CONFLICT, OK, OK_OFFSET, UnsafePath, plain_path, plan
 from .fsops import StrPath
 from .interrupts import Interrupted, deferred, exit_code, handled
-from .journal import (JOURNAL_NAME, STATE_DIR, STATE_FILE, Entry, Journal, JournalError, applied_rel, check_state,
-                      orig_rel, recover, state_dir, sweep, temp_rel, transact)
+from .journal import (
+    JOURNAL_NAME,
+    STATE_DIR,
+    STATE_FILE,
+    Entry,
+    Journal,
+    JournalError,
+    applied_rel,
+    check_state,
+    orig_rel,
+    recover,
+    state_dir,
+    sweep,
+    temp_rel,
+    transact,
+)
 from .locate import LocateError, find_vllm, named_site, read_version
 from .lock import LockTimeout, ReadOnlyTree, UntrustedState, tree_lock
 from .manifest import Install, Manifest, ManifestError, Variant, load_manifest
@@ -207,7 +229,7 @@ def _sha256(data: Optional[bytes]) -> Optional[str]:
     return None if data is None else sha256(data).hexdigest()
 
 
-def _reader(site: StrPath):
+def _reader(site: StrPath) -> "Callable[[str], Optional[bytes]]":
     def read(rel: str) -> Optional[bytes]:
         return fsops.read_regular(plain_path(site, rel, leaf=True))
     return read
@@ -242,7 +264,7 @@ def _explain_failure(say: Printer, manifest: Manifest, result: ModResult) -> Non
 
 
 def _install_files(say: Printer, mod_dir: StrPath, inputs: ModInputs, workspace: StrPath, dry_run: bool) -> None:
-    for item, data in zip(inputs.chosen.install, inputs.sources):
+    for item, data in zip(inputs.variant.install, inputs.sources):
         if item.site:
             continue  # installed into vLLM with the patches, through the journal
         dest = os.path.join(workspace, item.name)
@@ -335,7 +357,9 @@ def _refuse_earlier_apply(site: StrPath, state: dict, version: str, result: ModR
 def _apply_journal(manifest: Manifest, result: ModResult, site: StrPath, mod_dir: StrPath, variant: Variant
                    ) -> "tuple[Journal, Dict[str, bytes]]":
     """The apply journal; a patched file keeps its mode, a new one gets `_new_file_mode`."""
-    entries, payload, files = [], {}, {}
+    entries: List[Entry] = []
+    payload: Dict[str, bytes] = {}
+    files = {}
     for f in result.files:
         if not f.changes:
             continue
@@ -345,10 +369,10 @@ def _apply_journal(manifest: Manifest, result: ModResult, site: StrPath, mod_dir
         new = temp_rel(f.path) if f.after is not None else None
         sums = {"before": _sha256(f.before), "after": _sha256(f.after)}
         entries.append(Entry(f.path, sums["before"], sums["after"], new, old, mode))
-        if old is not None:
-            payload[old] = f.before  # type: ignore[assignment]
-        if new is not None:
-            payload[new] = f.after  # type: ignore[assignment]
+        if old is not None and f.before is not None:  # (old is set exactly when there are before bytes)
+            payload[old] = f.before
+        if new is not None and f.after is not None:
+            payload[new] = f.after
         files[f.path] = sums
     state = {"mod": manifest.name, "variant": result.variant, "vllm": result.version, "files": files}
     return Journal("apply", manifest.name, entries, state), payload
@@ -380,7 +404,7 @@ def apply_mod(mod_dir: StrPath, site: StrPath, workspace: StrPath, dry_run: bool
         if result.status == UPSTREAM:
             say(f"not needed: {result.reason}")
             return EXIT_OK
-        variant = inputs.chosen
+        variant = inputs.variant
         if not dry_run:
             sweep(site, [f.path for f in result.files])
         if result.status == APPLIED:
@@ -419,7 +443,7 @@ def _stamp(weighed: ModInputs, mod_dir: StrPath, site: StrPath) -> None:
     inputs, result = settle(weighed, _reader(site))
     if result.status != APPLIED:
         return
-    variant = inputs.chosen
+    variant = inputs.variant
     installs = [(item.name, data) for item, data in zip(variant.install, inputs.sources) if not item.site]
     # A choice by content also read the other variants' patches and files.
     variants = weighed.manifest.variants if weighed.options else [variant]
@@ -464,8 +488,9 @@ def _revert_from_state(site: StrPath, inputs: ModInputs, state: dict) -> "Option
             raise JournalError(f"{os.path.join(site, new)}: the saved original of {rel} is missing or corrupt; "
                                "reinstall vLLM")
         old = applied_rel(name, rel) if s["after"] is not None else None
-        if old is not None:
-            payload[old] = current[rel]  # type: ignore[assignment]
+        now = current[rel]  # not None where s["after"] is: the foreign check above compared it
+        if old is not None and now is not None:
+            payload[old] = now
         mode = os.stat(plain_path(site, rel)).st_mode & 0o7777 if current[rel] is not None else 0o644
         entries.append(Entry(rel, s["after"], s["before"], new, old, mode))
     return Journal("revert", name, entries), payload
@@ -497,8 +522,9 @@ def _revert_by_reverse_patch(site: StrPath, inputs: ModInputs, say: Printer
         before = read(rel)
         new = temp_rel(rel) if after is not None else None
         old = applied_rel(manifest.name, rel)
-        payload[old] = before  # type: ignore[assignment]
-        if new is not None:
+        if before is not None:  # the applied file (read by the plan above)
+            payload[old] = before
+        if new is not None and after is not None:  # (new is set exactly when there are after bytes)
             payload[new] = after
         mode = os.stat(plain_path(site, rel)).st_mode & 0o7777
         entries.append(Entry(rel, _sha256(before), _sha256(after), new, old, mode))
@@ -578,7 +604,7 @@ def run(action: str, mod_dir: StrPath, site: Optional[StrPath], workspace: StrPa
     """One run.sh action with every failure turned into one line and an exit code."""
     try:
         with handled():
-            site = named_site(site) if site else find_vllm().site
+            site = named_site(os.fspath(site)) if site else find_vllm().site
             base = os.environ.get(BASE_ENV, "").strip() or None
             if action == "revert":
                 return revert_mod(mod_dir, site, dry_run, say, base, workspace)
@@ -1578,15 +1604,21 @@ def _read(path: str) -> bytes:
         return fh.read()
 
 
+def _reader(site: StrPath, rel: str) -> Callable[[], bytes]:
+    """The bytes of site/rel, read when the write is due."""
+    return lambda: _read(plain_path(site, rel))
+
+
 def _bytes_to_write(site: StrPath, journal: Journal, direction: str
                     ) -> List["tuple[str, str, Callable[[], bytes], int]"]:
     """(target, sha256, bytes, mode) of every file the settle must write, state.json included."""
-    out = []
+    out: List["tuple[str, str, Callable[[], bytes], int]"] = []
     for e in journal.entries:
         sha, copy = _side(e, direction)
         if sha is not None and not _holds(site, e.path, sha):
+            assert copy is not None  # Journal.confine: a copy beside every sha256
             target = plain_path(site, e.path)
-            out.append((target, sha, lambda c=copy: _read(plain_path(site, c)), _mode(target, e.mode)))
+            out.append((target, sha, _reader(site, copy), _mode(target, e.mode)))
     if journal.op == APPLY and direction == FORWARD:
         data = dump_json(journal.state)
         target = os.path.join(state_dir(site, journal.mod), STATE_FILE)
@@ -1707,7 +1739,7 @@ def transact(site: StrPath, journal: Journal, payload: Dict[str, bytes]) -> None
                     sweep(site, [e.path for e in journal.entries])
             except (OSError, JournalError) as failed:
                 raise JournalError(f"{_what(exc)}; rolling back failed too ({_what(failed)}); the journal "
-                                   f"{_journal_path(site)} is kept: the next run.sh (any action) settles it")
+                                   f"{_journal_path(site)} is kept: the next run.sh (any action) settles it") from failed
         if isinstance(exc, Interrupted):
             exc.completed = side == FORWARD  # too late to roll back: the change was finished instead
         raise
@@ -2021,6 +2053,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
@@ -2267,13 +2300,13 @@ def load_manifest(mod_dir: StrPath) -> Manifest:
     json_path = os.path.join(mod_dir, MANIFEST_JSON)
     data: Any
     if not _IN_MOD and os.path.isfile(toml_path):
-        try:
-            import tomllib  # type: ignore[import-not-found]
-        except ImportError:  # Python < 3.11
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:
             try:
-                import tomli as tomllib  # type: ignore[import-not-found,no-redef]
+                import tomli as tomllib
             except ImportError:
-                tomllib = None  # type: ignore[assignment]
+                tomllib = None
         if tomllib is not None:
             try:
                 data = tomllib.loads(_utf8(toml_path, _read(toml_path)))
@@ -2346,7 +2379,19 @@ import stat
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Union
 
-from .engine import APPLIED, CONFLICT, EXACT, MISSING_FILE, OK, OK_OFFSET, FileResult, HunkResult, UnsafePath, confine, plan
+from .engine import (
+    APPLIED,
+    CONFLICT,
+    EXACT,
+    MISSING_FILE,
+    OK,
+    OK_OFFSET,
+    FileResult,
+    HunkResult,
+    UnsafePath,
+    confine,
+    plan,
+)
 from .fsops import StrPath
 from .manifest import Install, Manifest, ManifestError, Upstream, Variant
 from .pep440 import InvalidVersion, Version
@@ -2525,6 +2570,13 @@ class ModInputs:
     base: str = ""
     options: List[ModInputs] = field(default_factory=list)
 
+    @property
+    def variant(self) -> Variant:
+        """The chosen variant; a ValueError when these inputs chose none, or the upstream section."""
+        if self.chosen is None or isinstance(self.chosen, Upstream):
+            raise ValueError(f"{self.manifest.name}: no variant chosen for vLLM {self.version}")
+        return self.chosen
+
     def paths(self) -> List[str]:
         """The vLLM files deciding reads (each patch target, site install and upstream check)."""
         if self.by == BY_CONTENT:
@@ -2646,7 +2698,7 @@ def _by_content(inputs: ModInputs, read: Reader) -> "tuple[ModInputs, ModResult]
     reports = f"vLLM reports {version}"
     upstream = manifest.upstream
     carried = _check_upstream(manifest, upstream, version, read) if upstream is not None else None
-    if carried is not None and carried.status == UPSTREAM:
+    if upstream is not None and carried is not None and carried.status == UPSTREAM:
         carried.how = f"by content: every upstream detect matches (vLLM carries it since {upstream.since}); {reports}"
         return ModInputs(manifest, version, upstream), carried
     decided = [(option, _decide_one(option, read)) for option in inputs.options]
@@ -2807,6 +2859,12 @@ class Version:
     """A parsed PEP 440 version with packaging-compatible ordering."""
 
     __slots__ = ("text", "epoch", "release", "pre", "post", "dev", "local", "_key")
+    epoch: int
+    release: Tuple[int, ...]
+    pre: Optional[Tuple[str, int]]
+    post: Optional[int]
+    dev: Optional[int]
+    local: Optional[Tuple[str, ...]]
 
     def __init__(self, text: str) -> None:
         self.text = text.strip()
@@ -2814,20 +2872,20 @@ class Version:
         if not match:
             raise InvalidVersion(f"not a PEP 440 version: {text!r}")
         self.epoch = int(match.group("epoch") or 0)
-        self.release: Tuple[int, ...] = tuple(int(p) for p in match.group("release").split("."))
+        self.release = tuple(int(p) for p in match.group("release").split("."))
         pre_l = match.group("pre_l")
-        self.pre: Optional[Tuple[str, int]] = (
+        self.pre = (
             (_PRE_CANON[pre_l.lower()], int(match.group("pre_n") or 0)) if pre_l else None
         )
         if match.group("post_n1") is not None:
-            self.post: Optional[int] = int(match.group("post_n1"))
+            self.post = int(match.group("post_n1"))
         elif match.group("post_l"):
             self.post = int(match.group("post_n2") or 0)
         else:
             self.post = None
-        self.dev: Optional[int] = int(match.group("dev_n") or 0) if match.group("dev_l") else None
+        self.dev = int(match.group("dev_n") or 0) if match.group("dev_l") else None
         local = match.group("local")
-        self.local: Optional[Tuple[str, ...]] = (
+        self.local = (
             tuple(local.lower().replace("-", ".").replace("_", ".").split(".")) if local else None
         )
         self._key = self._sort_key()
@@ -2983,13 +3041,9 @@ class Range:
 
     def contains(self, version: "Version | str") -> bool:
         v = (Version(version) if isinstance(version, str) else version).public
-        if self.lower is not None:
-            if v < self.lower or (v == self.lower and not self.lower_inclusive):
-                return False
-        if self.upper is not None:
-            if v > self.upper or (v == self.upper and not self.upper_inclusive):
-                return False
-        return True
+        below = self.lower is not None and (v < self.lower or (v == self.lower and not self.lower_inclusive))
+        above = self.upper is not None and (v > self.upper or (v == self.upper and not self.upper_inclusive))
+        return not (below or above)
 
     def __contains__(self, version: "Version | str") -> bool:
         return self.contains(version)

@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("sparkmods: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001  every other exception is a bug: one line, exit 3
         if not isinstance(exc, _input_errors()):
             return _internal_error(exc)
         print(f"sparkmods: error: {exc}", file=sys.stderr)

@@ -16,8 +16,13 @@ from dataclasses import dataclass, replace
 from typing import Callable, List, Optional
 
 from sparkmods.runtime.engine import APPLIED, CONFLICT, EXACT, MISSING_FILE, OK, FileResult, HunkResult, plan_file
-from sparkmods.runtime.udiff import DEV_NULL, FilePatch, PatchParseError, parse_patch, reverse
-from sparkmods.runtime.udiff import _strip as strip_name  # GNU patch's -p N, as the --- / +++ names get it
+from sparkmods.runtime.udiff import (
+    FilePatch,
+    PatchParseError,
+    _strip as strip_name,  # GNU patch's -p N, as the --- / +++ names get it
+    parse_patch,
+    reverse,
+)
 
 __all__ = ["Change", "parse_git_diff", "plan_changes", "reverse_change", "blob_id"]
 

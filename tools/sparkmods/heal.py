@@ -22,7 +22,7 @@ import urllib.request
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence
 
 from sparkmods.checking.batch import check_mods
 from sparkmods.errors import SparkmodsError
@@ -34,13 +34,16 @@ from sparkmods.outputfile import write_into
 from sparkmods.rebase.modrebase import ModPlan, plan_mod, write_plan
 from sparkmods.rebase.report import drift_lines, result_lines
 from sparkmods.rebase.tomledit import TomlEditError, set_verified
-from sparkmods.runtime.manifest import MANIFEST_TOML, ManifestError, load_manifest
+from sparkmods.runtime.manifest import MANIFEST_TOML, Manifest, ManifestError, load_manifest
 from sparkmods.runtime.modcheck import GREEN
 from sparkmods.runtime.pep440 import Version
 from sparkmods.sources import open_targets
 from sparkmods.sources.index import fetch_page
 from sparkmods.sources.spec import default_index
 from sparkmods.sync import sync
+
+if TYPE_CHECKING:
+    from sparkmods.sources.base import VllmSource
 
 PROPOSED, FLAGGED, TESTS_FAILED, UNTESTED = "proposed", "flagged", "tests-failed", "no-runtime-tests"
 
@@ -124,7 +127,7 @@ class Heal:
 
 
 # ---------------------------------------------------------------- the heal itself
-def heal_break(mod_dir: Path, onto, open_release: Callable[[str], object], *, status: str,
+def heal_break(mod_dir: Path, onto: VllmSource, open_release: Callable[[str], VllmSource], *, status: str,
                break_lines: Sequence[str], run_tests: Optional[TestRunner] = None,
                matrix_dir: Optional[Path] = None, index_url: Optional[str] = None) -> Heal:
     """Rebase the mod in mod_dir onto the source `onto`; write the variant, test it, mark it
@@ -151,7 +154,7 @@ def heal_break(mod_dir: Path, onto, open_release: Callable[[str], object], *, st
         return heal
 
 
-def _write_and_prove(heal: Heal, mod_dir: Path, manifest, onto, run_tests: Optional[TestRunner],
+def _write_and_prove(heal: Heal, mod_dir: Path, manifest: Manifest, onto: VllmSource, run_tests: Optional[TestRunner],
                      matrix_dir: Optional[Path], index_url: Optional[str]) -> Heal:
     """heal_break's steps after an exact plan: write, check, test, mark verified, matrix."""
     plan = heal.plan
@@ -199,7 +202,7 @@ def mark_verified(mod_dir: Path, plan: ModPlan, comment: str) -> None:
         raise SparkmodsError(f"{path}: marking {plan.onto} verified did not take")
 
 
-def _wheel_for(onto, index_url: Optional[str], folder: Path) -> "tuple[Optional[Path], Optional[str]]":
+def _wheel_for(onto: VllmSource, index_url: Optional[str], folder: Path) -> "tuple[Optional[Path], Optional[str]]":
     """(wheel file, downloaded into folder; PyPI release for its dependencies) when the runtime
     tests cannot install `vllm==version` from PyPI (a nightly, or a release of another index);
     else (None, None)."""
@@ -270,7 +273,7 @@ def _junit_cases(path: Path) -> List[Dict[str, str]]:
 
 
 # ---------------------------------------------------------------- the matrix
-def regenerate_matrix(matrix_dir: Path, mods_root: Path, onto, index_url: Optional[str]) -> List[str]:
+def regenerate_matrix(matrix_dir: Path, mods_root: Path, onto: VllmSource, index_url: Optional[str]) -> List[str]:
     """Rewrite matrix_dir for the mods in mods_root on the matrix's own targets (plus onto when
     it is a release): cells whose inputs did not change are reused. Returns what changed."""
     path = matrix_dir / JSON_NAME

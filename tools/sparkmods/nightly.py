@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence
 from sparkmods.checking.batch import check_mods
 from sparkmods.checking.rows import CheckRow, breaks
 from sparkmods.errors import SparkmodsError
-from sparkmods.runtime.modcheck import DRIFT
+from sparkmods.runtime.modcheck import DRIFT, ModResult
 from sparkmods.runtime.pep440 import InvalidVersion, Version
 from sparkmods.sources import open_targets
 from sparkmods.sources.http import get
@@ -105,7 +105,7 @@ class Report:
         return "\n".join(out) + "\n"
 
 
-def break_lines(res) -> List[str]:
+def break_lines(res: ModResult) -> List[str]:
     """What broke in one check result, as a Markdown list: each conflicting hunk (with up to
     three of its differing lines), each missing file, and the reason of a drift or no-variant."""
     out = []

@@ -153,6 +153,9 @@ def select_backend(selector_config) -> type:
         raise ValueError(f"sparkmods turboquant: --kv-cache-dtype {selector_config.kv_cache_dtype} cannot serve "
                          f"this attention layer ({'; '.join(reasons)}); keep it unquantised with "
                          "--kv-cache-dtype-skip-layers")
+    # vLLM names the backend it picks in the log; ours is picked by our hook, which says it instead.
+    logger.info_once("Using %s attention backend for --kv-cache-dtype %s (sparkmods turboquant)", BACKEND_NAME,
+                     selector_config.kv_cache_dtype)
     return TurboQuantBackend
 
 

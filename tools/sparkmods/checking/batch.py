@@ -16,7 +16,7 @@ import contextlib
 import functools
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from sparkmods.checking import cpuslots, resultcache
 from sparkmods.checking.fingerprints import mod_fingerprint
@@ -25,10 +25,23 @@ from sparkmods.gitdiff import Change, plan_changes
 from sparkmods.modsdir import load
 from sparkmods.pyindex import gcpause
 from sparkmods.runtime.manifest import Manifest, Upstream, Variant
-from sparkmods.runtime.modcheck import (BASE_ENV, BaseMismatch, ModResult, aggregate, by_version, check_mod,
-                                       variant_patches)
+from sparkmods.runtime.modcheck import (
+    BASE_ENV,
+    BaseMismatch,
+    ModResult,
+    aggregate,
+    by_version,
+    check_mod,
+    variant_patches,
+)
 from sparkmods.runtime.pep440 import InvalidVersion
 from sparkmods.runtime.udiff import FilePatch
+
+if TYPE_CHECKING:
+    from sparkmods.sources.base import VllmSource
+
+# The drift checks as check_source calls them (checking.drift.drift_status, loaded when a row is checked).
+DriftStatus = Callable[["VllmSource", ModResult, Optional[Sequence[FilePatch]]], Optional[Tuple[str, str]]]
 
 
 def paths_needed(manifest: Manifest, mod_dir: Path, version: str, content: Optional[str] = None) -> Set[str]:
@@ -51,7 +64,7 @@ def paths_needed(manifest: Manifest, mod_dir: Path, version: str, content: Optio
     return set()
 
 
-def check_source(mods: Sequence["tuple[Path, Manifest]"], source,
+def check_source(mods: Sequence["tuple[Path, Manifest]"], source: VllmSource,
                  hashes: Optional[Dict[str, str]] = None) -> List[CheckRow]:
     """All mods on one source (anything with version, read(), prefetch()), in order.
 
@@ -60,8 +73,9 @@ def check_source(mods: Sequence["tuple[Path, Manifest]"], source,
     """
     cache = resultcache.active()
     hashes = hashes if hashes is not None else {m.name: mod_fingerprint(d) for d, m in mods}
-    results = {m.name: cache.get(hashes[m.name], source, m.name) for _, m in mods}
-    todo = [(d, m) for d, m in mods if results[m.name] is None]
+    cached = {m.name: cache.get(hashes[m.name], source, m.name) for _, m in mods}
+    results = {name: result for name, result in cached.items() if result is not None}
+    todo = [(d, m) for d, m in mods if m.name not in results]
     try:
         if todo:
             wanted: Set[str] = set()
@@ -82,7 +96,7 @@ def check_source(mods: Sequence["tuple[Path, Manifest]"], source,
     return [CheckRow(source.label, source.commit, source.sha256, results[m.name]) for _, m in mods]
 
 
-def _checked(manifest: Manifest, mod_dir: Path, source, content: str, drift_status: Callable) -> ModResult:
+def _checked(manifest: Manifest, mod_dir: Path, source: VllmSource, content: str, drift_status: DriftStatus) -> ModResult:
     """check_mod, then the drift checks (drift.drift_status) for a variant that applies."""
     result = check_mod(manifest, mod_dir, source.version, source.read)
     if result.green and result.variant is not None:
@@ -95,8 +109,8 @@ def _checked(manifest: Manifest, mod_dir: Path, source, content: str, drift_stat
     return result
 
 
-def _drift_free(manifest: Manifest, mod_dir: Path, source, content: str, chosen: Variant,
-                drift_status: Callable) -> str:
+def _drift_free(manifest: Manifest, mod_dir: Path, source: VllmSource, content: str, chosen: Variant,
+                drift_status: DriftStatus) -> str:
     """For a variant chosen by content that drifts: another variant that applies without drift,
     as the override that makes run.sh choose it (run.sh cannot run the drift checks)."""
     for variant in reversed(manifest.variants):
@@ -129,7 +143,7 @@ def _parsed_patches(mod_dir: Path, label: str, content: str) -> "tuple[FilePatch
     return tuple(variant_patches(mod_dir, chosen))
 
 
-def check_patch_source(name: str, subject: str, changes: Sequence[Change], source) -> CheckRow:
+def check_patch_source(name: str, subject: str, changes: Sequence[Change], source: VllmSource) -> CheckRow:
     """A loose diff (no manifest; git's renames, modes and binary changes read as `git apply`
     reads them, gitdiff.py) on one source: the plan, then the drift checks; reused from the
     result cache under `subject` (fingerprints.patch_fingerprint) when stored."""
@@ -161,7 +175,7 @@ def _without_bytes(result: ModResult) -> ModResult:
     return result
 
 
-def _release(source) -> None:
+def _release(source: VllmSource) -> None:
     """source.release() for sources that hold state (VllmSource); duck-typed ones may not."""
     release = getattr(source, "release", None)
     if release is not None:
@@ -202,7 +216,7 @@ def warming(sources: Sequence) -> Iterator[None]:
 def _quietly(action: Callable[[], None]) -> None:
     try:
         action()
-    except Exception:  # see warming
+    except Exception:  # noqa: BLE001 - a failure is left for the check's own read of the source (warming)
         pass
 
 

@@ -20,14 +20,17 @@ import ast
 import bisect
 import functools
 from dataclasses import dataclass
-from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
 
 from sparkmods.checking.driftmemo import Changes, DriftMemo, changes_key
 from sparkmods.checking.linediff import changed_lines
 from sparkmods.pyindex.resolve import Module, Signature, Symbol, VllmTree, module_name, parse, signature_keeping
 from sparkmods.runtime.engine import APPLIED, OK, OK_OFFSET, plan_file
-from sparkmods.runtime.modcheck import DRIFT
+from sparkmods.runtime.modcheck import DRIFT, ModResult
 from sparkmods.runtime.udiff import FilePatch, reverse
+
+if TYPE_CHECKING:
+    from sparkmods.sources.base import VllmSource
 
 __all__ = ["DRIFT", "DriftFinding", "check_patched", "new_findings", "drift_status"]
 
@@ -64,8 +67,8 @@ def _added_lines(before: Optional[bytes], after: bytes) -> FrozenSet[int]:
 
 def _touches(node: ast.AST, lines: Sequence[int], first: Optional[int] = None, last: Optional[int] = None) -> bool:
     """Whether a line of node's span (or of [first, last]) is in the sorted `lines`."""
-    lo = first or getattr(node, "lineno", 0)
-    hi = last or getattr(node, "end_lineno", lo) or lo
+    lo = first or int(getattr(node, "lineno", 0))
+    hi = last or int(getattr(node, "end_lineno", None) or lo)
     i = bisect.bisect_left(lines, lo)
     return i < len(lines) and lines[i] <= hi
 
@@ -359,7 +362,7 @@ def new_findings(onto: Sequence[DriftFinding], base: Sequence[DriftFinding]) -> 
     return [f for f in onto if f.key not in known]
 
 
-def drift_status(source, mod_result, patches: Optional[Sequence[FilePatch]] = None) -> Optional[Tuple[str, str]]:
+def drift_status(source: VllmSource, mod_result: ModResult, patches: Optional[Sequence[FilePatch]] = None) -> Optional[Tuple[str, str]]:
     """("drift", reason) when a mod that applies to `source` would break it; else None.
 
     `sparkmods check` (batch.check_source) calls it for every green variant row and replaces

@@ -22,7 +22,7 @@ import io
 import json
 import tokenize
 from pathlib import Path
-from typing import Iterable, List, Set, Tuple
+from typing import Dict, Iterable, List, Set, Tuple
 
 from sparkmods.runtime.manifest import load_manifest
 from sparkmods.runtime.modcheck import mod_file
@@ -119,7 +119,7 @@ def mod_fingerprint(mod_dir: Path) -> str:
     """What decides a mod's cells: its manifest data, every patch and install source its
     variants name, and the runtime's code."""
     manifest = load_manifest(mod_dir)
-    files = {}  # relative path -> what it is, for the error a file that cannot be read gets
+    files: Dict[str, str] = {}  # relative path -> what it is, for the error a file that cannot be read gets
     for v in manifest.variants:
         files.update((rel, f"patch of variant {v.label!r}") for rel in v.patches)
         files.update((i.src, f"install source of variant {v.label!r}") for i in v.install)

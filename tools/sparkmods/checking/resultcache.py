@@ -74,7 +74,7 @@ class ResultCache:
         if content is None:
             return None
         return {"schema": SCHEMA, "subject": subject, "source": content, "vllm": source.version,
-                "checker": checker_fingerprint(), "code": code_fingerprint(), "python": "%d.%d" % sys.version_info[:2]}
+                "checker": checker_fingerprint(), "code": code_fingerprint(), "python": "{}.{}".format(*sys.version_info[:2])}
 
     def _path(self, key: dict) -> Path:
         name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()

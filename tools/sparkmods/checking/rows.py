@@ -24,7 +24,7 @@ class CheckRow:
     served: "dict | None" = None  # the GPU run that served this variant here (matrix/served.py)
 
     def to_dict(self) -> dict:
-        out = {"target": self.target, "commit": self.commit, "wheel_sha256": self.sha256}
+        out: Dict[str, Any] = {"target": self.target, "commit": self.commit, "wheel_sha256": self.sha256}
         out.update(self.result.to_dict())
         if self.served is not None:
             out["served"] = self.served

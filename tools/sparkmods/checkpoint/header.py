@@ -9,6 +9,7 @@ in milliseconds and lets the writers copy exact byte ranges.
 
 from __future__ import annotations
 
+import itertools
 import json
 import struct
 from dataclasses import dataclass
@@ -122,7 +123,7 @@ def _validate(path: Path, size: int, file_size: int, doc: dict) -> ShardHeader:
     for name, entry in doc.items():
         infos.append(_tensor(path, name, entry, data_start, file_size))
     infos.sort(key=lambda t: (t.start, t.end))
-    for before, after in zip(infos, infos[1:]):
+    for before, after in itertools.pairwise(infos):
         if after.start < before.end:
             raise HeaderError(f"{path}: tensors {before.name} and {after.name} overlap")
     return ShardHeader(path, size, dict(metadata), {t.name: t for t in infos}, file_size)

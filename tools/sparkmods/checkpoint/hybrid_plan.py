@@ -18,8 +18,15 @@ from typing import Any
 
 from sparkmods.checkpoint import quantcfg
 from sparkmods.checkpoint.fp8 import (
-    FP8_DTYPES, SCALE_SUFFIX, WEIGHT_SUFFIX, Block, Fp8Layer, common_block, declared_block,
-    fp8_layers, scale_problem,
+    FP8_DTYPES,
+    SCALE_SUFFIX,
+    WEIGHT_SUFFIX,
+    Block,
+    Fp8Layer,
+    common_block,
+    declared_block,
+    fp8_layers,
+    scale_problem,
 )
 from sparkmods.checkpoint.header import FLOAT16_DTYPES, TensorInfo, itemsize
 from sparkmods.checkpoint.layout import INDEX_NAME, Checkpoint, Index

@@ -173,14 +173,14 @@ def _check_fp8(ck: Checkpoint, tensors: dict[str, TensorInfo], report: Report) -
                 "(then apply the hybrid-int4-fp8 mod)",
             )
         return
-    no_scale = [l.module for l in layers if l.scale is None]
+    no_scale = [layer.module for layer in layers if layer.scale is None]
     if no_scale:
         report.add(
             "error", "fp8-no-scale",
             f"{len(no_scale)} FP8 weights have no weight_scale_inv ({_examples(no_scale)}): they will load as garbage",
             "take each FP8 weight together with its weight_scale_inv from the FP8 checkpoint",
         )
-    bad = sorted((l.module, scale_problem(l)) for l in layers if l.scale is not None)
+    bad = sorted((layer.module, scale_problem(layer)) for layer in layers if layer.scale is not None)
     for module, why in [(m, w) for m, w in bad if w][:EXAMPLES]:
         report.add("error", "fp8-bad-scale", f"{module}: {why}")
     declared = declared_block(qc) if quantcfg.method(qc) == "fp8" else None
@@ -202,7 +202,7 @@ def _check_fp8(ck: Checkpoint, tensors: dict[str, TensorInfo], report: Report) -
 
 
 def _check_hybrid(qc: dict[str, Any], layers: list[Fp8Layer], report: Report) -> None:
-    int4 = [l.module for l in layers if quantcfg.autoround_bits(qc, l.module) < 16]
+    int4 = [layer.module for layer in layers if quantcfg.autoround_bits(qc, layer.module) < 16]
     if int4:
         report.add(
             "error", "fp8-in-int4-layer",

@@ -34,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
     from sparkmods.community.adopt import plan_adoption, write_adoption
     from sparkmods.community.runsh import is_community_mod, read_mod
     from sparkmods.errors import SparkmodsError
-    from sparkmods.sync import sync
     from sparkmods.sources.options import open_sources
+    from sparkmods.sync import sync
 
     folder, out = Path(args.mod), Path(args.out)
     if not is_community_mod(folder):

@@ -33,8 +33,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
 def run(args: argparse.Namespace) -> int:
     from sparkmods.modsdir import resolve_mods
     from sparkmods.runtime import fsops
-    from sparkmods.runtime.applier import Printer
-    from sparkmods.runtime.applier import run as run_action
+    from sparkmods.runtime.applier import Printer, run as run_action
     from sparkmods.runtime.locate import LocateError, find_vllm
 
     target = only_one(args.vllm, "--vllm")

@@ -10,7 +10,6 @@ import argparse
 import json
 from pathlib import Path
 
-from sparkmods.commands import help_for
 from sparkmods.checkpoint import hub
 from sparkmods.checkpoint.add_mtp import add_mtp
 from sparkmods.checkpoint.hybrid_build import build_hybrid, check_target
@@ -19,6 +18,7 @@ from sparkmods.checkpoint.inspection import format_report, inspect_checkpoint
 from sparkmods.checkpoint.layout import CONFIG_NAME, INDEX_NAME, Checkpoint, Index
 from sparkmods.checkpoint.names import MTP_FILE
 from sparkmods.checkpoint.units import human_bytes
+from sparkmods.commands import help_for
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -92,7 +92,7 @@ def run_launch(args: argparse.Namespace) -> int:
     from sparkmods.launch.recipe import load_recipe
     from sparkmods.launch.render import about, find_launcher, named_launcher, render, write_script
     from sparkmods.launch.vllmfacts import VllmFacts
-    from sparkmods.launch.vllmopen import open_launch_targets, check_with_engine
+    from sparkmods.launch.vllmopen import check_with_engine, open_launch_targets
     from sparkmods.modsdir import mods_root
     from sparkmods.outputfile import check_target
 

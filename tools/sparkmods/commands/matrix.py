@@ -7,11 +7,14 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
 
 from sparkmods.commands import help_for
 from sparkmods.errors import SparkmodsError
 from sparkmods.sources.options import add_target_args, open_sources
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 _REPO_MATRIX = Path(__file__).resolve().parents[3] / "matrix"
 
@@ -46,7 +49,7 @@ def _out_dir(arg: Optional[str]) -> Path:
     return local if local.is_dir() else _REPO_MATRIX
 
 
-def _check(out: Path, mod_dirs) -> int:
+def _check(out: Path, mod_dirs: List[Path]) -> int:
     from sparkmods.matrix.compare import stale_mods, stale_served
     from sparkmods.matrix.document import JSON_NAME, read, rendered
 
@@ -66,7 +69,7 @@ def _check(out: Path, mod_dirs) -> int:
     return 1 if problems else 0
 
 
-def _progress(total: int):
+def _progress(total: int) -> Tuple[Optional[Progress], Optional[Callable[[str], None]]]:
     """A progress callback: a bar on a terminal, nothing in CI or pipes."""
     if not sys.stderr.isatty() or os.environ.get("CI"):
         return None, None

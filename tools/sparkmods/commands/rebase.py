@@ -11,20 +11,23 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import TYPE_CHECKING, Dict, List
 
-from sparkmods.commands import help_for, only_one
 from sparkmods.checking.drift import DriftFinding
+from sparkmods.commands import help_for, only_one
 from sparkmods.errors import SparkmodsError
 from sparkmods.modsdir import load, resolve_mods
+from sparkmods.outputfile import check_target, write_atomic, write_into
 from sparkmods.patchfile import read_patch_file
 from sparkmods.rebase import BaseMismatch, RebaseResult, rebase_patches
 from sparkmods.rebase.modrebase import ModPlan, drift_of, plan_mod, write_plan
 from sparkmods.rebase.report import drift_lines, result_lines
 from sparkmods.runtime.engine import safe_target
-from sparkmods.runtime.manifest import Upstream
+from sparkmods.runtime.manifest import Manifest, Upstream
 from sparkmods.runtime.modcheck import GREEN, check_mod
-from sparkmods.outputfile import check_target, write_atomic, write_into
+
+if TYPE_CHECKING:
+    from sparkmods.sources.base import VllmSource
 
 
 def _source_args(p: argparse.ArgumentParser) -> None:
@@ -59,7 +62,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     mod_parser.set_defaults(func=run_rebase)
 
 
-def _one(spec: str, args: argparse.Namespace, flag: str):
+def _one(spec: str, args: argparse.Namespace, flag: str) -> VllmSource:
     from sparkmods.sources import open_targets
 
     found = open_targets(spec, index_url=args.index_url, offline=args.offline, prereleases=args.pre)
@@ -137,7 +140,8 @@ def run_rebase(args: argparse.Namespace) -> int:
     return _report(args, mod_dir, manifest, plan, now.status, onto)
 
 
-def _report(args: argparse.Namespace, mod_dir: Path, manifest, plan: ModPlan, status: str, onto) -> int:
+def _report(args: argparse.Namespace, mod_dir: Path, manifest: Manifest, plan: ModPlan, status: str,
+            onto: VllmSource) -> int:
     doc = plan.to_dict()
     doc["status"] = status
     lines = [f"{plan.mod}: {status} on {plan.onto}; rebasing variant {plan.variant.label!r} from vLLM {plan.base}"]

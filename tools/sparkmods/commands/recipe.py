@@ -96,9 +96,9 @@ def run_check(args: argparse.Namespace) -> int:
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        for path, problems in report.items():
+        for name, problems in report.items():
             for problem in problems:
-                print(f"{path}: {problem}")
+                print(f"{name}: {problem}")
         on = f" on {len(targets)} vLLMs" if len(targets) > 1 else ""
         print(f"{len(paths)} recipes checked{on}, {len(paths) - bad} ok, {bad} with errors")
     return 1 if bad else 0

@@ -9,9 +9,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from sparkmods.commands import help_for
 from sparkmods.errors import SparkmodsError
+
+if TYPE_CHECKING:
+    from sparkmods.tuning import Options
 
 MODS = ("int8-lm-head", "turboquant")
 
@@ -45,7 +50,7 @@ def _pair(text: str, sep: str, what: str) -> "tuple[int, int]":
     return first, second
 
 
-def options(args: argparse.Namespace) -> "object":
+def options(args: argparse.Namespace) -> Options:
     from sparkmods.modsdir import mods_root
     from sparkmods.tuning import Options
 
@@ -67,7 +72,7 @@ def options(args: argparse.Namespace) -> "object":
     return opts
 
 
-def _kerneltune(root: Path) -> "object":
+def _kerneltune(root: Path) -> ModuleType:
     """The shared table module from the mods' folder (it names the default path)."""
     import importlib.util
 

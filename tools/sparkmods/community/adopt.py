@@ -18,15 +18,18 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
-from sparkmods.community.judge import judge
+from sparkmods.community.judge import CommunityResult, judge
 from sparkmods.community.runsh import CommunityMod
 from sparkmods.errors import SparkmodsError
 from sparkmods.rebase.regen import file_diff
 from sparkmods.rebase.tomledit import _value, render_variant
 from sparkmods.runtime.engine import OK, OK_OFFSET
 from sparkmods.runtime.pep440 import Version
+
+if TYPE_CHECKING:
+    from sparkmods.community.sandbox import RunResult
 
 __all__ = ["Adopted", "plan_adoption", "write_adoption"]
 
@@ -51,7 +54,7 @@ class Adopted:
     not_carried: List[Tuple[str, str, str]] = field(default_factory=list)  # (version, status, reason)
 
 
-def _combined(result) -> str:
+def _combined(result: CommunityResult) -> str:
     """One diff for what every step together does to each file."""
     return "".join(file_diff(f.path, f.before.decode("utf-8", "surrogateescape").splitlines(True) if f.before is not None else None,
                              f.after.decode("utf-8", "surrogateescape").splitlines(True) if f.after is not None else None)
@@ -82,7 +85,7 @@ def plan_adoption(mod: CommunityMod, name: str, sources: Sequence) -> Adopted:
     return adopted
 
 
-def _run_patch(tree: Path, ran) -> str:
+def _run_patch(tree: Path, ran: RunResult) -> str:
     """One diff for what a run changed in vllm/ (pristine bytes from the release tree)."""
     def lines(data: Optional[bytes]) -> Optional[List[str]]:
         return None if data is None else data.decode("utf-8", "surrogateescape").splitlines(True)

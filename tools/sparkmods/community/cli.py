@@ -14,14 +14,23 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Iterator, List, Optional, Sequence, Tuple
 
 from sparkmods.checking import report
 from sparkmods.checking.rows import CheckRow, Tally
 from sparkmods.community.judge import NOT_CHECKABLE, SKIPPED, CommunityResult, judge, judge_all
 from sparkmods.community.runsh import CommunityMod, is_community_mod, read_mod
-from sparkmods.community.sandbox import (SITE_DIR, RunResult, _client, agrees, check_image, release_tree, run_mod,
-                                         sandbox_image, tree_image)
+from sparkmods.community.sandbox import (
+    SITE_DIR,
+    RunResult,
+    _client,
+    agrees,
+    check_image,
+    release_tree,
+    run_mod,
+    sandbox_image,
+    tree_image,
+)
 from sparkmods.errors import SparkmodsError
 from sparkmods.matrix.build import cell_from_result, sort_sources
 from sparkmods.matrix.document import JSON_NAME, MD_NAME, SVG_NAME, document, rendered, write_all
@@ -29,6 +38,9 @@ from sparkmods.matrix.render import LEGEND
 from sparkmods.runtime.udiff import PatchParseError, parse_patch
 from sparkmods.sources import stats
 from sparkmods.sources.options import open_sources
+
+if TYPE_CHECKING:
+    from sparkmods.sources.base import VllmSource
 
 __all__ = ["collect", "load_mods", "loose_mod", "run_cells", "run_check", "run_matrix", "wants_community"]
 
@@ -109,8 +121,8 @@ def run_check(args: argparse.Namespace) -> int:
         return _static_check(args, mods) if args.static else _run_check(args, mods)
 
 
-def run_cells(mods: Sequence[CommunityMod], sources: Sequence, image: str,
-              timeout: float) -> Iterator[Tuple[object, CommunityMod, RunResult, Optional[CommunityResult]]]:
+def run_cells(mods: Sequence[CommunityMod], sources: Sequence[VllmSource], image: str,
+              timeout: float) -> Iterator[Tuple[VllmSource, CommunityMod, RunResult, Optional[CommunityResult]]]:
     """(source, mod, what its run did, the static judgment where run.sh can be read) for every
     mod on every source, one container at a time."""
     client = _client()

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
-from sparkmods.pyindex import gcpause
 from sparkmods.checking.batch import SOURCE_JOBS
 from sparkmods.community.runsh import CommunityMod, PatchStep
+from sparkmods.pyindex import gcpause
 from sparkmods.runtime.engine import APPLIED, CONFLICT, EXACT, OFFSET, OK, OK_OFFSET, FileResult, plan
 from sparkmods.runtime.modcheck import ModResult, aggregate
 from sparkmods.runtime.udiff import FilePatch, Hunk
+
+if TYPE_CHECKING:
+    from sparkmods.sources.base import VllmSource
 
 __all__ = ["SKIPPED", "NOT_CHECKABLE", "CommunityResult", "judge", "judge_all", "not_checkable"]
 
@@ -68,7 +71,7 @@ def _trimmed(hunk: Hunk, fuzz: int) -> Hunk:
                 hunk.section, lines, hunk.old_eof_newline or cut_tail > 0, hunk.new_eof_newline or cut_tail > 0)
 
 
-def _with_fuzz(step: PatchStep, read) -> Optional[Tuple[List[FileResult], str, str]]:
+def _with_fuzz(step: PatchStep, read: Callable[[str], Optional[bytes]]) -> Optional[Tuple[List[FileResult], str, str]]:
     """GNU patch applies a hunk whose outer context lines differ (fuzz 1, then 2): the step's
     plan with the least fuzz that fits, or None."""
     for fuzz in range(1, GNU_FUZZ + 1):
@@ -81,7 +84,7 @@ def _with_fuzz(step: PatchStep, read) -> Optional[Tuple[List[FileResult], str, s
     return None
 
 
-def judge(mod: CommunityMod, source, keep_bytes: bool = False) -> CommunityResult:
+def judge(mod: CommunityMod, source: VllmSource, keep_bytes: bool = False) -> CommunityResult:
     """The row for one checkable mod on one source (read, version; prefetch/list_files optional).
     keep_bytes: the row's files keep the vLLM files before and after every step (for adopt)."""
     from sparkmods.checking.drift import drift_status  # parses vLLM's Python: only when a row is judged
@@ -144,10 +147,10 @@ def judge(mod: CommunityMod, source, keep_bytes: bool = False) -> CommunityResul
     return result
 
 
-def judge_all(mods: Sequence[CommunityMod], sources: Sequence, jobs: int = SOURCE_JOBS) -> List[List[CommunityResult]]:
+def judge_all(mods: Sequence[CommunityMod], sources: Sequence[VllmSource], jobs: int = SOURCE_JOBS) -> List[List[CommunityResult]]:
     """Rows per source (in order), a not-checkable row for each mod that cannot be judged."""
 
-    def one(source) -> List[CommunityResult]:
+    def one(source: VllmSource) -> List[CommunityResult]:
         try:
             return [judge(m, source) if m.checkable else not_checkable(m, source.version) for m in mods]
         finally:

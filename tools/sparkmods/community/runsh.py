@@ -20,8 +20,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from sparkmods.community.shell import AndOr, Func, Group, If, Loop, Node, Opaque, Script, ShellError, Simple, \
-    parse_script, sub_pattern
+from sparkmods.community.shell import (
+    AndOr,
+    Func,
+    Group,
+    If,
+    Loop,
+    Node,
+    Opaque,
+    Script,
+    ShellError,
+    Simple,
+    parse_script,
+    sub_pattern,
+)
 from sparkmods.runtime.engine import PACKAGE
 from sparkmods.runtime.udiff import FilePatch, PatchParseError, parse_patch, reverse
 
@@ -261,7 +273,7 @@ class _Walker:
                 return
 
     def loop(self, node: Loop, tolerated: str) -> None:
-        items = None
+        items: Optional[List[str]] = None
         if node.items is not None:
             items = []
             for word in node.items:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import os
 import re
 import shlex
@@ -30,11 +31,17 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from sparkmods.errors import SparkmodsError
 from sparkmods.sources.base import check_member
 from sparkmods.sources.cache import cache_root
+
+if TYPE_CHECKING:
+    from docker import DockerClient
+    from docker.models.containers import Container
+
+    from sparkmods.sources.base import VllmSource
 
 __all__ = ["APPLIED", "NO_CHANGE", "FAILED", "OUTSIDE", "TIMED_OUT", "RUN_STATUSES", "SITE_DIR", "DEFAULT_IMAGE",
            "RunResult", "release_tree", "run_mod", "agrees", "sandbox_image", "fingerprint"]
@@ -127,7 +134,7 @@ def _private_dir(path: Path) -> Path:
     return path
 
 
-def _write_tree(source, dest: Path) -> None:
+def _write_tree(source: VllmSource, dest: Path) -> None:
     names = _tree_members(source.list_files())
     if not names:
         raise SparkmodsError(f"{source.label}: no vllm/ files to run a mod against")
@@ -150,7 +157,7 @@ def _write_tree(source, dest: Path) -> None:
     meta.write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {source.version}\n", encoding="utf-8")
 
 
-def release_tree(source, scratch: Optional[Path] = None) -> Path:
+def release_tree(source: VllmSource, scratch: Optional[Path] = None) -> Path:
     """The site-packages tree of this target (vllm/ and a dist-info), cached on disk by the
     target's content key; a target without one (a folder, an image) is unpacked into scratch."""
     key = source.content_key()
@@ -192,7 +199,7 @@ def _bounded_read(path: Path) -> bytes:
     return path.read_bytes()
 
 
-def _client():
+def _client() -> DockerClient:
     import docker
     import docker.errors
     try:
@@ -204,7 +211,7 @@ def _client():
     return client
 
 
-def check_image(image: str, client=None) -> None:
+def check_image(image: str, client: Optional[DockerClient] = None) -> None:
     """A one-line error when the sandbox image is missing."""
     import docker.errors
     client = client or _client()
@@ -233,12 +240,14 @@ def _tree_digest(tree: Path) -> str:
     return h.hexdigest()
 
 
-def tree_image(tree: Path, image: str, client=None) -> str:
+def tree_image(tree: Path, image: str, client: Optional[DockerClient] = None) -> str:
     """An image of `image` with `tree` at SITE_DIR, built once per content: each run starts from it
     and writes into its own throwaway layer, so no run copies the tree."""
     import docker.errors
     client = client or _client()
     base = client.images.get(image).id
+    if base is None:
+        raise SparkmodsError(f"{image}: the Docker engine gives no id for it")
     tag = f"{TREE_REPO}:{hashlib.sha256((base + _tree_digest(tree)).encode()).hexdigest()[:20]}"
     try:
         client.images.get(tag)
@@ -267,31 +276,30 @@ def tree_image(tree: Path, image: str, client=None) -> str:
 def _leaves(changes: List[dict]) -> List[dict]:
     """docker diff's entries without the folders it lists only because something below changed."""
     paths = sorted(c["Path"] for c in changes)
-    parents = {p for p, q in zip(paths, paths[1:]) if q.startswith(p.rstrip("/") + "/")}
+    parents = {p for p, q in itertools.pairwise(paths) if q.startswith(p.rstrip("/") + "/")}
     return [c for c in changes if c["Path"] not in parents]
 
 
-def _read_back(container, path: str) -> Optional[bytes]:
+def _read_back(container: Container, path: str) -> Optional[bytes]:
     """A regular file's bytes from the stopped container (None for anything else)."""
     stream, info = container.get_archive(path)
-    if info.get("size", 0) > MAX_FILE:
+    if (info or {}).get("size", 0) > MAX_FILE:  # info: the engine's stat header, when it sends one
         raise SparkmodsError(f"the mod wrote {path}, over {MAX_FILE >> 20} MiB; refusing to read it back")
     data = b"".join(stream)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         member = tar.next()
-        if member is None or not member.isfile():
-            return None
-        return tar.extractfile(member).read()
+        content = tar.extractfile(member) if member is not None and member.isfile() else None
+        return None if content is None else content.read()
 
 
-def _changes(container, tree: Path, name: str, keep: bool) -> Tuple[List[Tuple[str, str]], List[str], Dict]:
+def _changes(container: Container, tree: Path, name: str, keep: bool) -> Tuple[List[Tuple[str, str]], List[str], Dict]:
     """(vllm/ changes, paths written outside vllm/, new bytes of the changed files when keep)."""
     own = f"{MODS_DIR}/{name}"
     kinds = {0: "modified", 1: "added", 2: "deleted"}
     changed, outside, after = [], [], {}
     for entry in _leaves(container.diff() or []):
         path, kind = entry["Path"], kinds.get(entry["Kind"], "modified")
-        if "/__pycache__" in path or path == own or path.startswith(own + "/") or path == MODS_DIR:
+        if "/__pycache__" in path or path in (own, MODS_DIR) or path.startswith(own + "/"):
             continue  # bytecode Python leaves behind, and the mod's own copy
         if not path.startswith(f"{SITE_DIR}/vllm/"):
             outside.append(path)
@@ -309,7 +317,7 @@ def _changes(container, tree: Path, name: str, keep: bool) -> Tuple[List[Tuple[s
     return sorted(changed, key=lambda c: c[1]), sorted(outside), after
 
 
-def run_mod(mod_dir: Path, tree: Path, image: str, timeout: float = DEFAULT_TIMEOUT, client=None,
+def run_mod(mod_dir: Path, tree: Path, image: str, timeout: float = DEFAULT_TIMEOUT, client: Optional[DockerClient] = None,
             keep: bool = False, tree_tag: Optional[str] = None) -> RunResult:
     """Run mod_dir's run.sh against tree (a site-packages folder) in a throwaway container of the
     tree's image (tree_tag, else built or found by tree_image); keep: also return the changed

@@ -323,7 +323,7 @@ class _Parser:
         heredocs = self.heredocs.get(line, [])
         while True:
             tok = self.peek()
-            if not tok or tok in _SEPARATORS or tok == ")" and node.words:
+            if not tok or tok in _SEPARATORS or (tok == ")" and node.words):
                 break
             if tok == ")" or (tok in ("}",) and not node.words):
                 break

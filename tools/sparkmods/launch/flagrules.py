@@ -100,8 +100,9 @@ def json_values(ctx: Context) -> Iterator[Problem]:
         if value is not None and value.lstrip()[:1] in ("{", "["):
             try:
                 json.loads(value)
-            except ValueError as exc:
-                yield Problem("json", f"{name} value {value!r} is not valid JSON ({exc.msg}); in a recipe "
+            except ValueError as exc:  # a JSONDecodeError, or e.g. an integer too long to read
+                reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+                yield Problem("json", f"{name} value {value!r} is not valid JSON ({reason}); in a recipe "
                                       "literal braces are written {{ }}")
 
 

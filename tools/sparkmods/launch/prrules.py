@@ -11,7 +11,7 @@ that does not is an error. Without a target it is a warning for every variant's 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 from sparkmods.gitdiff import plan_changes
 from sparkmods.launch.prdiff import PrDiff
@@ -47,14 +47,15 @@ def pr_overlap(ctx: Context) -> Iterator[Problem]:
                 yield Problem("vllm-pr", f"{where}: the launcher applies them in command-line order, so the "
                                          "second meets the file the first changed", WARNING)
                 continue
-            after = _after_pr(pr, shared, ctx.facts.source.read)
+            source = ctx.facts.source
+            after = _after_pr(pr, shared, source.read)
             if after is None:
                 yield Problem("vllm-pr", f"{where}, and {pr.path.name} does not apply to {ctx.where} "
                                          f"(sparkmods check-patch {pr.path} says why)")
                 continue
             manifest = load_manifest(folder)
-            decided = check_mod(manifest, folder, ctx.facts.source.version,
-                                lambda rel: after[rel] if rel in after else ctx.facts.source.read(rel))
+            decided = check_mod(manifest, folder, source.version,
+                                lambda rel: after[rel] if rel in after else source.read(rel))  # noqa: B023 - used in this iteration only
             if decided.green:
                 yield Problem("vllm-pr", f"{where}: the mod still applies after the PR (variant "
                                          f"{decided.variant}), so pass --apply-vllm-pr before --apply-mod", WARNING)
@@ -63,7 +64,7 @@ def pr_overlap(ctx: Context) -> Iterator[Problem]:
                                          "before it the PR would not apply; drop one, or rebase the mod onto the PR")
 
 
-def _after_pr(pr: PrDiff, shared: List[str], read) -> Optional[Dict[str, Optional[bytes]]]:
+def _after_pr(pr: PrDiff, shared: List[str], read: Callable[[str], Optional[bytes]]) -> Optional[Dict[str, Optional[bytes]]]:
     """The shared files as the PR leaves them (None: the PR does not apply to them)."""
     out: Dict[str, Optional[bytes]] = {}
     for change in (c for c in pr.changes if set(c.paths) & set(shared)):
@@ -74,8 +75,10 @@ def _after_pr(pr: PrDiff, shared: List[str], read) -> Optional[Dict[str, Optiona
             return None
         if change.old_path is not None and (change.rename or change.new_path is None):
             out[change.old_path] = None
-        if change.new_path is not None:  # renamed without hunks, or binary: the bytes it starts from
-            out[change.new_path] = planned[0].after if change.patch is not None else read(change.old_path)
+        if change.new_path is not None and change.patch is not None:
+            out[change.new_path] = planned[0].after
+        elif change.new_path is not None:  # renamed without hunks, or binary: the bytes it starts from
+            out[change.new_path] = read(change.old_path) if change.old_path is not None else None
     return out
 
 

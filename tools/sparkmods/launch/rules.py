@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 
 from sparkmods.launch import flagrules, modrules, prrules
 from sparkmods.launch.plan import LaunchPlan
@@ -20,10 +20,13 @@ from sparkmods.launch.vllmfacts import VllmFacts
 from sparkmods.runtime.manifest import MANIFEST_TOML
 from sparkmods.runtime.modcheck import ModResult
 
+if TYPE_CHECKING:
+    from sparkmods.sources.base import VllmSource
+
 __all__ = ["Problem", "Validation", "validate", "CheckMods", "ERROR", "WARNING", "RULES"]
 
 # (mod folders, the target source) -> one ModResult per folder, in order.
-CheckMods = Callable[[Sequence[Path], object], Sequence[ModResult]]
+CheckMods = Callable[[Sequence[Path], "VllmSource"], Sequence[ModResult]]
 RULES = modrules.RULES + prrules.RULES + flagrules.RULES
 
 

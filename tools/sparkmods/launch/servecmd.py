@@ -100,7 +100,7 @@ class ServeCommand:
 
     def _options(self) -> List["tuple[int, str, Optional[str]]"]:
         """(index, canonical name, value or None) for every option token."""
-        out = []
+        out: List["tuple[int, str, Optional[str]]"] = []
         i = 0
         while i < len(self.args):
             tok = self.args[i]

@@ -99,7 +99,10 @@ def _literal(dumper: yaml.SafeDumper, value: _Literal) -> yaml.ScalarNode:
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|")
 
 
-_Dumper = type("_Dumper", (yaml.SafeDumper,), {})
+class _Dumper(yaml.SafeDumper):
+    """SafeDumper writing _Literal values as literal blocks (add_representer would change SafeDumper itself)."""
+
+
 _Dumper.add_representer(_Literal, _literal)
 
 

@@ -22,7 +22,15 @@ import re
 import string
 from typing import List, Sequence
 
-from sparkmods.launch.nodewords import FOLLOWER, NODE_ENV, RANK_FLAGS, RAY_ALIVE_NODES, RAY_EXECUTOR, RAY_HEAD, RAY_WORKER
+from sparkmods.launch.nodewords import (
+    FOLLOWER,
+    NODE_ENV,
+    RANK_FLAGS,
+    RAY_ALIVE_NODES,
+    RAY_EXECUTOR,
+    RAY_HEAD,
+    RAY_WORKER,
+)
 from sparkmods.launch.plan import LaunchPlan
 from sparkmods.launch.shell import array, assign, header, q, rows
 

@@ -8,9 +8,12 @@ with `ast` (no import, so this works on a wheel read over HTTP or an image we ne
 from __future__ import annotations
 
 import ast
-from typing import Dict, FrozenSet, Iterable, Optional, Set
+from typing import TYPE_CHECKING, Dict, FrozenSet, Iterable, Optional, Set
 
 from sparkmods.pyindex import safeparse
+
+if TYPE_CHECKING:
+    from sparkmods.sources.base import VllmSource
 
 __all__ = ["VllmFacts", "literal_alias", "SPECULATIVE_PY", "CACHE_PY", "ARG_UTILS_PY", "RUNNER_PY", "KV_INTERFACE_PY"]
 
@@ -82,7 +85,7 @@ def literal_alias(source_text: str, name: str) -> Optional[FrozenSet[str]]:
 class VllmFacts:
     """Lazy, cached reads of one VllmSource (anything with label, version, read(), prefetch())."""
 
-    def __init__(self, source) -> None:
+    def __init__(self, source: VllmSource) -> None:
         self.source = source
         self._text: Dict[str, Optional[str]] = {}
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 from sparkmods.errors import SparkmodsError
 from sparkmods.runtime.modcheck import ModResult
+
+if TYPE_CHECKING:
+    from sparkmods.sources.base import VllmSource
 
 __all__ = ["image_present", "open_launch_targets", "check_with_engine"]
 
@@ -74,7 +77,7 @@ def _same_release(spec: str, version: str) -> bool:
         return True  # a non-version spec (wheel:, dir:): nothing to compare
 
 
-def check_with_engine(mod_dirs: Sequence[Path], source) -> List[ModResult]:
+def check_with_engine(mod_dirs: Sequence[Path], source: VllmSource) -> List[ModResult]:
     """`sparkmods check`'s engine on one source: one ModResult per mod folder, in order."""
     from sparkmods.checking.batch import check_mods
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from sparkmods.checking import resultcache
 from sparkmods.checking.batch import SOURCE_JOBS, check_source
@@ -22,14 +22,17 @@ from sparkmods.checking.fingerprints import checker_fingerprint, mod_fingerprint
 from sparkmods.matrix import served
 from sparkmods.matrix.document import document
 from sparkmods.modsdir import load
+from sparkmods.pyindex import gcpause
 from sparkmods.runtime.manifest import Manifest
 from sparkmods.runtime.modcheck import ModResult
-from sparkmods.pyindex import gcpause
 from sparkmods.runtime.pep440 import Version
+
+if TYPE_CHECKING:
+    from sparkmods.sources.base import VllmSource
 
 
 def _mod_entry(manifest: Manifest, content_hash: str) -> dict:
-    entry = {
+    entry: Dict[str, Any] = {
         "name": manifest.name,
         "summary": manifest.summary,
         "content_hash": content_hash,
@@ -50,7 +53,7 @@ def cell_from_result(result: ModResult, target: str, content_hash: str, sha256: 
             if f.reason:
                 entry["reason"] = f.reason
             files.append(entry)
-    cell = {"mod": result.mod, "vllm": result.version, "target": target, "status": result.status,
+    cell: Dict[str, Any] = {"mod": result.mod, "vllm": result.version, "target": target, "status": result.status,
             "variant": result.variant, "mod_hash": content_hash, "wheel_sha256": sha256}
     if result.reason:
         cell["reason"] = result.reason
@@ -98,7 +101,7 @@ def build_counted(mod_dirs: Sequence[Path], sources: Sequence, previous: Optiona
     stored_before = counts.reused
     old = _reusable(previous, checker)
 
-    def one(source) -> Tuple[List[dict], int]:
+    def one(source: VllmSource) -> Tuple[List[dict], int]:
         cells: Dict[str, dict] = {}
         todo = []
         for mod_dir, manifest in mods:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import ast
 import bisect
 import hashlib
+import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from sparkmods.pyindex import safeparse
 from sparkmods.pyindex.defscan import defines
@@ -28,6 +29,13 @@ MAX_DEPTH = 12
 KEEPS_SIGNATURE = {"staticmethod", "classmethod", "abstractmethod", "override", "cache", "lru_cache",
                    "inference_mode", "no_grad", "contextmanager", "asynccontextmanager", "deprecated",
                    "wraps", "final"}
+# try statements: `try: ... except* ...` (ast.TryStar) from Python 3.11
+if sys.version_info >= (3, 11):
+    _TRY = (ast.Try, ast.TryStar)
+else:
+    _TRY = (ast.Try,)
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 def module_name(path: str) -> Optional[str]:
@@ -142,8 +150,9 @@ class Module:
             with _COLLECTING:
                 if not self._done:
                     data, self._data = self._data, None
+                    assert data is not None  # not done: there is source to parse
                     try:
-                        self._tree = _PARSED.parse(data)  # type: ignore[arg-type]
+                        self._tree = _PARSED.parse(data)
                     except (SyntaxError, ValueError):
                         self._tree = None
                     if self._tree is not None:
@@ -256,7 +265,7 @@ def _collect(mod: Module, body: Sequence[ast.stmt], typing_only: bool) -> None:
         if isinstance(node, ast.If):
             _collect(mod, node.body, typing_only or _is_type_checking(node.test))
             _collect(mod, node.orelse, typing_only)
-        elif isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
+        elif isinstance(node, _TRY):
             for block in [node.body, node.orelse, node.finalbody] + [h.body for h in node.handlers]:
                 _collect(mod, block, typing_only)
         elif isinstance(node, (ast.With, ast.AsyncWith, ast.For, ast.AsyncFor, ast.While)):
@@ -279,14 +288,14 @@ class _ParseCache:
         self._parsed: "OrderedDict[bytes, Union[ast.Module, SyntaxError, ValueError]]" = OrderedDict()
         self._modules: "OrderedDict[Tuple[str, bytes], Module]" = OrderedDict()
 
-    def _get(self, table: "OrderedDict", key: object) -> object:
+    def _get(self, table: "OrderedDict[K, V]", key: K) -> Optional[V]:
         with self._lock:
             found = table.get(key)
             if found is not None:
                 table.move_to_end(key)
             return found
 
-    def _put(self, table: "OrderedDict", key: object, value: object) -> None:
+    def _put(self, table: "OrderedDict[K, V]", key: K, value: V) -> None:
         with self._lock:
             table[key] = value
             while len(table) > self._limit:
@@ -304,7 +313,7 @@ class _ParseCache:
             self._put(self._parsed, key, found)
         if isinstance(found, (SyntaxError, ValueError)):
             raise found.with_traceback(None)
-        return found  # type: ignore[return-value]
+        return found
 
     def module(self, name: str, path: str, package: bool, data: bytes) -> Module:
         """The Module for (path, content), shared; parsed when first asked about its names."""
@@ -313,7 +322,7 @@ class _ParseCache:
         if found is None:
             found = Module(name, path, package, data)
             self._put(self._modules, key, found)
-        return found  # type: ignore[return-value]
+        return found
 
 
 _PARSED = _ParseCache(limit=256)

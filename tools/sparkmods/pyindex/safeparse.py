@@ -22,7 +22,7 @@ from sparkmods.pyindex import gcpause
 _LOCK = threading.Lock()
 
 
-def parse(source: str) -> ast.Module:
+def parse(source: str | bytes) -> ast.Module:
     """ast.parse(source) under one process-wide lock (raises SyntaxError as ast.parse does)."""
     with _LOCK, gcpause.paused():
         return ast.parse(source)

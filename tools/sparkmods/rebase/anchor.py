@@ -24,7 +24,7 @@ import ast
 import textwrap
 from dataclasses import dataclass
 from difflib import SequenceMatcher
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Set, Tuple, Union
 
 from sparkmods.pyindex import safeparse
 
@@ -138,7 +138,7 @@ class Anchorer:
         return found[0] if len(found) == 1 else None
 
     # -- counterpart lookup ----------------------------------------------------------------
-    def _unique(self, pf: PyFile, stmts: Sequence[Stmt], key: str, keyf) -> Optional[Stmt]:
+    def _unique(self, pf: PyFile, stmts: Sequence[Stmt], key: str, keyf: Callable[[PyFile, Stmt], str]) -> Optional[Stmt]:
         hits = [s for s in stmts if keyf(pf, s) == key]
         return hits[0] if len(hits) == 1 else None
 
@@ -296,7 +296,7 @@ class Anchorer:
         return self._gap_place(base_start, base_end, g0, g1, oblock, slot, "statement")
 
     # -- replacing whole statements ----------------------------------------------------------
-    def _aligned(self, base_start: int, base_end: int):
+    def _aligned(self, base_start: int, base_end: int) -> Union[str, Tuple[Block, int, int], None]:
         """(block, i, k) when [base_start, base_end) is statements i..k of one block plus blank/comment
         lines; a reason string when it partly overlaps statements; None when it holds none."""
         inside = [s for s in self.b.stmts if base_start <= s.start and s.end <= base_end]
@@ -311,7 +311,7 @@ class Anchorer:
             overlaps = s.start < base_end and base_start < s.end
             if overlaps and s not in inside and not (s.start <= base_start and base_end <= s.end):
                 return None  # cuts through a statement: an intra-statement edit
-        covered = set()
+        covered: Set[int] = set()
         for s in top:
             covered.update(range(s.start, s.end))
         if any(not is_trivia(self.b.lines[i]) for i in range(base_start, base_end) if i not in covered):

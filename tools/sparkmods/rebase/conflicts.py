@@ -54,8 +54,7 @@ def conflict_lines(align: Alignment, outcomes: Sequence[EditOutcome], onto_label
     base, onto = align.base, align.onto
     regions = _regions(align, [x.edit for x in outcomes if x.outcome == CONFLICT])
     inside = lambda e: any(lo <= e.base_start and e.base_end <= hi for lo, hi in regions)  # noqa: E731
-    repl = [(x.onto_start, x.onto_end, list(x.edit.new)) for x in outcomes
-            if x.outcome == PLACED and not inside(x.edit)]
+    repl = [(*x.span, list(x.edit.new)) for x in outcomes if x.outcome == PLACED and not inside(x.edit)]
     for lo, hi in regions:
         onto_start, onto_end = _o_left(align, lo), _o_right(align, hi)
         mine = [(e.base_start - lo, e.base_end - lo, e.new) for e in (x.edit for x in outcomes)

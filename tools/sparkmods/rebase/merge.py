@@ -9,8 +9,9 @@ every edit of the file is reported as a conflict. Nothing here ever guesses.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from sparkmods.pyindex import safeparse
 from sparkmods.runtime.engine import APPLIED, plan_file
@@ -34,6 +35,13 @@ class EditOutcome:
     onto_start: Optional[int] = None  # 0-based onto line where it goes (placed)
     onto_end: Optional[int] = None
     reason: str = ""
+
+    @property
+    def span(self) -> Tuple[int, int]:
+        """(onto_start, onto_end) of a placed edit."""
+        if self.onto_start is None or self.onto_end is None:
+            raise ValueError(f"hunk {self.edit.hunk}: {self.outcome}, not placed")
+        return self.onto_start, self.onto_end
 
     def to_dict(self) -> dict:
         out = {"hunk": self.edit.hunk, "base_line": self.edit.base_start + 1,
@@ -77,7 +85,7 @@ def _diff3(align: Alignment, bf: Optional[PyFile], of: Optional[PyFile], e: Edit
     return Placement(onto_start, onto_start + (e.base_end - e.base_start), "diff3"), ""
 
 
-def _place(align: Alignment, anchors: Optional[Anchorer], bf, of, e: Edit) -> EditOutcome:
+def _place(align: Alignment, anchors: Optional[Anchorer], bf: Optional[PyFile], of: Optional[PyFile], e: Edit) -> EditOutcome:
     d, dwhy = _diff3(align, bf, of, e)
     answer = anchors.place(e.base_start, e.base_end, e.new) if anchors is not None else Answer(None)
     s, swhy = answer.placement, answer.reason
@@ -98,7 +106,7 @@ def _place(align: Alignment, anchors: Optional[Anchorer], bf, of, e: Edit) -> Ed
 def _order(outcomes: List[EditOutcome]) -> None:
     """Placements must keep base order and not overlap; offenders become conflicts."""
     placed = [x for x in outcomes if x.outcome == PLACED]
-    for a, b in zip(placed, placed[1:]):
+    for a, b in itertools.pairwise(placed):
         if b.onto_start < a.onto_end:  # type: ignore[operator]
             for x in (a, b):
                 x.outcome, x.reason = CONFLICT, "placed out of order with a neighbouring edit"

@@ -11,6 +11,7 @@ an atomic rename; patch files are written first and removed again if anything fa
 from __future__ import annotations
 
 import posixpath
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -19,8 +20,8 @@ from sparkmods.checking.drift import DriftFinding, check_patched, new_findings
 from sparkmods.errors import SparkmodsError
 from sparkmods.runtime.engine import plan as engine_plan
 from sparkmods.runtime.manifest import MANIFEST_TOML, Manifest, ManifestError, Variant
-from sparkmods.runtime.pep440 import Range, Version
 from sparkmods.runtime.modcheck import variant_patches
+from sparkmods.runtime.pep440 import Range, Version
 from sparkmods.runtime.udiff import FilePatch, parse_patch
 
 from .core import BaseMismatch, RebaseResult, Tree, rebase_patches
@@ -211,10 +212,10 @@ def drift_of(fps: Sequence[FilePatch], result: RebaseResult, base: Tree, onto: T
 
 
 def _load_toml(text: str, where: str) -> Dict[str, Any]:
-    try:
-        import tomllib  # type: ignore[import-not-found]
-    except ImportError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[import-not-found,no-redef]
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 import itertools
 import tokenize
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence
 
 from sparkmods.pyindex import safeparse
@@ -40,7 +41,7 @@ class Block:
 
     owner: Optional["Stmt"]
     field: str  # body, orelse, finalbody, handler:<dump>, case:<dump>
-    stmts: List["Stmt"] = field(default_factory=list)
+    stmts: List["Stmt"] = dataclasses.field(default_factory=list)  # (`field` is a field name here)
     head_end: Optional[int] = None  # first line after the block's header (None: unknown)
     elif_: bool = False  # the orelse of an `if` that is an `elif` chain
 
@@ -58,7 +59,7 @@ class Stmt:
     index: int
     scope: str  # qualname of the enclosing def/class; "" at module level
     indent: int
-    blocks: List[Block] = field(default_factory=list)  # the blocks this statement owns
+    blocks: List[Block] = dataclasses.field(default_factory=list)  # the blocks this statement owns
 
     @property
     def is_def(self) -> bool:

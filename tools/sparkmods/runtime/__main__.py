@@ -50,7 +50,7 @@ except KeyboardInterrupt:
     # and namedtuple build their methods so) as unhandled even once it is caught, and under
     # `python -m` then ends the process by SIGINT instead of with the exit code.
     os._exit(130)
-except Exception as exc:  # SystemExit (argparse's usage, -h) is no bug and passes
+except Exception as exc:  # noqa: BLE001  a bug: one line, exit 3. SystemExit (argparse's usage, -h) is no bug and passes
     if os.environ.get("SPARKMODS_DEBUG"):
         import traceback
 

@@ -21,14 +21,28 @@ import json
 import os
 import sys
 from hashlib import sha256
-from typing import ContextManager, Dict, List, Optional, Sequence, TextIO
+from typing import Callable, ContextManager, Dict, List, Optional, Sequence, TextIO
 
 from . import fsops, stamp
 from .engine import APPLIED, CONFLICT, OK, OK_OFFSET, UnsafePath, plain_path, plan
 from .fsops import StrPath
 from .interrupts import Interrupted, deferred, exit_code, handled
-from .journal import (JOURNAL_NAME, STATE_DIR, STATE_FILE, Entry, Journal, JournalError, applied_rel, check_state,
-                      orig_rel, recover, state_dir, sweep, temp_rel, transact)
+from .journal import (
+    JOURNAL_NAME,
+    STATE_DIR,
+    STATE_FILE,
+    Entry,
+    Journal,
+    JournalError,
+    applied_rel,
+    check_state,
+    orig_rel,
+    recover,
+    state_dir,
+    sweep,
+    temp_rel,
+    transact,
+)
 from .locate import LocateError, find_vllm, named_site, read_version
 from .lock import LockTimeout, ReadOnlyTree, UntrustedState, tree_lock
 from .manifest import Install, Manifest, ManifestError, Variant, load_manifest
@@ -57,7 +71,7 @@ def _sha256(data: Optional[bytes]) -> Optional[str]:
     return None if data is None else sha256(data).hexdigest()
 
 
-def _reader(site: StrPath):
+def _reader(site: StrPath) -> "Callable[[str], Optional[bytes]]":
     def read(rel: str) -> Optional[bytes]:
         return fsops.read_regular(plain_path(site, rel, leaf=True))
     return read
@@ -92,7 +106,7 @@ def _explain_failure(say: Printer, manifest: Manifest, result: ModResult) -> Non
 
 
 def _install_files(say: Printer, mod_dir: StrPath, inputs: ModInputs, workspace: StrPath, dry_run: bool) -> None:
-    for item, data in zip(inputs.chosen.install, inputs.sources):
+    for item, data in zip(inputs.variant.install, inputs.sources):
         if item.site:
             continue  # installed into vLLM with the patches, through the journal
         dest = os.path.join(workspace, item.name)
@@ -185,7 +199,9 @@ def _refuse_earlier_apply(site: StrPath, state: dict, version: str, result: ModR
 def _apply_journal(manifest: Manifest, result: ModResult, site: StrPath, mod_dir: StrPath, variant: Variant
                    ) -> "tuple[Journal, Dict[str, bytes]]":
     """The apply journal; a patched file keeps its mode, a new one gets `_new_file_mode`."""
-    entries, payload, files = [], {}, {}
+    entries: List[Entry] = []
+    payload: Dict[str, bytes] = {}
+    files = {}
     for f in result.files:
         if not f.changes:
             continue
@@ -195,10 +211,10 @@ def _apply_journal(manifest: Manifest, result: ModResult, site: StrPath, mod_dir
         new = temp_rel(f.path) if f.after is not None else None
         sums = {"before": _sha256(f.before), "after": _sha256(f.after)}
         entries.append(Entry(f.path, sums["before"], sums["after"], new, old, mode))
-        if old is not None:
-            payload[old] = f.before  # type: ignore[assignment]
-        if new is not None:
-            payload[new] = f.after  # type: ignore[assignment]
+        if old is not None and f.before is not None:  # (old is set exactly when there are before bytes)
+            payload[old] = f.before
+        if new is not None and f.after is not None:
+            payload[new] = f.after
         files[f.path] = sums
     state = {"mod": manifest.name, "variant": result.variant, "vllm": result.version, "files": files}
     return Journal("apply", manifest.name, entries, state), payload
@@ -230,7 +246,7 @@ def apply_mod(mod_dir: StrPath, site: StrPath, workspace: StrPath, dry_run: bool
         if result.status == UPSTREAM:
             say(f"not needed: {result.reason}")
             return EXIT_OK
-        variant = inputs.chosen
+        variant = inputs.variant
         if not dry_run:
             sweep(site, [f.path for f in result.files])
         if result.status == APPLIED:
@@ -269,7 +285,7 @@ def _stamp(weighed: ModInputs, mod_dir: StrPath, site: StrPath) -> None:
     inputs, result = settle(weighed, _reader(site))
     if result.status != APPLIED:
         return
-    variant = inputs.chosen
+    variant = inputs.variant
     installs = [(item.name, data) for item, data in zip(variant.install, inputs.sources) if not item.site]
     # A choice by content also read the other variants' patches and files.
     variants = weighed.manifest.variants if weighed.options else [variant]
@@ -314,8 +330,9 @@ def _revert_from_state(site: StrPath, inputs: ModInputs, state: dict) -> "Option
             raise JournalError(f"{os.path.join(site, new)}: the saved original of {rel} is missing or corrupt; "
                                "reinstall vLLM")
         old = applied_rel(name, rel) if s["after"] is not None else None
-        if old is not None:
-            payload[old] = current[rel]  # type: ignore[assignment]
+        now = current[rel]  # not None where s["after"] is: the foreign check above compared it
+        if old is not None and now is not None:
+            payload[old] = now
         mode = os.stat(plain_path(site, rel)).st_mode & 0o7777 if current[rel] is not None else 0o644
         entries.append(Entry(rel, s["after"], s["before"], new, old, mode))
     return Journal("revert", name, entries), payload
@@ -347,8 +364,9 @@ def _revert_by_reverse_patch(site: StrPath, inputs: ModInputs, say: Printer
         before = read(rel)
         new = temp_rel(rel) if after is not None else None
         old = applied_rel(manifest.name, rel)
-        payload[old] = before  # type: ignore[assignment]
-        if new is not None:
+        if before is not None:  # the applied file (read by the plan above)
+            payload[old] = before
+        if new is not None and after is not None:  # (new is set exactly when there are after bytes)
             payload[new] = after
         mode = os.stat(plain_path(site, rel)).st_mode & 0o7777
         entries.append(Entry(rel, _sha256(before), _sha256(after), new, old, mode))
@@ -428,7 +446,7 @@ def run(action: str, mod_dir: StrPath, site: Optional[StrPath], workspace: StrPa
     """One run.sh action with every failure turned into one line and an exit code."""
     try:
         with handled():
-            site = named_site(site) if site else find_vllm().site
+            site = named_site(os.fspath(site)) if site else find_vllm().site
             base = os.environ.get(BASE_ENV, "").strip() or None
             if action == "revert":
                 return revert_mod(mod_dir, site, dry_run, say, base, workspace)

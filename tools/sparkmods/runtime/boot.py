@@ -16,6 +16,11 @@ import os
 import signal
 import sys
 from importlib.machinery import ModuleSpec
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types import CodeType, ModuleType
+    from typing import Any, Dict, List, Optional
 
 # A SIGINT before the end of this file is held and then raised inside __main__, whose handler
 # says it in one line. run.sh's `-c` code holds it from its first line (`held` and the handler
@@ -24,8 +29,8 @@ from importlib.machinery import ModuleSpec
 # .pth files and sitecustomize of vLLM's site-packages. Imported some other way, this file
 # holds it from here on. Only as run.sh's `_sparkmods`: on the host this module is read by
 # `sparkmods sync`, not run.
-_held_sigint = []
-_previous_handler = None
+_held_sigint: "List[int]" = []
+_previous_handler: "Any" = None
 if __name__ == "_sparkmods":
     _main = sys.modules["__main__"]
     if hasattr(_main, "held"):
@@ -41,35 +46,38 @@ if __name__ == "_sparkmods":
 class RuntimeLoader:
     """Finds and loads `<package>.<name>` from the sources this file holds."""
 
-    def __init__(self, package, archive, sources):
+    def __init__(self, package: str, archive: str, sources: "Dict[str, str]") -> None:
         self.package, self.archive, self.sources = package, archive, sources
 
-    def find_spec(self, fullname, path=None, target=None):
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> "Optional[Any]":
         head, _, leaf = fullname.rpartition(".")
         if head != self.package or leaf not in self.sources:
             return None
-        spec = ModuleSpec(fullname, self, origin=self._path(fullname))
+        spec = ModuleSpec(fullname, self, origin=self._path(fullname))  # type: ignore[arg-type]  # a loader by protocol
         spec.has_location = True  # sets __file__: the runtime finds its mod folder from it
         return spec
 
-    def create_module(self, spec):
+    def create_module(self, spec: object) -> None:
         return None
 
-    def exec_module(self, module):
+    def exec_module(self, module: "ModuleType") -> None:
         exec(self.get_code(module.__name__), module.__dict__)
 
-    def get_source(self, fullname):
+    def get_source(self, fullname: str) -> str:
         return self.sources[fullname.rpartition(".")[2]]
 
-    def _path(self, fullname):
+    def _path(self, fullname: str) -> str:
         """The module's file name, zipimport-style: <mod>/_sparkmods.py/<name>.py."""
         return f"{self.archive}/{fullname.rpartition('.')[2]}.py"
 
-    def get_code(self, fullname):
+    def get_code(self, fullname: str) -> "CodeType":
         return compile(self.get_source(fullname), self._path(fullname), "exec", dont_inherit=True)
 
 
-def install(sources):
+__path__: "List[str]"  # install makes this module a package
+
+
+def install(sources: "Dict[str, str]") -> None:
     """Make this module the package of `sources` (name -> text), then let a held SIGINT go."""
     global __path__
     __path__ = []  # a package: `import _sparkmods.applier` asks the finders below
@@ -78,6 +86,6 @@ def install(sources):
         signal.signal(signal.SIGINT, _previous_handler)
 
 
-def sigint_held():
+def sigint_held() -> bool:
     """Whether a SIGINT arrived while this file ran (__main__ raises it inside its handler)."""
     return bool(_held_sigint)

@@ -193,15 +193,21 @@ def _read(path: str) -> bytes:
         return fh.read()
 
 
+def _reader(site: StrPath, rel: str) -> Callable[[], bytes]:
+    """The bytes of site/rel, read when the write is due."""
+    return lambda: _read(plain_path(site, rel))
+
+
 def _bytes_to_write(site: StrPath, journal: Journal, direction: str
                     ) -> List["tuple[str, str, Callable[[], bytes], int]"]:
     """(target, sha256, bytes, mode) of every file the settle must write, state.json included."""
-    out = []
+    out: List["tuple[str, str, Callable[[], bytes], int]"] = []
     for e in journal.entries:
         sha, copy = _side(e, direction)
         if sha is not None and not _holds(site, e.path, sha):
+            assert copy is not None  # Journal.confine: a copy beside every sha256
             target = plain_path(site, e.path)
-            out.append((target, sha, lambda c=copy: _read(plain_path(site, c)), _mode(target, e.mode)))
+            out.append((target, sha, _reader(site, copy), _mode(target, e.mode)))
     if journal.op == APPLY and direction == FORWARD:
         data = dump_json(journal.state)
         target = os.path.join(state_dir(site, journal.mod), STATE_FILE)
@@ -322,7 +328,7 @@ def transact(site: StrPath, journal: Journal, payload: Dict[str, bytes]) -> None
                     sweep(site, [e.path for e in journal.entries])
             except (OSError, JournalError) as failed:
                 raise JournalError(f"{_what(exc)}; rolling back failed too ({_what(failed)}); the journal "
-                                   f"{_journal_path(site)} is kept: the next run.sh (any action) settles it")
+                                   f"{_journal_path(site)} is kept: the next run.sh (any action) settles it") from failed
         if isinstance(exc, Interrupted):
             exc.completed = side == FORWARD  # too late to roll back: the change was finished instead
         raise

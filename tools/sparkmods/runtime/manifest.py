@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
@@ -257,13 +258,13 @@ def load_manifest(mod_dir: StrPath) -> Manifest:
     json_path = os.path.join(mod_dir, MANIFEST_JSON)
     data: Any
     if not _IN_MOD and os.path.isfile(toml_path):
-        try:
-            import tomllib  # type: ignore[import-not-found]
-        except ImportError:  # Python < 3.11
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:
             try:
-                import tomli as tomllib  # type: ignore[import-not-found,no-redef]
+                import tomli as tomllib
             except ImportError:
-                tomllib = None  # type: ignore[assignment]
+                tomllib = None
         if tomllib is not None:
             try:
                 data = tomllib.loads(_utf8(toml_path, _read(toml_path)))

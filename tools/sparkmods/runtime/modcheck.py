@@ -18,7 +18,19 @@ import stat
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Union
 
-from .engine import APPLIED, CONFLICT, EXACT, MISSING_FILE, OK, OK_OFFSET, FileResult, HunkResult, UnsafePath, confine, plan
+from .engine import (
+    APPLIED,
+    CONFLICT,
+    EXACT,
+    MISSING_FILE,
+    OK,
+    OK_OFFSET,
+    FileResult,
+    HunkResult,
+    UnsafePath,
+    confine,
+    plan,
+)
 from .fsops import StrPath
 from .manifest import Install, Manifest, ManifestError, Upstream, Variant
 from .pep440 import InvalidVersion, Version
@@ -197,6 +209,13 @@ class ModInputs:
     base: str = ""
     options: List[ModInputs] = field(default_factory=list)
 
+    @property
+    def variant(self) -> Variant:
+        """The chosen variant; a ValueError when these inputs chose none, or the upstream section."""
+        if self.chosen is None or isinstance(self.chosen, Upstream):
+            raise ValueError(f"{self.manifest.name}: no variant chosen for vLLM {self.version}")
+        return self.chosen
+
     def paths(self) -> List[str]:
         """The vLLM files deciding reads (each patch target, site install and upstream check)."""
         if self.by == BY_CONTENT:
@@ -318,7 +337,7 @@ def _by_content(inputs: ModInputs, read: Reader) -> "tuple[ModInputs, ModResult]
     reports = f"vLLM reports {version}"
     upstream = manifest.upstream
     carried = _check_upstream(manifest, upstream, version, read) if upstream is not None else None
-    if carried is not None and carried.status == UPSTREAM:
+    if upstream is not None and carried is not None and carried.status == UPSTREAM:
         carried.how = f"by content: every upstream detect matches (vLLM carries it since {upstream.since}); {reports}"
         return ModInputs(manifest, version, upstream), carried
     decided = [(option, _decide_one(option, read)) for option in inputs.options]

@@ -52,6 +52,12 @@ class Version:
     """A parsed PEP 440 version with packaging-compatible ordering."""
 
     __slots__ = ("text", "epoch", "release", "pre", "post", "dev", "local", "_key")
+    epoch: int
+    release: Tuple[int, ...]
+    pre: Optional[Tuple[str, int]]
+    post: Optional[int]
+    dev: Optional[int]
+    local: Optional[Tuple[str, ...]]
 
     def __init__(self, text: str) -> None:
         self.text = text.strip()
@@ -59,20 +65,20 @@ class Version:
         if not match:
             raise InvalidVersion(f"not a PEP 440 version: {text!r}")
         self.epoch = int(match.group("epoch") or 0)
-        self.release: Tuple[int, ...] = tuple(int(p) for p in match.group("release").split("."))
+        self.release = tuple(int(p) for p in match.group("release").split("."))
         pre_l = match.group("pre_l")
-        self.pre: Optional[Tuple[str, int]] = (
+        self.pre = (
             (_PRE_CANON[pre_l.lower()], int(match.group("pre_n") or 0)) if pre_l else None
         )
         if match.group("post_n1") is not None:
-            self.post: Optional[int] = int(match.group("post_n1"))
+            self.post = int(match.group("post_n1"))
         elif match.group("post_l"):
             self.post = int(match.group("post_n2") or 0)
         else:
             self.post = None
-        self.dev: Optional[int] = int(match.group("dev_n") or 0) if match.group("dev_l") else None
+        self.dev = int(match.group("dev_n") or 0) if match.group("dev_l") else None
         local = match.group("local")
-        self.local: Optional[Tuple[str, ...]] = (
+        self.local = (
             tuple(local.lower().replace("-", ".").replace("_", ".").split(".")) if local else None
         )
         self._key = self._sort_key()
@@ -228,13 +234,9 @@ class Range:
 
     def contains(self, version: "Version | str") -> bool:
         v = (Version(version) if isinstance(version, str) else version).public
-        if self.lower is not None:
-            if v < self.lower or (v == self.lower and not self.lower_inclusive):
-                return False
-        if self.upper is not None:
-            if v > self.upper or (v == self.upper and not self.upper_inclusive):
-                return False
-        return True
+        below = self.lower is not None and (v < self.lower or (v == self.lower and not self.lower_inclusive))
+        above = self.upper is not None and (v > self.upper or (v == self.upper and not self.upper_inclusive))
+        return not (below or above)
 
     def __contains__(self, version: "Version | str") -> bool:
         return self.contains(version)

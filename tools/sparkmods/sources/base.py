@@ -45,13 +45,13 @@ class VllmSource(ABC):
         """Every file path, sorted: a wheel's members, a folder's vllm/ and dist-info, a commit's
         or an image's vllm/ (an image streams the whole folder: slow)."""
 
-    def prefetch(self, paths: Iterable[str]) -> None:
+    def prefetch(self, paths: Iterable[str]) -> None:  # noqa: B027 - a default that does nothing, not an abstract method
         """Fetch many files at once so later read() calls are served locally.
 
         Local sources read quickly one by one, so by default there is nothing to do.
         """
 
-    def warm(self) -> None:
+    def warm(self) -> None:  # noqa: B027 - a default that does nothing, not an abstract method
         """Fetch ahead, in the background, what any later read needs first, holding nothing
         (a remote wheel: its central directory, into the cache); by default nothing."""
 
@@ -61,7 +61,7 @@ class VllmSource(ABC):
         folder or an image, which can change under the same name."""
         return None
 
-    def release(self) -> None:
+    def release(self) -> None:  # noqa: B027 - a default that does nothing, not an abstract method
         """Drop what was held in memory to answer reads (zip directories, fetched members):
         called when a check of this source is done. Later reads load it again."""
 

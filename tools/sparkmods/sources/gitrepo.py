@@ -45,7 +45,7 @@ def describe_version(repo: git.Repo, rev: str, label: str) -> str:
         tag = Version(match.group("tag")) if match else None
     except InvalidVersion:
         tag = None
-    if tag is None:
+    if match is None or tag is None:
         raise SparkmodsError(f"{label}: nearest tag in {described!r} is not a version like v0.19.1")
     distance = int(match.group("distance"))
     if distance == 0:
@@ -85,7 +85,7 @@ class GitSource(VllmSource):
                 top = self._tree / "vllm"
             except KeyError:
                 return []
-            return sorted(item.path for item in top.traverse() if item.type == "blob")
+            return sorted(str(item.path) for item in top.traverse() if isinstance(item, git.Blob))
 
 
 def _split(text: str) -> "tuple[str, str]":

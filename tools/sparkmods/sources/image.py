@@ -15,7 +15,7 @@ import posixpath
 import re
 import tarfile
 import weakref
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import docker
 import docker.errors
@@ -26,6 +26,10 @@ from sparkmods.sources import http
 from sparkmods.sources.base import VllmSource, check_member
 from sparkmods.sources.remote import commit_of
 from sparkmods.sources.wheel import metadata_version
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
+    from docker.models.containers import Container
 
 log = logging.getLogger("sparkmods.sources")
 
@@ -50,14 +54,15 @@ class _Stream(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:
+    def readinto(self, buffer: WriteableBuffer) -> int:
         while not self._rest:
             try:
                 self._rest = next(self._chunks)
             except StopIteration:
                 return 0
-        n = min(len(buffer), len(self._rest))
-        buffer[:n], self._rest = self._rest[:n], self._rest[n:]
+        view = memoryview(buffer)
+        n = min(len(view), len(self._rest))
+        view[:n], self._rest = self._rest[:n], self._rest[n:]
         return n
 
 
@@ -73,7 +78,7 @@ def candidate_sites(env: Iterable[str]) -> List[str]:
 
 
 class ImageSource(VllmSource):
-    def __init__(self, label: str, container, site: str) -> None:
+    def __init__(self, label: str, container: Container, site: str) -> None:
         self._container = container
         self._finalizer = weakref.finalize(self, _remove, container)
         self.site = site
@@ -94,7 +99,8 @@ class ImageSource(VllmSource):
                 if member is None or member.isdir():
                     return None
                 if not member.issym():
-                    return tar.extractfile(member).read()
+                    content = tar.extractfile(member)
+                    return None if content is None else content.read()  # None: a device or fifo
                 path = posixpath.normpath(posixpath.join(posixpath.dirname(path), member.linkname))
         return None
 
@@ -112,7 +118,9 @@ class ImageSource(VllmSource):
                 if member.isfile():
                     names.append(member.name)
                     if keep(member.name):
-                        kept[member.name] = tar.extractfile(member).read()
+                        content = tar.extractfile(member)
+                        assert content is not None  # a regular file has content
+                        kept[member.name] = content.read()
         for _ in chunks:
             pass
         return names, kept
@@ -152,7 +160,7 @@ class ImageSource(VllmSource):
         log.warning("%s: no build metadata or vllm/_version.py; listing %s for vllm's dist-info (slow)",
                     self.label, self.site)
         _, metas = self._walk(self.site, lambda name: bool(_DIST_META.match(name)))
-        versions = {metadata_version(data.decode("utf-8", "replace")) for data in metas.values()} - {None}
+        versions = {v for v in (metadata_version(data.decode("utf-8", "replace")) for data in metas.values()) if v is not None}
         if len(versions) != 1:
             what = "no" if not versions else f"several ({', '.join(sorted(versions))})"
             raise SparkmodsError(f"{self.label}: cannot tell the vLLM version: no {BUILD_METADATA} or "
@@ -172,7 +180,7 @@ def _module_version(text: Optional[bytes]) -> Optional[str]:
     return found.group(1).decode() if found else None
 
 
-def _remove(container) -> None:
+def _remove(container: Container) -> None:
     try:
         container.remove(force=True)
     except docker.errors.DockerException:
@@ -203,7 +211,7 @@ def open_image(name: str, label: str) -> ImageSource:
         image = client.images.get(name)
     except docker.errors.ImageNotFound:
         raise SparkmodsError(f"{label}: no image {name!r} on this Docker engine ({absent_image_hint(name)})") from None
-    container = client.containers.create(image.id, entrypoint=["/sparkmods-never-started"], command=[],
+    container = client.containers.create(image, entrypoint=["/sparkmods-never-started"], command=[],
                                          labels={"org.sparkmods.reader": "1"}, network_disabled=True)
     try:
         probes = candidate_sites(image.attrs.get("Config", {}).get("Env") or [])
@@ -220,7 +228,7 @@ def open_image(name: str, label: str) -> ImageSource:
         raise
 
 
-def _first_site(container, sites: List[str]) -> Optional[str]:
+def _first_site(container: Container, sites: List[str]) -> Optional[str]:
     """The first site (in the given order) that holds vllm/__init__.py; probed in parallel."""
     def holds_vllm(site: str) -> bool:
         try:

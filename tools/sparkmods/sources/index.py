@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Type, TypeVar, Union
 from urllib.parse import unquote, urldefrag, urljoin, urlparse
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
@@ -30,6 +30,7 @@ from sparkmods.sources.cache import cache_root, digest, is_sha256, read_bytes, w
 from sparkmods.sources.fetchstats import stats
 
 log = logging.getLogger("sparkmods.sources")
+T = TypeVar("T")
 
 PROJECT = "vllm"
 DEFAULT_INDEX = "https://pypi.org/simple"
@@ -98,32 +99,30 @@ class _Json:
     def bad(self, what: str) -> SparkmodsError:
         return SparkmodsError(f"{self.page_url}: not a valid PEP 691 project page: {what}")
 
-    def need(self, value: object, want: type, where: str, wanted: str) -> None:
-        if not isinstance(value, want) or isinstance(value, bool) and want is not bool:
+    def need(self, value: object, want: Type[T], where: str, wanted: str) -> T:
+        """value, refused unless it is a `want` (a bool is no number here)."""
+        if not isinstance(value, want) or (isinstance(value, bool) and want is not bool):
             raise self.bad(f"{where} is {_kind(value)}, want {wanted}")
+        return value
 
     def files(self, body: bytes) -> List[IndexFile]:
         try:
             doc = json.loads(body)
         except (ValueError, RecursionError) as exc:
             raise self.bad(f"not JSON ({str(exc)[:100]})") from None
-        self.need(doc, dict, "the document", "an object")
-        meta = doc.get("meta", {})
-        self.need(meta, dict, "meta", "an object")
-        api = meta.get("api-version", "1.0")
-        self.need(api, str, "meta.api-version", "a string")
+        doc = self.need(doc, dict, "the document", "an object")
+        meta = self.need(doc.get("meta", {}), dict, "meta", "an object")
+        api = self.need(meta.get("api-version", "1.0"), str, "meta.api-version", "a string")
         if api.split(".")[0] != "1":
             raise SparkmodsError(f"{self.page_url}: simple API version {api[:20]} is not supported (want 1.x)")
-        entries = doc.get("files")
-        self.need(entries, list, "files", "a list")
+        entries = self.need(doc.get("files"), list, "files", "a list")
         return [f for i, entry in enumerate(entries) for f in [self.entry(entry, f"files[{i}]")] if f]
 
-    def entry(self, entry: object, where: str) -> Optional[IndexFile]:
-        self.need(entry, dict, where, "an object")
+    def entry(self, item: object, where: str) -> Optional[IndexFile]:
+        entry = self.need(item, dict, where, "an object")
         for key in ("filename", "url"):
             self.need(entry.get(key), str, f"{where}.{key}", "a string")
-        hashes = entry.get("hashes")
-        self.need(hashes, dict, f"{where}.hashes", "an object")
+        hashes = self.need(entry.get("hashes"), dict, f"{where}.hashes", "an object")
         for name, value in hashes.items():
             self.need(value, str, f"{where}.hashes.{str(name)[:20]}", "a string")
         size = entry.get("size")
@@ -239,7 +238,7 @@ def _cached_entry(path: Path) -> Optional[dict]:
         entry = json.loads(raw) if raw else None
     except (ValueError, RecursionError):
         return None
-    keys = {"fetched": (int, float), "max_age": int, "body": str, "content_type": str, "final_url": str}
+    keys: Dict[str, Union[type, Tuple[type, ...]]] = {"fetched": (int, float), "max_age": int, "body": str, "content_type": str, "final_url": str}
     if not isinstance(entry, dict) or not all(isinstance(entry.get(k), t) for k, t in keys.items()):
         return None
     return entry

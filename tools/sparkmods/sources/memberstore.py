@@ -48,7 +48,8 @@ def shared(sha256: str) -> Key:
 
 def scoped(scope: str, cid: ContentId) -> Key:
     """A key only the wheel `scope` names can reach (see the module docstring)."""
-    return Key("wheel-" + digest("%s\0%s\0%d\0%d" % (scope, *cid)), None)
+    name, size, crc = cid
+    return Key("wheel-" + digest(f"{scope}\0{name}\0{size}\0{crc}"), None)
 
 
 def record_name(names: Iterable[str]) -> Optional[str]:

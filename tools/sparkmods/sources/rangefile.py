@@ -10,7 +10,10 @@ from __future__ import annotations
 import bisect
 import io
 import threading
-from typing import Callable, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Iterable, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 Span = Tuple[int, int]  # [start, end)
 Fetch = Callable[[int, int], bytes]  # bytes [start, end) of the remote file
@@ -112,7 +115,7 @@ class RangeFile(io.RawIOBase):
         for start, future in futures:
             try:
                 self.add(start, future.result())
-            except Exception as exc:  # wait for all, then raise the first error
+            except Exception as exc:  # noqa: BLE001 - wait for all, then raise the first error
                 if first_error is None:
                     first_error = exc
                 else:
@@ -147,9 +150,10 @@ class RangeFile(io.RawIOBase):
         self._pos = end
         return out
 
-    def readinto(self, buffer) -> int:  # io.RawIOBase contract
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
+    def readinto(self, buffer: WriteableBuffer) -> int:  # io.RawIOBase contract
+        view = memoryview(buffer)
+        data = self.read(len(view))
+        view[: len(data)] = data
         return len(data)
 
 

@@ -19,22 +19,24 @@ import hashlib
 import logging
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from sparkmods.checking import cpuslots
 from sparkmods.errors import SparkmodsError
 from sparkmods.outputfile import replacing
 from sparkmods.runtime.pep440 import InvalidVersion, Version
-from sparkmods.sources.base import VllmSource, check_member
 from sparkmods.sources import memberstore
+from sparkmods.sources.base import VllmSource, check_member
 from sparkmods.sources.cache import cache_root
 from sparkmods.sources.fetchstats import stats
 from sparkmods.sources.rangefile import RangeFile
 from sparkmods.sources.siblings import Siblings
 from sparkmods.sources.wheelentry import Identity, WheelEntry
-from sparkmods.sources.zipread import ZipMembers, central_directory
+from sparkmods.sources.zipread import Readable, ZipMembers, central_directory
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from sparkmods.sources import http
 
 log = logging.getLogger("sparkmods.sources")
@@ -62,7 +64,7 @@ def commit_of(version: str) -> Optional[str]:
         return None
 
 
-def _submit(fn: Callable, *args: object):
+def _submit(fn: Callable, *args: object) -> "Future[object]":
     """http.pool().submit, with the HTTP layer imported only when a fetch is submitted."""
     from sparkmods.sources import http
 
@@ -91,7 +93,7 @@ class RemoteWheel(VllmSource):
         self._hashes: Optional[Dict[str, str]] = None  # path -> its sha256 field in this wheel's RECORD
         self._record: Optional[Tuple[Optional[str]]] = None  # (the RECORD's path, if it has one)
         self._zip: Optional[ZipMembers] = None
-        self._file: Optional[BinaryIO] = None
+        self._file: Optional[Readable] = None
         self._lock = threading.RLock()
 
     # -- public interface -------------------------------------------------------------
@@ -184,7 +186,9 @@ class RemoteWheel(VllmSource):
             return memberstore.shared(sha256)
         ident = self._entry.identity
         scope = f"{self._entry.dir.name}:{ident.central_sha256 if ident else self.url}"
-        return memberstore.scoped(scope, layout.content_id(path))  # type: ignore[arg-type]
+        cid = layout.content_id(path)
+        assert cid is not None, path  # asked only for members of the layout
+        return memberstore.scoped(scope, cid)
 
     def _record_path(self) -> Optional[str]:
         if self._record is None:
@@ -213,6 +217,7 @@ class RemoteWheel(VllmSource):
                 self._file.ensure(spans, COALESCE_GAP)
         for path in [*paths, *hinted]:
             data = layout.read(path)
+            assert data is not None, path  # asked only for members of the layout
             memberstore.save(self._key(path), data)
             self._members[path] = data
 
@@ -222,6 +227,7 @@ class RemoteWheel(VllmSource):
             self._open_entry()
             if self._zip is None:
                 self._with_fallback(self._open_zip)
+            assert self._zip is not None  # _open_zip sets it or raises
             return self._zip
 
     # -- cache ------------------------------------------------------------------------
@@ -276,8 +282,9 @@ class RemoteWheel(VllmSource):
         cached = self._entry.load_central()
         if cached is not None:
             stats.add(cache_hits=1)
-            rf = self._range_file(self._entry.identity.size)
-            rf.add(*cached)
+            offset, data = cached
+            rf = self._range_file(offset + len(data))  # the identity's size (load_central checked)
+            rf.add(offset, data)
             self._use_file(rf)
             return
         self._use_file(self._fetch_central())
@@ -337,7 +344,7 @@ class RemoteWheel(VllmSource):
             return data
         return RangeFile(size, fetch, name=self.filename, submit=_submit)
 
-    def _use_file(self, fileobj: BinaryIO) -> None:
+    def _use_file(self, fileobj: Readable) -> None:
         self._file = fileobj
         self._zip = ZipMembers(self.label, fileobj)
 

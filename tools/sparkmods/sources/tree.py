@@ -53,6 +53,7 @@ def _version_of(root: Path, label: str) -> "tuple[str, Optional[str]]":
         reason = str(exc)
     if (root / ".git").exists():
         import git  # gitpython: only for source checkouts
+
         from sparkmods.sources.gitrepo import describe_version
         repo = git.Repo(root)
         return describe_version(repo, "HEAD", label), repo.head.commit.hexsha

@@ -45,7 +45,8 @@ def open_wheel(text: str, label: str) -> LocalWheel:
     if not any(n.startswith("vllm/") for n in names):
         raise SparkmodsError(f"{label}: {path.name} holds no vllm/ package; is it a vLLM wheel?")
     metas = [n for n in names if n.startswith("vllm-") and n.endswith(".dist-info/METADATA") and n.count("/") == 1]
-    version = metadata_version(members.read(metas[0]).decode("utf-8", "replace")) if len(metas) == 1 else None
+    metadata = members.read(metas[0]) if len(metas) == 1 else None
+    version = metadata_version(metadata.decode("utf-8", "replace")) if metadata is not None else None
     if version is None:
         try:
             version = str(parse_wheel_filename(path.name)[1])

@@ -139,10 +139,12 @@ class WheelEntry:
 
     def load_central(self) -> Optional[Tuple[int, bytes]]:
         """(offset, bytes to the end of the wheel) as cached, checked against the identity."""
-        cached = read_bytes(self.dir / "central.bin") if self.trusted else None
+        ident = self.identity
+        if ident is None:  # not trusted
+            return None
+        cached = read_bytes(self.dir / "central.bin")
         if cached is None:
             return None
-        ident = self.identity
         offset, size = _HEADER.unpack_from(cached) if len(cached) >= _HEADER.size else (-1, -1)
         data = cached[_HEADER.size:]
         if not (size == ident.size and 0 <= offset <= ident.central_offset and offset + len(data) == size

@@ -15,11 +15,20 @@ from __future__ import annotations
 import bisect
 import struct
 import zlib
-from typing import BinaryIO, Dict, Iterable, List, NamedTuple, Optional, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Protocol, Tuple
 
 from sparkmods.errors import SparkmodsError
 from sparkmods.sources.base import is_safe_member
 from sparkmods.sources.rangefile import Span
+
+
+class Readable(Protocol):
+    """What the reader needs of a file: a local one, or a RangeFile over HTTP."""
+
+    def seek(self, offset: int, whence: int = 0, /) -> int: ...
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
 
 _EOCD = struct.Struct("<4s4H2LH")  # end of central directory
 _LOCATOR = struct.Struct("<4sLQL")  # (its offset field is not needed: the record precedes it)  # zip64 end of central directory locator
@@ -54,7 +63,7 @@ class Member(NamedTuple):
 class ZipMembers:
     """The central directory of one wheel, and CRC-checked reads of its members."""
 
-    def __init__(self, label: str, fileobj: BinaryIO) -> None:
+    def __init__(self, label: str, fileobj: Readable) -> None:
         self.label = label
         self._file = fileobj
         self._offsets: List[int] = []  # every local header, duplicates' included
@@ -195,7 +204,7 @@ class ZipMembers:
 _UNREADABLE = (struct.error, ValueError, IndexError, EOFError, UnicodeDecodeError)
 
 
-def central_directory(label: str, fileobj: BinaryIO) -> Tuple[int, int]:
+def central_directory(label: str, fileobj: Readable) -> Tuple[int, int]:
     """(where the central directory starts, its size), from the end records alone: what a
     wheel's identity needs (wheelentry.py) without reading every record."""
     try:
@@ -205,7 +214,7 @@ def central_directory(label: str, fileobj: BinaryIO) -> Tuple[int, int]:
     return offset, size
 
 
-def _read_at(fileobj: BinaryIO, offset: int, n: int) -> bytes:
+def _read_at(fileobj: Readable, offset: int, n: int) -> bytes:
     fileobj.seek(offset)
     data = fileobj.read(n)
     if len(data) != n:
@@ -213,7 +222,7 @@ def _read_at(fileobj: BinaryIO, offset: int, n: int) -> bytes:
     return data
 
 
-def _locate(fileobj: BinaryIO) -> Tuple[int, int, int]:
+def _locate(fileobj: Readable) -> Tuple[int, int, int]:
     """(central directory offset, its size, bytes prepended to the archive), from the end of
     central directory record (and the zip64 one its locator names)."""
     size = fileobj.seek(0, 2)

@@ -7,7 +7,6 @@ replayable test scenario: what verify asked and what the server answered, byte f
 from __future__ import annotations
 
 import json
-import socket
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -80,7 +79,7 @@ class Server:
                 status, raw = response.status, response.read()
         except urllib.error.HTTPError as exc:
             status, raw = exc.code, exc.read()
-        except (urllib.error.URLError, OSError, socket.timeout) as exc:
+        except OSError as exc:  # URLError and socket timeouts are OSErrors
             reason = getattr(exc, "reason", exc)
             raise ServerUnreachable(f"cannot reach {self.url} ({method} {path}): {reason}; "
                                     "is `vllm serve` running there?") from None

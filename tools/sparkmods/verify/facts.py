@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 from sparkmods.errors import SparkmodsError
 from sparkmods.verify import metrics, template
 from sparkmods.verify.client import Exchange, Server
+from sparkmods.verify.metrics import MetricsFacts, SpecCounts
 from sparkmods.verify.serverlog import LogFacts
 
 # Below this many draft tokens the acceptance rate says nothing yet.
@@ -39,14 +40,14 @@ class Evidence:
     url: str
     model: str
     max_model_len: Optional[int]
-    metrics: Optional[metrics.MetricsFacts]
+    metrics: Optional[MetricsFacts]
     metrics_problem: Optional[str]
     log: Optional[LogFacts]
     template: TemplateCheck
     probes_sent: int = 0
     probe_problem: Optional[str] = None
 
-    def spec_counts(self) -> Optional[metrics.SpecCounts]:
+    def spec_counts(self) -> Optional[SpecCounts]:
         """Speculative decoding totals: /metrics, else the log's SpecDecoding lines."""
         if self.metrics and self.metrics.spec:
             return self.metrics.spec

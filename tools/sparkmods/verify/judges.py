@@ -58,7 +58,7 @@ class Context:
         return next((f"run.sh: {line}" for line in lines if line.startswith("ERROR")), None)
 
     def runsh_applied(self, mod: str) -> bool:
-        return bool(self.ev.log) and any(_RUNSH_IN_PLACE.match(line) for line in self.ev.log.runsh(mod))
+        return self.ev.log is not None and any(_RUNSH_IN_PLACE.match(line) for line in self.ev.log.runsh(mod))
 
     def said(self, mod: str) -> List[str]:
         return self.ev.log.said(mod) if self.ev.log else []
