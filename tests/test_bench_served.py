@@ -56,6 +56,22 @@ def test_table_shows_ratios_to_stock_skips_kv_and_first_requests(tmp_path):
     assert "| 128k | 32 | - (skipped: does not fit) |" in md
     assert "| turboquant | 5370000 |" in md and "| stock | 1960000 |" in md
     assert "| stock | 8 | 1k | 263.9 | 527.8 | 0.50 |" in md  # first request at half the steady rate
+    assert "| int8-lm-head | none logged |" in md  # no server logs here
+
+
+def test_report_states_each_servers_warm_up_lines(tmp_path):
+    (tmp_path / "served.json").write_text(json.dumps(_rows()))
+    int8 = "sparkmods int8-lm-head: warm-up ran 11 kernel configs (row counts 1,2,16,17,32,33,48,65,80,129,144) in 9.1 s"
+    failed = "sparkmods int8-lm-head: warm-up failed (RuntimeError: boom); kernels compile on first use"
+    for config, lines in (("int8-lm-head", [int8]), ("full-stack", ["noise", failed])):
+        (tmp_path / "servers" / config).mkdir(parents=True)
+        prefix = "(EngineCore_DP0 pid=7) INFO 11-29 01:02:03 [int8_lm_head.py:640] "
+        (tmp_path / "servers" / config / "server.log").write_text("".join(prefix + line + "\n" for line in lines))
+    sr.write_report(tmp_path)
+    md = (tmp_path / "served.md").read_text()
+    assert f"| int8-lm-head | `{int8}` |" in md
+    assert f"| full-stack | `{failed}` |" in md
+    assert "| stock | none logged |" in md and "noise" not in md
 
 
 def test_plot_has_a_line_per_config_per_context_and_a_legend(tmp_path):

@@ -212,21 +212,107 @@ def test_mma_tiles_shrink_to_fit_gb10_shared_memory(mod: ModuleType, monkeypatch
         assert mod.shared_memory_estimate(got) <= small_budget and got.num_stages >= 2
 
 
+class UnquantizedEmbeddingMethod:
+    pass
+
+
+class ParallelLMHead(torch.nn.Module):
+    """The names maybe_apply checks, with an fp16 weight (the interpreter's dots want fp16)."""
+
+    def __init__(self, n: int, k: int) -> None:
+        super().__init__()
+        self.quant_method = UnquantizedEmbeddingMethod()
+        self.weight = torch.nn.Parameter(torch.randn(n, k).to(torch.float16), requires_grad=False)
+
+
+_Head = ParallelLMHead
+
+
 def test_interpreted_head_logs_the_triton_path(mod: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(mod.ENV_SWITCH, raising=False)
     records = []
     monkeypatch.setattr(mod.logger, "info", lambda msg, *args: records.append(msg % args))
 
-    class UnquantizedEmbeddingMethod:
-        pass
-
-    class ParallelLMHead(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.quant_method = UnquantizedEmbeddingMethod()
-            self.weight = torch.nn.Parameter(torch.randn(96, 32).to(torch.float16), requires_grad=False)
-
-    head = ParallelLMHead()
+    head = _Head(96, 32)
     out = mod.maybe_apply(head, torch.randn(3, 32).to(torch.float16), None)
     assert out.shape == (3, 96) and head.weight.numel() == 0
     assert records and "active (Triton kernel) on a 96x32 float16 head shard" in records[0]
+    assert len(records) == 1  # no warm-up under the interpreter: it compiles nothing
+
+
+def test_first_call_on_a_warmup_device_warms_up_once(mod: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(mod.ENV_SWITCH, raising=False)
+    monkeypatch.delenv(mod.ENV_WARMUP, raising=False)
+    monkeypatch.setattr(mod, "WARMUP_DEVICE_TYPES", ("cpu",))
+    # int8_matmul itself is tested above; interpreting it for every warm-up row count takes a minute
+    monkeypatch.setattr(mod, "int8_matmul", lambda x, weight: torch.zeros(x.shape[0], weight.qweight.shape[0]))
+    records = []
+    monkeypatch.setattr(mod.logger, "info", lambda msg, *args: records.append(msg % args))
+    head = _Head(96, 32)
+    mod.maybe_apply(head, torch.randn(3, 32).to(torch.float16), None)
+    rows = mod.warmup_rows(torch.device("cpu"))
+    assert len(records) == 2 and records[1].startswith(
+        f"sparkmods int8-lm-head: warm-up ran {len(rows)} kernel configs (row counts {','.join(map(str, rows))}) in ")
+    mod.maybe_apply(head, torch.randn(2, 32).to(torch.float16), None)
+    assert len(records) == 2  # later calls neither quantize nor warm up again
+
+
+# ---- the start-up warm-up ----
+
+
+def _every_key(mod: ModuleType, device: "torch.device") -> set:
+    """What a row count can select, over every row count a server's logits can have (prompt
+    logprobs reach max_num_batched_tokens; 70000 is past any default)."""
+    return {mod.compile_key(m, device) for m in range(1, 70001)}
+
+
+def test_warmup_runs_each_kernel_config_once_and_misses_none(mod: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The row counts int8_matmul is called with (it launches pick_config's kernel for them: the
+    dispatch tests above) select every key some row count can, each once."""
+    calls = []
+    monkeypatch.setattr(mod, "int8_matmul", lambda x, weight: calls.append((x.shape, x.dtype, x.device)))
+    monkeypatch.setattr(mod, "WARMUP_DEVICE_TYPES", ("cpu",))
+    monkeypatch.delenv(mod.ENV_WARMUP, raising=False)
+    mod.warm_up(mod.quantize_head(torch.randn(96, 32)), torch.float16)
+    cpu = torch.device("cpu")
+    assert all(shape[1] == 32 and dtype == torch.float16 and device == cpu for shape, dtype, device in calls)
+    keys = [mod.compile_key(shape[0], cpu) for shape, _, _ in calls]
+    assert len(keys) == len(set(keys))  # once per config, not once per row count
+    assert set(keys) == _every_key(mod, cpu)
+    assert {(cfg, cls) for cfg, _, cls in keys} == {(mod.pick_config(m, cpu), mod.triton_int_class(m)) for m in range(1, 70001)}
+
+
+def test_warmup_covers_a_tuned_table_fitted_to_gb10(mod: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the picker reads the tune table and lowers tiles to the shared memory: the warm-up follows it."""
+    tuned = tuple((limit, dataclasses.replace(cfg, num_stages=4, block_k=256)) for limit, cfg in mod.DISPATCH[:-1])
+    tuned += ((None, mod.KernelConfig(mod.SPLIT, 64, 128, 256, 4, 4)),)
+    monkeypatch.setattr(mod, "_cuda_tuning", lambda _index: (tuned, 101376))
+    gpu = torch.device("cuda", 0)
+    assert {mod.compile_key(m, gpu) for m in mod.warmup_rows(gpu)} == _every_key(mod, gpu)
+    assert len(mod.warmup_rows(gpu)) == len(_every_key(mod, gpu))
+
+
+@pytest.mark.parametrize("value", ["0", "off"])
+def test_warmup_switch_turns_it_off(mod: ModuleType, monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    calls = []
+    monkeypatch.setattr(mod, "int8_matmul", lambda *args: calls.append(args))
+    monkeypatch.setattr(mod.logger, "info", lambda msg, *args: calls.append(msg))
+    monkeypatch.setattr(mod, "WARMUP_DEVICE_TYPES", ("cpu",))
+    monkeypatch.setenv(mod.ENV_WARMUP, value)
+    mod.warm_up(mod.quantize_head(torch.randn(96, 32)), torch.float16)
+    assert calls == []
+
+
+def test_warmup_failure_is_logged_not_raised(mod: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    warnings = []
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("out of resource: shared memory")
+
+    monkeypatch.setattr(mod, "int8_matmul", broken)
+    monkeypatch.setattr(mod, "WARMUP_DEVICE_TYPES", ("cpu",))
+    monkeypatch.setattr(mod.logger, "warning", lambda msg, *args: warnings.append(msg % args))
+    monkeypatch.delenv(mod.ENV_WARMUP, raising=False)
+    mod.warm_up(mod.quantize_head(torch.randn(96, 32)), torch.float16)
+    assert warnings == ["sparkmods int8-lm-head: warm-up failed (RuntimeError: out of resource: shared memory); "
+                        "kernels compile on first use"]

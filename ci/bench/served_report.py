@@ -6,13 +6,16 @@
 served.json is the list of rows bench_served.py writes ({"model", "gpu", "vllm", "config", "batch",
 "context", "tok_s", "kv_tokens", "first_tok_s", "phase", "note"}). The Markdown holds decode tok/s
 per context and batch with each configuration's ratio to stock, KV capacity and time to first
-token, and the first requests after start next to the steady rate; the SVG draws tok/s against
-batch, one panel per context, one line per configuration. Stdlib only, so it runs anywhere.
+token, and the first requests after start next to the steady rate, with the warm-up lines the mods
+logged at start (servers/<config>/server.log: whether their kernels compiled before the first
+request); the SVG draws tok/s against batch, one panel per context, one line per configuration.
+Stdlib only, so it runs anywhere.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -20,6 +23,8 @@ from xml.sax.saxutils import escape
 
 COLOURS = ("#4d4d4d", "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
 KEYS = ("model", "gpu", "vllm", "config", "batch", "context", "tok_s", "kv_tokens", "first_tok_s")
+# What a mod logs of its start-up warm-up (done, skipped or failed), without vLLM's log prefix.
+WARMUP_LINE = re.compile(r"sparkmods [\w-]+: warm-up .*")
 
 
 class ReportError(Exception):
@@ -60,8 +65,19 @@ def _cell(row: dict | None, stock: dict | None) -> str:
     return text
 
 
-def markdown(rows: Sequence[dict]) -> str:
-    """served.md: decode rate grid, KV capacity and time to first token, first requests vs steady."""
+def warmup_lines(results: Path, configs: Iterable[str]) -> dict[str, list[str]]:
+    """Each configuration's warm-up lines from its server log (none when no mod logged one)."""
+    found = {}
+    for config in configs:
+        log = results / "servers" / config / "server.log"
+        text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
+        found[config] = [m.group(0).strip() for m in WARMUP_LINE.finditer(text)]
+    return found
+
+
+def markdown(rows: Sequence[dict], warmups: "dict[str, list[str]] | None" = None) -> str:
+    """served.md: decode rate grid, KV capacity and time to first token, first requests vs steady,
+    and each configuration's warm-up lines (warmup_lines) when given."""
     first = rows[0]
     configs = _configs(rows)
     steady = _steady(rows)
@@ -92,6 +108,11 @@ def markdown(rows: Sequence[dict]) -> str:
             ratio = f"{r['tok_s'] / s['tok_s']:.2f}" if r["tok_s"] and s and s["tok_s"] else "-"
             out.append(f"| {r['config']} | {r['batch']} | {_context(r['context'])} | {_cell(r, None)} | "
                        f"{_cell(s, None)} | {ratio} |")
+    if warmups is not None:
+        out += ["", "Warm-up at start (the mods' own lines in each server log):", "",
+                "| config | warm-up |", "|---|---|"]
+        out += [f"| {config} | {'<br>'.join(f'`{line}`' for line in warmups.get(config, [])) or 'none logged'} |"
+                for config in configs]
     return "\n".join(out) + "\n"
 
 
@@ -143,7 +164,7 @@ def write_report(results: Path) -> list[Path]:
     rows = load(results)
     if not rows:
         raise ReportError(f"{results / 'served.json'}: no rows yet")
-    (results / "served.md").write_text(markdown(rows), encoding="utf-8")
+    (results / "served.md").write_text(markdown(rows, warmup_lines(results, _configs(rows))), encoding="utf-8")
     (results / "served.svg").write_text(svg(rows), encoding="utf-8")
     return [results / "served.md", results / "served.svg"]
 
