@@ -22,8 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "ci" / "bench"))
 
 import bench_served as bs  # noqa: E402
-import served_report as sr  # noqa: E402
-from qwen35_shapes import MODELS  # noqa: E402
+from benchlib import served_report as sr  # noqa: E402
+from benchlib.qwen35_shapes import MODELS  # noqa: E402
 
 CONFIG_NAMES = list(bs.CONFIGS)
 HYBRID_PATCH = REPO / "mods" / "hybrid-int4-fp8" / "patches" / "common" / "sparkmods_hybrid_fp8.patch"

@@ -111,10 +111,10 @@ def load_modules(interpret: bool) -> Tuple[ModuleType, ModuleType]:
 
 
 def load_bf16_yardstick() -> ModuleType:
-    """ci/bench/tq_bf16_decode.py (load_modules imports it, with the interpreter setting it needs)."""
+    """ci/bench/benchlib/tq_bf16_decode.py (load_modules imports it, with the interpreter setting it needs)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("tq_bf16_decode", Path(__file__).with_name("tq_bf16_decode.py"))
+    spec = importlib.util.spec_from_file_location("tq_bf16_decode", Path(__file__).parent / "benchlib" / "tq_bf16_decode.py")
     assert spec is not None and spec.loader is not None
     if "tq_bf16_decode" not in sys.modules:
         module = importlib.util.module_from_spec(spec)

@@ -4,9 +4,9 @@ The module ships only as a new-file hunk; benchmarks and tests import the text t
 creates (through the sparkmods patch engine), so what is measured is what the mod installs.
 Needs no vLLM: the module guards its vLLM import.
 
-    python3 ci/bench/int8_lm_head_kernel.py --extract FILE   # the module text, to edit
-    python3 ci/bench/int8_lm_head_kernel.py --write FILE     # FILE becomes the new-file hunk
-    python3 ci/bench/int8_lm_head_kernel.py --set-dispatch DIR/sweep.json  # the sweep's suggested table
+    python3 ci/bench/benchlib/int8_lm_head_kernel.py --extract FILE   # the module text, to edit
+    python3 ci/bench/benchlib/int8_lm_head_kernel.py --write FILE     # FILE becomes the new-file hunk
+    python3 ci/bench/benchlib/int8_lm_head_kernel.py --set-dispatch DIR/sweep.json  # the sweep's suggested table
 
 --write regenerates the patch with the rebase tooling's own diff writer and proves, with the
 engine run.sh uses, that the patch recreates FILE byte for byte. --set-dispatch replaces the
@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PATCH = REPO / "mods" / "int8-lm-head" / "patches" / "common" / "int8_lm_head.patch"
 MODULE_PATH = "vllm/model_executor/layers/int8_lm_head.py"
 # The fitting rule and tune table shared with turboquant: one source, a second new-file hunk here.
