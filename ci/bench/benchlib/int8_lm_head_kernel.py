@@ -141,8 +141,12 @@ def enable_interpreter() -> None:
     interpreter. Two more limits of this interpreter, seen on Triton 3.6: bf16 `tl.dot` and
     int8 -> bf16 casts give wrong values, so interpreted runs use fp16 (the GPU does bf16).
     """
-    if os.environ.get("TRITON_INTERPRET", "0") != "1":
-        return
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        fix_interpreter_scalars()
+
+
+def fix_interpreter_scalars() -> None:
+    """The conversion fix of enable_interpreter, whatever TRITON_INTERPRET says now (once per process)."""
     import triton.runtime.interpreter as interpreter
 
     original = interpreter._patch_lang_tensor
