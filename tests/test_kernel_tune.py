@@ -257,6 +257,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow  # tunes both mods end to end under Triton's interpreter
 def test_tune_writes_a_table_both_mods_read_back(mods: Dict[str, ModuleType], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     out = tmp_path / "cache" / "kernel-tune.json"
     script = TUNE_SCRIPT.format(bench=str(REPO / "ci" / "bench"), tools=str(REPO / "tools"))

@@ -48,6 +48,7 @@ def report() -> ModuleType:
     return bench_module("benchlib.int8_lm_head_report")
 
 
+@pytest.mark.slow  # the swept fixture: a whole sweep under Triton's interpreter
 def test_sweep_rows_limits_and_tuning(swept: Path, report: ModuleType) -> None:
     data = json.loads((swept / "sweep.json").read_text())
     sweep = bench_module("sweep_int8_lm_head")
@@ -102,6 +103,7 @@ def _accuracy(w8a8_top1: float) -> dict:
             for kind in ("gemv", "mma", "split", "w8a8")}
 
 
+@pytest.mark.slow  # the swept fixture: a whole sweep under Triton's interpreter
 @pytest.mark.parametrize("w8a8_top1,chosen", [(0.966, "split"), (0.972, "w8a8")])
 def test_the_band_table_keeps_w8a8_only_within_one_point_of_gemv(w8a8_top1: float, chosen: str, swept: Path) -> None:
     """1.2 points below gemv: the faster w8a8 tile is reported, not suggested; 0.6 points: suggested."""
@@ -121,6 +123,7 @@ def test_the_band_table_keeps_w8a8_only_within_one_point_of_gemv(w8a8_top1: floa
     assert "1.0 percentage points below the gemv" in rendered and f"w8a8 {-100 * (0.978 - w8a8_top1):+.2f} pp" in rendered
 
 
+@pytest.mark.slow  # the swept fixture: a whole sweep under Triton's interpreter
 def test_set_dispatch_writes_the_suggested_table_into_the_patch(swept: Path, tmp_path: Path, monkeypatch, capsys) -> None:
     loader = bench_module("benchlib.int8_lm_head_kernel")
     patch = tmp_path / "int8_lm_head.patch"
@@ -162,6 +165,7 @@ def test_set_dispatch_refuses_unusable_results_in_one_line(tmp_path: Path, monke
     assert patch.read_text() == SHIPPED_PATCH.read_text()  # nothing written
 
 
+@pytest.mark.slow  # the swept fixture: a whole sweep under Triton's interpreter
 def test_sweep_markdown_and_plot(swept: Path) -> None:
     md = (swept / "sweep.md").read_text()
     assert "INT8 >= 1.0x BF16 at every batch:" in md and "| 160x48 | 40 |" in md
@@ -172,6 +176,7 @@ def test_sweep_markdown_and_plot(swept: Path) -> None:
     assert all(len(line.get("points").split()) == 4 for line in lines)
 
 
+@pytest.mark.slow  # the swept fixture: a whole sweep under Triton's interpreter
 def test_readme_block_comes_from_the_results(swept: Path, report: ModuleType, tmp_path: Path) -> None:
     readme = tmp_path / "README.md"
     readme.write_text(f"# mod\n\nbefore\n\n{report.BEGIN}\nplaceholder\n{report.END}\n\nafter\n")
@@ -184,6 +189,7 @@ def test_readme_block_comes_from_the_results(swept: Path, report: ModuleType, tm
     assert readme.read_text() == first  # re-rendering is stable
 
 
+@pytest.mark.slow  # the swept fixture: a whole sweep under Triton's interpreter
 def test_report_input_errors_are_one_line(report: ModuleType, swept: Path, tmp_path: Path, capsys) -> None:
     assert report.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
