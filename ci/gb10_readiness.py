@@ -16,7 +16,7 @@ the prefill dequantisation. Scalar arguments that only address memory (G = 16 qu
 KV head, 32 query heads, page size 16) take Qwen3.5's values; pointers and strides are
 specialised as 16-aligned, as the real tensors are.
 
-    python3 ci/gb10_readiness.py --write ci/bench/results/gb10-readiness   # the committed table
+    python3 ci/gb10_readiness.py --write ci/bench/results/gb10-readiness-any-cpu   # the committed table
     python3 ci/gb10_readiness.py --json FILE                              # rows only (the test)
 
 Each row: target, kernel, config, shared bytes (Triton's launch check compares them with the
@@ -50,8 +50,8 @@ TARGETS: Dict[str, Tuple[int, int]] = {"sm_121a": (121, SM121_SHARED), "sm_90a":
 HEAD_SIZES = (16, 32, 64, 128, 256, 512)
 GROUP, Q_HEADS, PAGE = 16, 32, 16
 BANDS = ((1, 4096), (1, 32768), (8, 4096), (8, 32768))  # one shape per DEFAULT_DECODE (batch, context) band
-RESULTS = REPO / "ci" / "bench" / "results" / "gb10-readiness"
-COMMAND = "python3 ci/gb10_readiness.py --write ci/bench/results/gb10-readiness"
+RESULTS = REPO / "ci" / "bench" / "results" / "gb10-readiness-any-cpu"
+COMMAND = "python3 ci/gb10_readiness.py --write ci/bench/results/gb10-readiness-any-cpu"
 
 # A job: (module, kernel name, label, constexprs, pointer dtypes, 16-divisible ints, options, model bytes or None)
 Job = Tuple[str, str, str, Dict[str, Any], Dict[str, str], Tuple[str, ...], Dict[str, int], Optional[int]]
@@ -63,7 +63,7 @@ def load_modules(workdir: Path) -> Tuple[ModuleType, ModuleType, ModuleType]:
     import tq_format
     import tq_triton
 
-    import int8_lm_head_kernel
+    from benchlib import int8_lm_head_kernel
 
     return int8_lm_head_kernel.load_kernel_module(workdir), tq_format, tq_triton
 

@@ -97,7 +97,7 @@ def main() -> int:
     except SparkmodsError as exc:
         print(f"nightly_check: error: {exc}", file=sys.stderr)
         return 2
-    community = REPO / "ci" / "bench" / "results" / "community.json"
+    community = REPO / "ci" / "bench" / "results" / "community-any-cpu.json"
     text = report.markdown() + community_broke(json.loads(community.read_text()) if community.is_file() else None) \
         + heal_text
     target = args.report or os.environ.get("GITHUB_STEP_SUMMARY")

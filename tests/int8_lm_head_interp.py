@@ -11,7 +11,7 @@ their own settings are unaffected.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -25,20 +25,16 @@ BENCH = REPO / "ci" / "bench"
 
 
 def bench_module(name: str) -> ModuleType:
-    """A module of ci/bench by file name (they import each other by plain name)."""
+    """A module of ci/bench by import name (`sweep_int8_lm_head`, `benchlib.int8_lm_head_kernel`), with
+    ci/bench on the path as a benchmark run as a script has it."""
     if str(BENCH) not in sys.path:
         sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(name)
 
 
 def interpreted_module(workdir: Path) -> ModuleType:
     """The patch's module with interpreted kernels (Triton imported here, at fixture time)."""
-    loader = bench_module("int8_lm_head_kernel")
+    loader = bench_module("benchlib.int8_lm_head_kernel")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRITON_INTERPRET", "1")
         need("triton")

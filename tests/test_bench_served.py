@@ -16,14 +16,15 @@ from typing import ClassVar
 import pytest
 
 from extras import need
+from modfactory import make_site
 from realmods import load_patched_module
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "ci" / "bench"))
 
 import bench_served as bs  # noqa: E402
-import served_report as sr  # noqa: E402
-from qwen35_shapes import MODELS  # noqa: E402
+from benchlib import served_report as sr  # noqa: E402
+from benchlib.qwen35_shapes import MODELS  # noqa: E402
 
 CONFIG_NAMES = list(bs.CONFIGS)
 HYBRID_PATCH = REPO / "mods" / "hybrid-int4-fp8" / "patches" / "common" / "sparkmods_hybrid_fp8.patch"
@@ -356,14 +357,8 @@ def test_a_whole_run_against_a_stand_in_server(tmp_path, monkeypatch):
     come, the report; a mod whose run.sh fails gives rows that say so, and no server is started."""
     import argparse
 
-    site = tmp_path / "site"
-    api = site / "vllm" / "entrypoints" / "openai"
-    api.mkdir(parents=True)
-    for folder in (site / "vllm", site / "vllm" / "entrypoints", api):
-        (folder / "__init__.py").write_text("")
-    (api / "api_server.py").write_text(_FAKE_API_SERVER)
-    (site / "vllm-0.26.0.dist-info").mkdir()
-    (site / "vllm-0.26.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.26.0\n")
+    site = make_site(tmp_path / "site", "0.26.0", {"vllm/entrypoints/__init__.py": "", "vllm/entrypoints/openai/__init__.py": "",
+                                                   "vllm/entrypoints/openai/api_server.py": _FAKE_API_SERVER})
     monkeypatch.setattr(bs, "build_model", lambda model, root, checkpoint: tmp_path)  # folders: tested above
     args = argparse.Namespace(contexts=[64, 128], batches=[1, 2], gen=5, max_cell_tokens=200,
                               gpu_memory_utilization=0.9)

@@ -216,16 +216,16 @@ def test_community_matrix_is_incremental(tmp_path: Path, image: str):
     mirror = _mirror(tmp_path, {"alpha": marker, "beta": "echo quiet\n"})
     for expect_run, expect_reused in ((4, 0), (0, 4)):
         subprocess.run(bench + ["--mirror", str(mirror)], check=True, capture_output=True)
-        doc = json.loads((tmp_path / "out" / "community.json").read_text())
+        doc = json.loads((tmp_path / "out" / "community-any-cpu.json").read_text())
         assert (doc["timing"]["cells_run"], doc["timing"]["cells_reused"]) == (expect_run, expect_reused)
     assert {(c["mod"], c["vllm"], c["status"]) for c in doc["cells"]} == {
         ("alpha", "0.19.1", FAILED), ("alpha", "0.20.0", FAILED), ("beta", "0.19.1", NO_CHANGE),
         ("beta", "0.20.0", NO_CHANGE)}
     mirror = _mirror(tmp_path, {"beta": "echo louder\n"})
     subprocess.run(bench + ["--mirror", str(mirror)], check=True, capture_output=True)
-    doc = json.loads((tmp_path / "out" / "community.json").read_text())
+    doc = json.loads((tmp_path / "out" / "community-any-cpu.json").read_text())
     assert (doc["timing"]["cells_run"], doc["timing"]["cells_reused"]) == (2, 2)
-    for name in ("community.json", "community.md"):
+    for name in ("community-any-cpu.json", "community-any-cpu.md"):
         text = (tmp_path / "out" / name).read_text()
         assert "sparkmods-own-words" not in text and "echo" not in text
 

@@ -25,6 +25,7 @@ import e2e_nodes as nodes  # noqa: E402
 import e2e_parallel as parallel  # noqa: E402
 import e2e_serve as serve  # noqa: E402
 from extras import need  # noqa: E402
+from modfactory import make_site  # noqa: E402
 from sparkmods.launch.nodewords import RANK_FLAGS, RAY_HEAD, RAY_WORKER, fill  # noqa: E402
 from sparkmods.launch.plan import STANDALONE, LaunchOptions, build_plan  # noqa: E402
 from sparkmods.launch.recipe import load_recipe  # noqa: E402
@@ -284,12 +285,8 @@ def test_a_two_node_server_serves_from_two_process_trees_each_with_its_own_patch
 
     need("torch")  # e2e reads the model manifest through tiny_qwen35, which imports torch
 
-    site = tmp_path / "site"
-    cli = site / "vllm" / "entrypoints" / "cli"
-    cli.mkdir(parents=True)
-    for folder in (site / "vllm", site / "vllm" / "entrypoints", cli):
-        (folder / "__init__.py").write_text("")
-    (cli / "main.py").write_text(STUB_CLI)
+    site = make_site(tmp_path / "site", files={"vllm/entrypoints/__init__.py": "", "vllm/entrypoints/cli/__init__.py": "",
+                                               "vllm/entrypoints/cli/main.py": STUB_CLI})
     record = tmp_path / "record"
     record.mkdir()
     monkeypatch.setenv("STUB_RECORD", str(record))

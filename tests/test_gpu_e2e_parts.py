@@ -72,7 +72,7 @@ def test_int8_bound_holds_for_the_real_head_and_is_not_vacuous(tmp_path):
     x = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True))).to(torch.bfloat16)
     from int8_lm_head_interp import bench_module
 
-    mod = bench_module("int8_lm_head_kernel").load_kernel_module(tmp_path)  # the module the patch installs
+    mod = bench_module("benchlib.int8_lm_head_kernel").load_kernel_module(tmp_path)  # the module the patch installs
     int8 = mod.quantize_head(head.to(torch.bfloat16))
     assert int8.rotation is not None  # hidden 512: one rotation block
     quant = torch.log_softmax(mod.int8_matmul(x, int8).float(), -1)  # the torch path: the kernels' arithmetic
@@ -250,10 +250,10 @@ RESULTS = REPO / "ci" / "bench" / "results"
 
 
 @pytest.mark.parametrize("scenario, log, passed", [
-    ("mtp", "gpu-e2e-0.21.0/servers/mtp-stock/server.log", True),
-    ("mtp", "gpu-e2e-0.21.0/servers/mtp-missing/server.log", False),
-    ("hybrid", "gpu-e2e-0.26.0/servers/hybrid-stock/server.log", True),
-    ("hybrid", "gpu-e2e-0.21.0/servers/mtp-stock/server.log", False),
+    ("mtp", "gpu-e2e-0.21.0-h200/servers/mtp-stock/server.log", True),
+    ("mtp", "gpu-e2e-0.21.0-h200/servers/mtp-missing/server.log", False),
+    ("hybrid", "gpu-e2e-0.26.0-h200/servers/hybrid-stock/server.log", True),
+    ("hybrid", "gpu-e2e-0.21.0-h200/servers/mtp-stock/server.log", False),
 ], ids=["mtp-real-0.21-refusal", "mtp-another-failure", "hybrid-real-0.26-refusal", "hybrid-another-failure"])
 def test_a_stock_server_that_refused_counts_only_for_vllms_own_refusal(scenario, log, passed):
     """Logs committed from the GPU runs: 0.21.0 refused the un-indexed MTP head, 0.26.0 the FP8

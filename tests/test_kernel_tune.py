@@ -248,7 +248,7 @@ def test_the_default_path_is_under_the_cache_and_the_variable_overrides_it(mods:
 TUNE_SCRIPT = """
 import sys
 sys.path[:0] = [{bench!r}, {tools!r}]
-import int8_lm_head_kernel
+from benchlib import int8_lm_head_kernel
 int8_lm_head_kernel.enable_interpreter()  # Triton 3.6's interpreter on NumPy >= 2.4 (see there)
 from sparkmods import tuning
 tuning.CONTEXTS.update(short=32, long=48)  # tiny caches: the interpreter runs the kernels in Python
@@ -257,6 +257,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow  # tunes both mods end to end under Triton's interpreter
 def test_tune_writes_a_table_both_mods_read_back(mods: Dict[str, ModuleType], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     out = tmp_path / "cache" / "kernel-tune.json"
     script = TUNE_SCRIPT.format(bench=str(REPO / "ci" / "bench"), tools=str(REPO / "tools"))

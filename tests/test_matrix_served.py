@@ -69,7 +69,7 @@ def test_older_runs_get_the_variant_from_the_manifest_and_the_date_from_summary_
 def test_what_run_sh_did_must_agree_with_the_variant(results):
     """A 0.21.0 run whose run.sh said turboquant was not needed proves the upstream claim of that
     time, not today's v0.21.0 variant; a run that never applied the mod proves nothing."""
-    path = _run(results, "gpu-e2e-0.21.0", "turboquant", "0.21.0", said="not needed: vLLM includes it since 0.21.0")
+    path = _run(results, "gpu-e2e-0.21.0-h200", "turboquant", "0.21.0", said="not needed: vLLM includes it since 0.21.0")
     (path.parent / "summary.md").write_text("## 2026-11-24 10:00:00 vLLM 0.21.0 on NVIDIA H200\n")
     path.write_text(path.read_text().replace("NVIDIA H100 80GB HBM3", "NVIDIA H200"))
     assert served.index(results, MANIFESTS) == {}

@@ -1,6 +1,6 @@
 """int8-lm-head: the kernel module's quantization, torch path and head decisions on CPU torch.
 
-The module is taken from the mod's own new-file hunk (ci/bench/int8_lm_head_kernel.py), so
+The module is taken from the mod's own new-file hunk (ci/bench/benchlib/int8_lm_head_kernel.py), so
 these tests see the text run.sh installs. vLLM is not needed: stand-in classes carry the
 names the module checks (ParallelLMHead, UnquantizedEmbeddingMethod); the real classes are
 exercised by test_mod_int8_lm_head_vllm.py. The Triton kernel is checked on a GPU by
@@ -29,7 +29,7 @@ MOD_DIR = REPO / "mods" / "int8-lm-head"
 
 
 def _load_loader() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("int8_lm_head_kernel", REPO / "ci" / "bench" / "int8_lm_head_kernel.py")
+    spec = importlib.util.spec_from_file_location("int8_lm_head_kernel", REPO / "ci" / "bench" / "benchlib" / "int8_lm_head_kernel.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -140,7 +140,7 @@ def test_rotation_rescues_int8_hidden_states_with_outlier_channels(mod: ModuleTy
     """Why the head is rotated: W8A8 on final-norm-like states is far more accurate after it."""
     from int8_lm_head_interp import bench_module
 
-    hidden = bench_module("int8_lm_head_hidden")
+    hidden = bench_module("benchlib.int8_lm_head_hidden")
     gen = torch.Generator().manual_seed(6)
     w = torch.randn(2000, 1024, generator=gen) * 0.02  # one rotation block, as the real heads have
     x = hidden.hidden_states(hidden.norm_model(1024, gen), w, 64, gen, torch.float32)

@@ -75,7 +75,7 @@ def test_each_kernel_matches_the_dequantized_product(mod: ModuleType, kernel: st
 
 
 @pytest.mark.parametrize("tile", [(16, 32, 32), (32, 64, 64), (64, 32, 32), (16, 128, 128)])
-@pytest.mark.parametrize("m", [1, 7, 40])
+@pytest.mark.parametrize("m", [1, 7, pytest.param(40, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_split_kernel_matches_the_dequantized_product(mod: ModuleType, tile: tuple, m: int, dtype: str) -> None:
     w, gen = _head(203, 72, seed=m)
@@ -135,7 +135,7 @@ def _assert_w8a8_bound(mod: ModuleType, x: "torch.Tensor", w: "torch.Tensor", q,
 
 
 @pytest.mark.parametrize("tile", [(16, 32, 32), (32, 64, 64), (64, 32, 32), (16, 128, 128)])
-@pytest.mark.parametrize("m", [2, 7, 40])
+@pytest.mark.parametrize("m", [2, 7, pytest.param(40, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_w8a8_within_weight_plus_activation_bound(mod: ModuleType, tile: tuple, m: int, dtype: str) -> None:
     """The Triton kernel (fp16/bf16, interpreted) and the torch path (fp32 hidden states) alike."""
@@ -179,7 +179,7 @@ def test_a_table_entry_for_w8a8_routes_both_paths(mod: ModuleType, monkeypatch: 
     assert torch.equal(mod.int8_matmul(x32[:16], q), mod._torch_matmul(x32[:16], q))  # the gemv band: x as is
 
 
-@pytest.mark.parametrize("m", [1, 16, 17, 33, 65, 129, 300])
+@pytest.mark.parametrize("m", [1, 16, 17, *(pytest.param(m, marks=pytest.mark.slow) for m in (33, 65, 129, 300))])
 def test_dispatch_runs_the_table_entry_for_every_band(mod: ModuleType, m: int) -> None:
     w, gen = _head(160, 64, seed=100 + m)
     q = mod.quantize_rows(w)

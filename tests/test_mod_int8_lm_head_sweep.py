@@ -45,9 +45,10 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def report() -> ModuleType:
-    return bench_module("int8_lm_head_report")
+    return bench_module("benchlib.int8_lm_head_report")
 
 
+@pytest.mark.slow  # the swept fixture: a whole sweep under Triton's interpreter
 def test_sweep_rows_limits_and_tuning(swept: Path, report: ModuleType) -> None:
     data = json.loads((swept / "sweep.json").read_text())
     sweep = bench_module("sweep_int8_lm_head")
@@ -61,7 +62,7 @@ def test_sweep_rows_limits_and_tuning(swept: Path, report: ModuleType) -> None:
         act = m * k * 2 + m * n * 2
         assert r["bf16_limit_us"] == pytest.approx(1e6 * (2 * n * k + act) / 3.35e12)
         assert r["int8_limit_us"] == pytest.approx(1e6 * (n * k + 4 * n + act) / 3.35e12)
-        module = bench_module("int8_lm_head_kernel").load_kernel_module(swept)  # the module the patch installs
+        module = bench_module("benchlib.int8_lm_head_kernel").load_kernel_module(swept)  # the module the patch installs
         assert r["int8_config"] == sweep.describe(module.table_config(m))  # timed as DISPATCH routes it
         timed = data["tuning_times"][r["head"]][str(m)]
         assert r["int8_config"] in timed and r["best_us"] == min(t for t in timed.values() if t is not None)
@@ -102,11 +103,12 @@ def _accuracy(w8a8_top1: float) -> dict:
             for kind in ("gemv", "mma", "split", "w8a8")}
 
 
+@pytest.mark.slow  # the swept fixture: a whole sweep under Triton's interpreter
 @pytest.mark.parametrize("w8a8_top1,chosen", [(0.966, "split"), (0.972, "w8a8")])
 def test_the_band_table_keeps_w8a8_only_within_one_point_of_gemv(w8a8_top1: float, chosen: str, swept: Path) -> None:
     """1.2 points below gemv: the faster w8a8 tile is reported, not suggested; 0.6 points: suggested."""
     sweep = bench_module("sweep_int8_lm_head")
-    module = bench_module("int8_lm_head_kernel").load_kernel_module(swept)
+    module = bench_module("benchlib.int8_lm_head_kernel").load_kernel_module(swept)
     times = {"split 64x256x128 w8 s3": 700.0, "w8a8 128x256x128 w8 s3": 500.0, "gemv 128x128x64 w4 s3": 900.0}
     summary = sweep.tuning_summary(module, _tuned(times), torch.device("cpu"), _accuracy(w8a8_top1))
     band = next(b for b in summary["bands"] if b["limit"] == 256)
@@ -117,12 +119,13 @@ def test_the_band_table_keeps_w8a8_only_within_one_point_of_gemv(w8a8_top1: floa
     exec(summary["dispatch_python"], namespace)
     assert next(c for limit, c in namespace["DISPATCH"] if limit is None or limit >= 256).kernel == chosen
     data = {"tuning": summary, "rows": [], "accuracy": {}, "heads": [], "limits": {}}
-    rendered = bench_module("int8_lm_head_report").tuning_table(data)
+    rendered = bench_module("benchlib.int8_lm_head_report").tuning_table(data)
     assert "1.0 percentage points below the gemv" in rendered and f"w8a8 {-100 * (0.978 - w8a8_top1):+.2f} pp" in rendered
 
 
+@pytest.mark.slow  # the swept fixture: a whole sweep under Triton's interpreter
 def test_set_dispatch_writes_the_suggested_table_into_the_patch(swept: Path, tmp_path: Path, monkeypatch, capsys) -> None:
-    loader = bench_module("int8_lm_head_kernel")
+    loader = bench_module("benchlib.int8_lm_head_kernel")
     patch = tmp_path / "int8_lm_head.patch"
     patch.write_text(loader.PATCH.read_text())
     monkeypatch.setattr(loader, "PATCH", patch)  # the repository's patch stays as it is
@@ -150,7 +153,7 @@ def test_set_dispatch_writes_the_suggested_table_into_the_patch(swept: Path, tmp
      "end with None"),
 ])
 def test_set_dispatch_refuses_unusable_results_in_one_line(tmp_path: Path, monkeypatch, capsys, content: str, needle: str) -> None:
-    loader = bench_module("int8_lm_head_kernel")
+    loader = bench_module("benchlib.int8_lm_head_kernel")
     patch = tmp_path / "int8_lm_head.patch"
     patch.write_text(loader.PATCH.read_text())
     monkeypatch.setattr(loader, "PATCH", patch)
@@ -162,6 +165,7 @@ def test_set_dispatch_refuses_unusable_results_in_one_line(tmp_path: Path, monke
     assert patch.read_text() == SHIPPED_PATCH.read_text()  # nothing written
 
 
+@pytest.mark.slow  # the swept fixture: a whole sweep under Triton's interpreter
 def test_sweep_markdown_and_plot(swept: Path) -> None:
     md = (swept / "sweep.md").read_text()
     assert "INT8 >= 1.0x BF16 at every batch:" in md and "| 160x48 | 40 |" in md
@@ -172,6 +176,7 @@ def test_sweep_markdown_and_plot(swept: Path) -> None:
     assert all(len(line.get("points").split()) == 4 for line in lines)
 
 
+@pytest.mark.slow  # the swept fixture: a whole sweep under Triton's interpreter
 def test_readme_block_comes_from_the_results(swept: Path, report: ModuleType, tmp_path: Path) -> None:
     readme = tmp_path / "README.md"
     readme.write_text(f"# mod\n\nbefore\n\n{report.BEGIN}\nplaceholder\n{report.END}\n\nafter\n")
@@ -184,6 +189,7 @@ def test_readme_block_comes_from_the_results(swept: Path, report: ModuleType, tm
     assert readme.read_text() == first  # re-rendering is stable
 
 
+@pytest.mark.slow  # the swept fixture: a whole sweep under Triton's interpreter
 def test_report_input_errors_are_one_line(report: ModuleType, swept: Path, tmp_path: Path, capsys) -> None:
     assert report.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
@@ -231,7 +237,7 @@ def test_limits_follow_the_device(name: str, copy: float, expected: tuple) -> No
 
 
 def test_hidden_states_have_the_outlier_channels_and_unit_rms() -> None:
-    hidden = bench_module("int8_lm_head_hidden")
+    hidden = bench_module("benchlib.int8_lm_head_hidden")
     gen = torch.Generator().manual_seed(5)
     k = 512
     model = hidden.norm_model(k, gen)
@@ -250,7 +256,7 @@ def test_hidden_states_have_the_outlier_channels_and_unit_rms() -> None:
 
 
 def test_agreement_counts_and_errors_by_hand() -> None:
-    hidden = bench_module("int8_lm_head_hidden")
+    hidden = bench_module("benchlib.int8_lm_head_hidden")
     ref = torch.tensor([[0.0, 1.0, 0.5], [2.0, 0.0, 1.0]])
     bf16 = torch.tensor([[0.0, 1.0, 0.5], [2.0, 0.0, 1.0]])
     int8 = torch.tensor([[0.0, 0.4, 0.5], [2.0, 0.0, 1.25]])  # row 0 flips to index 2

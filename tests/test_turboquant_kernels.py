@@ -316,6 +316,7 @@ def test_decode_variants_match_the_reference(fmt: ModuleType, tq: ModuleType, na
     assert torch.allclose(out[0].float(), ref[0].float(), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.slow  # every value code, under Triton's interpreter
 def test_value_fields_decode_every_code_exactly(fmt: ModuleType, tq: ModuleType) -> None:
     """Values whose codes are all one number c (for each c) come back as scale * c + zero for
     every element: each field's masked subnormal times its weight is the code, in both value
@@ -339,6 +340,7 @@ def test_value_fields_decode_every_code_exactly(fmt: ModuleType, tq: ModuleType)
                 assert torch.allclose(out[0].float(), expected, atol=1e-3), (name, code, fields)
 
 
+@pytest.mark.slow  # every 3-bit key word, under Triton's interpreter
 def test_key3_lookup_asm_gives_every_word_its_codebook_entries(fmt: ModuleType, tq: ModuleType) -> None:
     """KEY3_LUT_ASM, run instruction by instruction by a PTX interpreter on every one of the 2^24
     words it can be given (8 two-bit fields in bits 0-15, their high bits in 16-23), returns the

@@ -11,7 +11,7 @@ is what the report calls it, e.g. the repository it was cloned from), two target
                 for byte.
 
     .venv/bin/python ci/bench/any_build.py [NAME=]git:/tmp/fork.git@main [...] \
-        [--out ci/bench/results/any-build] [--work /tmp/any-build] [--note TEXT]
+        [--out ci/bench/results/any-build-any-cpu] [--work /tmp/any-build] [--note TEXT]
 
 Writes any-build.json and any-build.md into --out. Exit code 1 when a dir: row is not green, an
 apply or revert fails, or a tree does not come back byte for byte.
@@ -63,7 +63,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("targets", nargs="+", metavar="[NAME=]git:PATH@REF")
     parser.add_argument("--note", action="append", default=[], help="a paragraph for the report (repeatable)")
-    parser.add_argument("--out", type=Path, default=REPO / "ci/bench/results/any-build")
+    parser.add_argument("--out", type=Path, default=REPO / "ci/bench/results/any-build-any-cpu")
     parser.add_argument("--work", type=Path, default=Path("/tmp/any-build"))
     parser.add_argument("--mods", type=Path, default=REPO / "mods")
     args = parser.parse_args()

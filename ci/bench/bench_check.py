@@ -22,7 +22,7 @@ of git revision REV too (exported to a temporary folder), one run each for the s
 
     .venv/bin/python ci/bench/bench_check.py [--reps 5] [--before REV] [--out ci/bench/results]
 
-Writes check.json (every measurement) and check.md; with --only, check-<rows>.json and .md (so a
+Writes check-any-cpu.json (every measurement) and .md; with --only, check-<rows>-any-cpu.json and .md (so a
 partial run leaves the full table alone). Exit 1 when a goal is missed.
 """
 
@@ -427,7 +427,7 @@ def main() -> int:
            "rows": [{"what": r.what, "goal": r.goal, "met": r.ok(r) if r.runs and r.goal != "-" else None,
                      "note": r.note, "runs": [vars(x) for x in r.runs], "before": [vars(x) for x in r.before],
                      "yardsticks": {k: [vars(x) for x in v] for k, v in r.yardsticks.items()}} for r in rows]}
-    name = "check" + "".join(f"-{row}" for row in sorted(set(args.only or [])))
+    name = "check" + "".join(f"-{row}" for row in sorted(set(args.only or []))) + "-any-cpu"
     (args.out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
     text = markdown(rows, args, args.before)
     (args.out / f"{name}.md").write_text(text)

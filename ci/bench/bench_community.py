@@ -6,7 +6,7 @@ from eugr/spark-vllm-docker); no work tree is needed. Each cell is one container
 release tree. Incremental: a cell is kept from the previous results while its mod's git tree id,
 the release's wheel sha256 and the sandbox fingerprint are unchanged.
 
-Writes community.json (`cells` of {"mod", "vllm", "status"}) and community.md under --out:
+Writes community-any-cpu.json (`cells` of {"mod", "vllm", "status"}) and community-any-cpu.md under --out:
 statuses and counts only, never a mod's text or output (another project's work is not committed
 here). Where run.sh can also be read statically (patch steps only), that verdict is kept beside the
 run's and the two are counted as agreeing or not.
@@ -34,6 +34,7 @@ from sparkmods.matrix.build import sort_sources
 from sparkmods.sources import open_targets
 
 RESULTS = Path(__file__).resolve().parent / "results"
+NAME = "community-any-cpu"  # <topic>-<vllm>-<gpu>: every release, the dev machine
 CODES = {"applied": "A", "no-change": "N", "failed": "F", "wrote-outside-vllm": "O", "timed-out": "T"}
 
 
@@ -91,7 +92,7 @@ def build(args: argparse.Namespace) -> dict:
     sandbox = fingerprint(image)
     sources = sort_sources([s for spec in (args.vllm or [">=0.18.0"]) for s in open_targets(spec)])
     shas = {s.version: s.sha256 for s in sources}
-    out_json = args.out / "community.json"
+    out_json = args.out / f"{NAME}.json"
     previous = json.loads(out_json.read_text()) if out_json.is_file() and not args.full else None
     kept = reusable(previous, mods, shas, sandbox)
     cells: Dict[tuple, dict] = {}
@@ -181,8 +182,8 @@ def main(argv: List[str]) -> int:
     args = ap.parse_args(argv)
     doc = build(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "community.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (args.out / "community.md").write_text(markdown(doc))
+    (args.out / f"{NAME}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (args.out / f"{NAME}.md").write_text(markdown(doc))
     print(f"{len(doc['mods'])} mods x {len(doc['releases'])} releases: {doc['counts']}; ran "
           f"{doc['timing']['cells_run']}, reused {doc['timing']['cells_reused']}, {doc['timing']['this_build_seconds']} s")
     return 0

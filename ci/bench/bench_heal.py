@@ -20,7 +20,7 @@ the job runs it, and each boundary is classified:
 --runtime VERSION (repeatable) runs the real runtime tests (ci/nightly_check.RUNTIME_TESTS, vLLM
 installed by tests/vllmenv.py) for the boundaries whose break release is VERSION.
 
-    .venv/bin/python ci/bench/bench_heal.py [--mods mods] [--out ci/bench/results/heal-replay]
+    .venv/bin/python ci/bench/bench_heal.py [--mods mods] [--out ci/bench/results/heal-replay-any-cpu]
         [--runtime 0.20.0 --runtime 0.24.0]
 
 Exit 1 when fewer than 60 % of the boundaries heal or any is wrong.
@@ -208,7 +208,7 @@ def markdown(rows: List[dict], runtime: Sequence[str], seconds: float) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mods", default=str(REPO / "mods"))
-    parser.add_argument("--out", default=str(REPO / "ci" / "bench" / "results" / "heal-replay"))
+    parser.add_argument("--out", default=str(REPO / "ci" / "bench" / "results" / "heal-replay-any-cpu"))
     parser.add_argument("--runtime", action="append", default=[], metavar="VERSION",
                         help="run the runtime tests for boundaries that break on this release (repeatable)")
     args = parser.parse_args(argv)

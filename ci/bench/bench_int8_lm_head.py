@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from int8_lm_head_kernel import load_kernel_module
+from benchlib.int8_lm_head_kernel import load_kernel_module
 
 SHAPES = ((248320, 3072), (151936, 4096), (32001, 2048))
 BATCHES = (1, 2, 4, 8, 16)

@@ -153,8 +153,8 @@ def main() -> int:
             print(f"{len(rows)} trials, {landed} landed, {time.time() - t0:.0f} s", file=sys.stderr)
     report = summarize(rows, mods)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "kill.json").write_text(json.dumps({**report, "trials": rows}, indent=1) + "\n")
-    (args.out / "kill.md").write_text(markdown(report))
+    (args.out / "kill-any-cpu.json").write_text(json.dumps({**report, "trials": rows}, indent=1) + "\n")
+    (args.out / "kill-any-cpu.md").write_text(markdown(report))
     print(markdown(report))
     return 0 if report["totals"]["stuck"] == 0 and report["totals"]["stray"] == 0 else 1
 
@@ -211,7 +211,7 @@ def summarize(rows: List[Dict[str, object]], mods) -> Dict[str, object]:
 
 
 def markdown(report: Dict[str, object]) -> str:
-    """kill.md: the totals, one row per mod / action / signal, and the exit codes explained."""
+    """kill-any-cpu.md: the totals, one row per mod / action / signal, and the exit codes explained."""
     t = report["totals"]
     lines = [
         "# Randomized kills of run.sh (ci/bench/bench_kill.py)",

@@ -29,7 +29,7 @@ verified release to the first release of the next variant, compared with the res
 next, hand-ported variant.
 
     .venv/bin/python ci/bench/bench_rebase.py [--wheels /tmp/wheels] [--cases 400] [--seed 7]
-        [--out ci/bench/results/rebase.md] [--jobs 2] [--mods mods]
+        [--out ci/bench/results/rebase-any-cpu.md] [--jobs 2] [--mods mods]
 
 Exit code 1 when the goal is missed: any silently wrong case for sparkmods, or fewer than
 95 % placed correctly, or not more placed correctly than both other tools.
@@ -513,7 +513,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--files-per-pair", type=int, default=8)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "rebase.md"))
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "rebase-any-cpu.md"))
     ap.add_argument("--wrong", help="write the silently-wrong sparkmods cases here (for debugging)")
     ap.add_argument("--mods", default=str(Path(__file__).resolve().parents[2] / "mods"),
                     help="also carry these real mods' variants to their next variant's release ('' to skip)")

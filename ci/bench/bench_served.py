@@ -3,10 +3,10 @@
 
     python3 ci/bench/bench_served.py run --model 35b-a3b --vllm-site SITE --out DIR [--detach]
     python3 ci/bench/bench_served.py wait --out DIR --seconds 540      # a detached run: 0 ended, 3 running
-    python3 ci/bench/served_report.py DIR/served-<model>-<vllm>-<gpu>     # table and plot again
+    python3 ci/bench/benchlib/served_report.py DIR/served-<model>-<vllm>-<gpu>     # table and plot again
 
 Why: the mods exist for speed and capacity, and a tiny model served eagerly says nothing about
-either. This serves the real shape (qwen35_shapes.py) with CUDA graphs through vLLM's OpenAI server,
+either. This serves the real shape (benchlib/qwen35_shapes.py) with CUDA graphs through vLLM's OpenAI server,
 weights by `--load-format dummy` (decode speed does not depend on their values), once per
 configuration (stock, hybrid-int4-fp8, int8-lm-head, turboquant, the full stack), each mod applied
 by its own run.sh in a hardlink overlay of SITE (ci/gpu/e2e_serve.py). The model folders hold the
@@ -22,7 +22,7 @@ tokens at once and counts the tokens all of them decode while every one is decod
 after the last prefill), so prefill never dilutes the rate; `first_tok_s` is their mean time to
 first token. A cell whose prompts exceed --max-cell-tokens (prefill time) or whose tokens would not
 fit the KV cache is a row that says so. Rows go to OUT/served-<model>-<vllm>-<gpu>/served.json as
-they are measured, with served.md and served.svg (served_report.py) and every server's log.
+they are measured, with served.md and served.svg (benchlib/served_report.py) and every server's log.
 
 A run takes longer than one 10-minute call to the GPU machine: `--detach` starts it in its own
 session (it outlives the call while the machine is held) and returns; `wait` polls it.
@@ -53,10 +53,10 @@ sys.path.insert(0, str(REPO / "ci" / "gpu"))  # e2e_serve: overlay, apply_mod, S
 sys.path.insert(0, str(REPO / "tests"))  # ckptfactory: the checkpoint's tensor specs
 sys.path.insert(0, str(REPO / "tools"))  # sparkmods.checkpoint.header: the safetensors header writer
 
+from benchlib.qwen35_shapes import MODELS, Model, config_json  # noqa: E402
+from benchlib.served_report import write_report  # noqa: E402
 from ckptfactory import Spec, main_specs  # noqa: E402
 from e2e_serve import Server, apply_mod, free_port, overlay, server_env  # noqa: E402
-from qwen35_shapes import MODELS, Model, config_json  # noqa: E402
-from served_report import write_report  # noqa: E402
 from sparkmods.checkpoint.header import HeaderEntry, encode_header  # noqa: E402
 
 SERVED_NAME = "qwen35"

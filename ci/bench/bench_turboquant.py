@@ -42,6 +42,10 @@ from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "ci" / "bench"))  # benchlib, also when a test loads this file by path
+
+from benchlib.int8_lm_head_kernel import fix_interpreter_scalars  # noqa: E402
+
 MOD_FILES = REPO / "mods" / "turboquant" / "files"
 UPSTREAM_MARKER = Path("vllm/v1/attention/ops/triton_turboquant_decode.py")
 REL_TOLERANCE = 2e-2  # ours vs the PyTorch reference: relative L2 of the attention output
@@ -56,23 +60,6 @@ class InputError(Exception):
 # ---------------------------------------------------------------------------------------------
 # Loading our modules (optionally under the CPU interpreter) and upstream's
 # ---------------------------------------------------------------------------------------------
-
-
-def _fix_interpreter_scalars() -> None:
-    """Triton 3.6's interpreter turns a scalar into int() of a 1-element array, which numpy >= 2.4
-    refuses (triton-lang/triton#9171, fixed by #9172 after 3.6); give it the element instead."""
-    from triton.runtime import interpreter
-
-    original = interpreter._patch_lang_tensor
-    if getattr(original, "sparkmods_fixed", False):
-        return
-
-    def patched(tensor: Any, scope: Any) -> None:
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patched.sparkmods_fixed = True
-    interpreter._patch_lang_tensor = patched
 
 
 def load_modules(interpret: bool) -> Tuple[ModuleType, ModuleType]:
@@ -106,15 +93,15 @@ def load_modules(interpret: bool) -> Tuple[ModuleType, ModuleType]:
     if interpret:
         if not _interpreted(sys.modules["triton"]):
             raise RuntimeError("tq_triton was imported for real kernels earlier in this process; the CPU interpreter cannot run them")
-        _fix_interpreter_scalars()
+        fix_interpreter_scalars()
     return tq_format, tq_triton
 
 
 def load_bf16_yardstick() -> ModuleType:
-    """ci/bench/tq_bf16_decode.py (load_modules imports it, with the interpreter setting it needs)."""
+    """ci/bench/benchlib/tq_bf16_decode.py (load_modules imports it, with the interpreter setting it needs)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("tq_bf16_decode", Path(__file__).with_name("tq_bf16_decode.py"))
+    spec = importlib.util.spec_from_file_location("tq_bf16_decode", Path(__file__).parent / "benchlib" / "tq_bf16_decode.py")
     assert spec is not None and spec.loader is not None
     if "tq_bf16_decode" not in sys.modules:
         module = importlib.util.module_from_spec(spec)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from int8_lm_head_kernel import load_kernel_module
+from benchlib.int8_lm_head_kernel import load_kernel_module
 
 SHAPES = ((248320, 3072), (151936, 4096), (32001, 2048), (4001, 1000))
 BATCHES = tuple(range(1, 17)) + (17, 33, 64, 100, 256, 600, 1024)  # > 32 rows: the split kernel

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Spark expectation (an estimate, not a measurement): bytes read per decoded token, from the shapes.
 
-    python3 ci/bench/spark_expectation.py [--out ci/bench/results/spark-expectation]
+    python3 ci/bench/spark_expectation.py [--out ci/bench/results/spark-expectation-any-cpu]
 
 Why: no DGX Spark is lent to us, and a Spark's decode is bound by its 273 GB/s memory, so the
 bytes a configuration reads per token bound its single-stream speed. For each model and mod
-configuration it sums, from the checkpoint's own tensor list (qwen35_shapes.py), what one
+configuration it sums, from the checkpoint's own tensor list (benchlib/qwen35_shapes.py), what one
 batch-1 decode step reads: every attention and DeltaNet projection, the router, the shared expert
 (BF16, or block-FP8 with its scales), the routed experts a token uses (top-k of INT4 with scales
 and zero points), one embedding row, the LM head (BF16, or INT8 codes with a scale per row), the
@@ -32,14 +32,14 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "tests"))  # ckptfactory: the checkpoint's tensor specs
 sys.path.insert(0, str(REPO / "mods" / "turboquant" / "files"))  # tq_format: the TurboQuant slot layout
 
+from benchlib.qwen35_shapes import MODELS, Model  # noqa: E402
 from ckptfactory import Spec, main_specs, mtp_specs  # noqa: E402
-from qwen35_shapes import MODELS, Model  # noqa: E402
 
 SPARK_BYTES_S = 273e9  # DGX Spark LPDDR5x bandwidth (../shared/docs/ecosystem.md)
 TQ_DTYPE = "turboquant_k3v4_nc"
 CONTEXTS = (1024, 32768, 131072)
 MTP_ACCEPTANCE = 0.95
-DEFAULT_OUT = HERE / "results" / "spark-expectation"
+DEFAULT_OUT = HERE / "results" / "spark-expectation-any-cpu"
 
 
 @dataclass(frozen=True)

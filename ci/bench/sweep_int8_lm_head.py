@@ -8,7 +8,7 @@ For three heads (Qwen3.5-122B-A10B 248320x3072, Qwen3-8B 151936x4096, Qwen3.5-35
 `int8_matmul` exactly as dispatched (DISPATCH in the module the patch installs), and puts both
 next to their physical limits: max(bytes / HBM bandwidth, 2 M N K / tensor-core peak). It then
 times candidate tiles of every kernel kind (gemv, mma, split, w8a8) per row band, and measures
-the accuracy of each kind on final-norm-like hidden states (ci/bench/int8_lm_head_hidden.py).
+the accuracy of each kind on final-norm-like hidden states (ci/bench/benchlib/int8_lm_head_hidden.py).
 The table it suggests per band is the fastest candidate whose kind keeps top-1 agreement with
 BF16 within TOP1_TOLERANCE_PP (1.0) percentage point of the gemv path's on every head (what
 the table could be, reported, never applied; int8_lm_head_kernel.py --set-dispatch applies it).
@@ -43,9 +43,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from int8_lm_head_hidden import Agreement, hidden_states, norm_model
-from int8_lm_head_kernel import enable_interpreter, load_kernel_module
-from int8_lm_head_report import points, write_outputs
+from benchlib.int8_lm_head_hidden import Agreement, hidden_states, norm_model
+from benchlib.int8_lm_head_kernel import enable_interpreter, load_kernel_module
+from benchlib.int8_lm_head_report import points, write_outputs
 
 HEADS = (("Qwen3.5-122B-A10B", 248320, 3072), ("Qwen3-8B", 151936, 4096), ("Qwen3.5-35B-A3B", 248320, 2048))
 BATCHES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
@@ -97,7 +97,7 @@ KINDS = ("gemv", "mma", "split", "w8a8")  # every kind is timed and its accuracy
 # most this many percentage points below the gemv path's (gemv is the reference INT8 path:
 # weight rounding only, FP32 products of the bf16 hidden states).
 # One point: the rotated W8A8 kind (x rounded to INT8 per row after the head's rotation) costs
-# 0.34-0.76 points on the three heads (results/int8_lm_head_h100_sweep/) and is the only kind that keeps
+# 0.34-0.76 points on the three heads (results/int8-lm-head-sweep-any-h100/) and is the only kind that keeps
 # INT8 at or above BF16 speed once the head turns compute-bound (>= ~192 rows); the weight-only
 # kinds there run at 0.8x. For scale: BF16 itself disagrees with exact FP32 logits on ~2 % of
 # these states (near-ties), and the mean logit error stays under 1 % of the logit RMS.

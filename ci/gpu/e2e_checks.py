@@ -107,7 +107,7 @@ def rotated_absmax(weight: Any) -> float:
     bench = str(Path(__file__).resolve().parents[1] / "bench")
     if bench not in sys.path:
         sys.path.insert(0, bench)
-    from int8_lm_head_kernel import load_kernel_module
+    from benchlib.int8_lm_head_kernel import load_kernel_module
 
     with tempfile.TemporaryDirectory() as tmp:
         mod = load_kernel_module(Path(tmp))

@@ -967,7 +967,7 @@ def plan_file(fp: FilePatch, data: Optional[bytes]) -> FileResult:
         res = _locate(hunk, contents, lo, drift, number)
         results.append(res)
         if res.outcome in (EXACT, OFFSET):
-            start = res.line - 1  # type: ignore[operator]
+            start = res.line - 1  # type: ignore[operator]  # a located hunk has its line
             drift = start - _stated_index(hunk)
             lo = start + len(hunk.old_lines)
         elif res.outcome == APPLIED and res.line is not None:
@@ -987,7 +987,7 @@ def plan_file(fp: FilePatch, data: Optional[bytes]) -> FileResult:
     out: List[Line] = []
     cursor = 0
     for hunk, res in zip(fp.hunks, results):
-        start = res.line - 1  # type: ignore[operator]
+        start = res.line - 1  # type: ignore[operator]  # every hunk is located here (a failure returned above)
         out.extend(lines[cursor:start])
         out.extend(_splice(lines, hunk, start, eol))
         cursor = start + len(hunk.old_lines)
@@ -1524,13 +1524,13 @@ def _is_sha(value: object) -> bool:
 def check_state(state: object) -> dict:
     """A mod's saved state (state.json, or the one an apply's journal will write), refused
     (ValueError) unless every file it names is a mod's file inside vllm/ with well-formed sums."""
-    files = state["files"]  # type: ignore[index]
+    files = state["files"]  # type: ignore[index]  # untyped JSON: the checks below give it its shape
     for rel, sums in files.items():
         if not isinstance(rel, str) or confine(rel) != rel:
             raise ValueError(f"{rel!r} is not a mod's file inside vllm/")
         if set(sums) != {"before", "after"} or not all(_is_sha(v) for v in sums.values()):
             raise ValueError(f"{rel}: bad sums {sums!r}")
-    return state  # type: ignore[return-value]
+    return state  # type: ignore[return-value]  # a dict with checked "files", as the lines above proved
 
 
 def dump_json(value: Any) -> bytes:
@@ -2707,7 +2707,7 @@ def _by_content(inputs: ModInputs, read: Reader) -> "tuple[ModInputs, ModResult]
         return _none_fits(inputs, decided, carried)
     best = min((rank, _moved(option, r)) for rank, option, r in fits)
     tied = [(option, r) for rank, option, r in fits if (rank, _moved(option, r)) == best]
-    holds = [(option, r) for option, r in tied if _holds(option.chosen, version)]  # type: ignore[arg-type]
+    holds = [(option, r) for option, r in tied if _holds(option.variant, version)]
     option, result = (holds or tied)[-1]
     _, verb, also = _RANKS[result.status]
     if option.paths():
@@ -2731,10 +2731,10 @@ def _moved(option: ModInputs, result: ModResult) -> int:
     stated = {fp.path: fp.hunks for fp in option.patches}
     total = 0
     for f in result.files:
-        hunks = stated.get(f.path)
+        hunks = stated.get(f.path, [])
         for h in f.hunks if hunks else ():
             if h.line is not None:
-                hunk = hunks[h.index - 1]  # type: ignore[index]
+                hunk = hunks[h.index - 1]
                 total += abs(h.line - (hunk.new_start if h.outcome == APPLIED else hunk.old_start))
     return total
 
@@ -3316,7 +3316,7 @@ class FilePatch:
 
     @property
     def path(self) -> str:
-        return self.new_path if self.new_path is not None else self.old_path  # type: ignore[return-value]
+        return self.new_path if self.new_path is not None else self.old_path  # type: ignore[return-value]  # the parser refuses a patch naming neither side
 
 
 def _strip(raw: str, strip: int, lineno: int) -> Optional[str]:

@@ -26,7 +26,7 @@ FILES: Tuple[Tuple[str, str], ...] = (
     ("files/tq_format.py", "vllm/v1/attention/ops/sparkmods_tq_format.py"),
     ("files/tq_triton.py", "vllm/v1/attention/ops/sparkmods_tq_triton.py"),
     ("files/sparkmods_turboquant.py", "vllm/v1/attention/backends/sparkmods_turboquant.py"),
-    # also embedded in int8-lm-head's patch (ci/bench/int8_lm_head_kernel.py): the fitting rule and the tune table
+    # also embedded in int8-lm-head's patch (ci/bench/benchlib/int8_lm_head_kernel.py): the fitting rule and the tune table
     ("files/sparkmods_kerneltune.py", "vllm/v1/attention/ops/sparkmods_kerneltune.py"),
 )
 

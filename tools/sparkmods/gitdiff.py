@@ -46,7 +46,7 @@ class Change:
 
     @property
     def path(self) -> str:
-        return self.new_path if self.new_path is not None else self.old_path  # type: ignore[return-value]
+        return self.new_path if self.new_path is not None else self.old_path  # type: ignore[return-value]  # the parser refuses a patch naming neither side
 
     @property
     def paths(self) -> List[str]:
@@ -166,7 +166,7 @@ def _plan(change: Change, read: Reader) -> Optional[FileResult]:
     if change.binary:
         return _binary(change, source if change.old_path is not None else None, read(path))
     if moved and source is None:
-        if target is not None and (change.patch is None or plan_file(_as_new(change), target).status == APPLIED):
+        if target is not None and (change.patch is None or plan_file(_as_new(change.new_path, change.patch), target).status == APPLIED):
             return FileResult(path, APPLIED, [HunkResult(1, APPLIED, 0)], reason=f"already {_moved_from(change)}")
         return FileResult(path, MISSING_FILE, reason=f"{change.old_path} ({_verb(change)} from) does not exist")
     if moved and target is not None:
@@ -184,8 +184,8 @@ def _plan(change: Change, read: Reader) -> Optional[FileResult]:
     return result
 
 
-def _as_new(change: Change) -> FilePatch:
-    return FilePatch(change.new_path, change.new_path, change.patch.hunks)  # type: ignore[union-attr]
+def _as_new(path: Optional[str], patch: FilePatch) -> FilePatch:
+    return FilePatch(path, path, patch.hunks)
 
 
 def _verb(change: Change) -> str:

@@ -122,7 +122,7 @@ def _sweep(mod: str, band: str, shipped: Any, candidates: Sequence[Any], run: Ca
         times[cfg] = bench(functools.partial(run, cfg))
     best = min(times, key=times.__getitem__)
     # The shipped config is timed first in its band, and first timings came out slower than later
-    # ones of the same kernel on the H100 (ci/bench/results/tune-e2e-h100/): it and the winner are
+    # ones of the same kernel on the H100 (ci/bench/results/tune-e2e-any-h100/): it and the winner are
     # timed once more, one after the other, and each keeps its better time.
     shipped_us, best_us = (min(times[c], bench(functools.partial(run, c))) for c in (shipped, best))
     if best_us >= shipped_us:

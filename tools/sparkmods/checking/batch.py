@@ -185,7 +185,7 @@ def _release(source: VllmSource) -> None:
 # Sources in flight at once (check, matrix, community judge), each holding its wheel's central
 # directory and fetched bytes until released; of those, at most cpuslots.CHECK_SLOTS run their
 # checks at a time (check_source), the others fetch (the community judge takes no slot).
-# More sources cost memory and no longer time (ci/bench/results/host-constants.md).
+# More sources cost memory and no longer time (ci/bench/results/host-constants-any-cpu.md).
 SOURCE_JOBS = 6
 
 

@@ -2,7 +2,7 @@
 that waits for the network meanwhile lends its slot out.
 
 The checks are CPU-bound under one GIL, so more checking threads add only switching; the
-other sources in flight (batch.SOURCE_JOBS; the figures: ci/bench/results/host-constants.md)
+other sources in flight (batch.SOURCE_JOBS; the figures: ci/bench/results/host-constants-any-cpu.md)
 fetch what their checks will read instead, and each check finishes sooner, so the next sources
 start fetching sooner. A check that reads a member no hint brought (sources/siblings.py) waits a round trip for it, once per
 module of an import chain; holding its slot meanwhile would idle the CPU while sources that

@@ -79,12 +79,12 @@ def _plain_super(call: ast.Call, cls: Symbol) -> bool:
     if not call.args and not call.keywords:
         return True
     return (len(call.args) == 2 and not call.keywords and isinstance(call.args[0], ast.Name)
-            and call.args[0].id == cls.node.name)  # type: ignore[attr-defined]
+            and call.args[0].id == cls.class_node.name)
 
 
-def _first_line(node: ast.AST) -> int:
+def _first_line(node: Union[ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef]) -> int:
     """Where a def or class begins, its decorators included (they stand above `def`)."""
-    return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])  # type: ignore[attr-defined]
+    return min([node.lineno] + [d.lineno for d in node.decorator_list])
 
 
 class _FileCheck:
@@ -101,8 +101,9 @@ class _FileCheck:
         self.found.append(DriftFinding(self.path, getattr(node, "lineno", 0), kind, message, f"{kind}|{key}"))
 
     # -- walk with context (enclosing classes / functions) ------------------------------------
-    def run(self) -> List[DriftFinding]:
-        self._walk(self.mod.tree.body, None, {})  # type: ignore[union-attr]
+    def run(self, body: Sequence[ast.stmt]) -> List[DriftFinding]:
+        """The findings in `body`, the statements of the parsed module `mod`."""
+        self._walk(body, None, {})
         return self.found
 
     def _walk(self, body: Sequence[ast.stmt], cls: Optional[Symbol], local: Dict[str, ast.AST]) -> None:
@@ -125,8 +126,8 @@ class _FileCheck:
                 continue
             self._scan([node], cls, local)
 
-    def _header_touched(self, node: ast.AST) -> bool:
-        last = node.body[0].lineno - 1 if node.body[0].lineno > node.lineno else node.lineno  # type: ignore[attr-defined]
+    def _header_touched(self, node: Union[ast.FunctionDef, ast.AsyncFunctionDef]) -> bool:
+        last = node.body[0].lineno - 1 if node.body[0].lineno > node.lineno else node.lineno
         return _touches(node, self.touched, _first_line(node), last)
 
     def _scan(self, nodes: Iterable[ast.AST], cls: Optional[Symbol], local: Dict[str, ast.AST]) -> None:
@@ -181,17 +182,17 @@ class _FileCheck:
         sym, bound, named = self._callee(call.func, cls, local)
         if sym is None or not sym.module.name.startswith("vllm"):
             return
-        node = sym.node
-        if isinstance(node, ast.ClassDef):
+        if isinstance(sym.node, ast.ClassDef):
             if self.tree.generated_init(sym):
                 return
             init = self.tree.member(sym, "__init__")
             if init is None:
                 return
-            sym, node, bound = init, init.node, True
+            sym, bound = init, True
+        node = sym.def_node
         if not signature_keeping(node):
             return
-        sig = Signature.of(node, in_class=sym.in_class)  # type: ignore[arg-type]
+        sig = Signature.of(node, in_class=sym.in_class)
         if sig.kind == "staticmethod":
             bound = False
         elif sig.kind == "classmethod":
@@ -209,7 +210,7 @@ class _FileCheck:
         if base is None or not base.module.name.startswith("vllm") or not signature_keeping(base.node):
             return
         mine = Signature.of(node, in_class=True)
-        theirs = Signature.of(base.node, in_class=True)  # type: ignore[arg-type]
+        theirs = Signature.of(base.def_node, in_class=True)
         if mine.kind != theirs.kind:
             return
         if mine.kind != "staticmethod":
@@ -239,7 +240,7 @@ def _walk_no_defs(node: ast.AST, touched: Sequence[int]) -> Iterable[ast.AST]:
                     continue
                 end = getattr(child, "end_lineno", None)
                 if end is not None:
-                    i = bisect.bisect_left(touched, child.lineno)  # type: ignore[attr-defined]
+                    i = bisect.bisect_left(touched, child.lineno)  # type: ignore[attr-defined]  # a node with end_lineno has lineno
                     if i == len(touched) or touched[i] > end:
                         continue
                 stack.append(child)
@@ -303,7 +304,7 @@ def _accepts(mine: Signature, theirs: Signature) -> List[str]:
     return problems
 
 
-_MEMO = DriftMemo()
+_MEMO: DriftMemo[Tuple[DriftFinding, ...]] = DriftMemo()
 
 
 def check_patched(changes: Changes, read: Reader, list_files: Optional[Callable[[], Sequence[str]]] = None) -> List[DriftFinding]:
@@ -314,7 +315,7 @@ def check_patched(changes: Changes, read: Reader, list_files: Optional[Callable[
     key = changes_key(changes)
     known = _MEMO.lookup(key, tree)
     if known is not None:
-        return list(known)  # type: ignore[call-overload]
+        return list(known)
     found = _findings(changes, tree)
     _MEMO.store(key, tree.observed, tuple(found))
     return found
@@ -336,9 +337,10 @@ def _findings(changes: Changes, tree: VllmTree) -> List[DriftFinding]:
                                  f"syntax|{exc.msg}"))
             continue
         mod = tree.module(name)
-        if mod is None or mod.tree is None:
+        parsed = mod.tree if mod is not None else None
+        if mod is None or parsed is None:
             continue
-        found.extend(_FileCheck(tree, path, mod, _added_lines(before, after), _import_lines(after)).run())
+        found.extend(_FileCheck(tree, path, mod, _added_lines(before, after), _import_lines(after)).run(parsed.body))
     return found
 
 

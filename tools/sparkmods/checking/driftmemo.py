@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from typing import Dict, List, Optional, Sequence, Tuple, TypeVar
+from typing import Dict, Generic, List, Optional, Sequence, Tuple, TypeVar
 
 from sparkmods.pyindex.resolve import Observation, VllmTree
 
@@ -40,15 +40,18 @@ def answers_all(tree: VllmTree, observed: Sequence[Observation]) -> bool:
     return all(tree.answer(question) == question[2] for question in observed)
 
 
-class DriftMemo:
+R = TypeVar("R")
+
+
+class DriftMemo(Generic[R]):
     """Results by changes key: for each, the last few (questions and answers, result) pairs."""
 
     def __init__(self, keys: int = 256, per_key: int = 4) -> None:
         self._keys, self._per_key = keys, per_key
-        self._table: "OrderedDict[bytes, List[Tuple[Tuple[Observation, ...], object]]]" = OrderedDict()
+        self._table: "OrderedDict[bytes, List[Tuple[Tuple[Observation, ...], R]]]" = OrderedDict()
         self._lock = threading.Lock()
 
-    def lookup(self, key: bytes, tree: VllmTree) -> Optional[object]:
+    def lookup(self, key: bytes, tree: VllmTree) -> Optional[R]:
         """A stored result whose questions tree answers the same; None when there is none."""
         with self._lock:
             entries = list(self._table.get(key, ()))
@@ -57,7 +60,7 @@ class DriftMemo:
                 return result
         return None
 
-    def store(self, key: bytes, observed: Sequence[Observation], result: object) -> None:
+    def store(self, key: bytes, observed: Sequence[Observation], result: R) -> None:
         with self._lock:
             entries = self._table.setdefault(key, [])
             self._table.move_to_end(key)

@@ -99,7 +99,7 @@ def _proposal(layer: Fp8Layer) -> Block:
     assert layer.scale is not None
     dims = []
     for n, s in zip(layer.weight.shape, layer.scale.shape):
-        low, high = block_interval(n, s)  # type: ignore[misc]
+        low, high = block_interval(n, s)  # type: ignore[misc]  # only for layers whose scale fits (scale_problem None): every dimension has an interval
         power = 1 << max(0, (low - 1).bit_length())
         dims.append(power if power <= high else low)
     return (dims[0], dims[1])

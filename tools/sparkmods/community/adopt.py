@@ -18,7 +18,7 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from sparkmods.community.judge import CommunityResult, judge
 from sparkmods.community.runsh import CommunityMod
@@ -54,31 +54,56 @@ class Adopted:
     not_carried: List[Tuple[str, str, str]] = field(default_factory=list)  # (version, status, reason)
 
 
+# A version as a plan sees it: (public version, the patch it carries or None, status, why not).
+Outcome = Tuple[str, Optional[str], str, str]
+
+
+def _lines(data: Optional[bytes]) -> Optional[List[str]]:
+    return None if data is None else data.decode("utf-8", "surrogateescape").splitlines(True)
+
+
 def _combined(result: CommunityResult) -> str:
     """One diff for what every step together does to each file."""
-    return "".join(file_diff(f.path, f.before.decode("utf-8", "surrogateescape").splitlines(True) if f.before is not None else None,
-                             f.after.decode("utf-8", "surrogateescape").splitlines(True) if f.after is not None else None)
-                   for f in result.files)
+    return "".join(file_diff(f.path, _lines(f.before), _lines(f.after)) for f in result.files)
 
 
-def plan_adoption(mod: CommunityMod, name: str, sources: Sequence) -> Adopted:
-    """The variants for these sources (any order: sorted by version here)."""
-    if not mod.checkable:
-        raise SparkmodsError(f"{mod.path}: cannot adopt: {mod.why_not()}")
+def _grouped(name: str, outcomes: Iterable[Outcome], key: Callable[[str], str]) -> Adopted:
+    """Variants from versions in order: consecutive versions whose patches have the same key
+    share one (with the first one's patch); a version that carries none ends the current one."""
     adopted = Adopted(name)
-    current = None
+    current: Optional[Variant] = None
+    current_key = ""
+    for public, patch, status, why in outcomes:
+        if patch is None:
+            adopted.not_carried.append((public, status, why))
+            if current is not None:
+                current.end, current = public, None
+            continue
+        if current is not None and key(patch) != current_key:
+            current.end, current = public, None
+        if current is None:
+            current, current_key = Variant(f"v{public}", public, "", [], patch), key(patch)
+            adopted.variants.append(current)
+        current.verified.append(public)
+    return adopted
+
+
+def _judged(mod: CommunityMod, sources: Sequence) -> Iterator[Outcome]:
     for source in sorted(sources, key=lambda s: Version(s.version)):
         result = judge(mod, source, keep_bytes=True)
         public = str(Version(source.version).public)
         if result.status not in (OK, OK_OFFSET):
-            adopted.not_carried.append((public, result.status, result.reason))
-            if current is not None:
-                current.end, current = public, None
-            continue
-        if current is None:
-            current = Variant(f"v{public}", public, "", [], _combined(result))
-            adopted.variants.append(current)
-        current.verified.append(public)
+            yield public, None, result.status, result.reason
+        else:
+            yield public, _combined(result), result.status, ""
+
+
+def plan_adoption(mod: CommunityMod, name: str, sources: Sequence) -> Adopted:
+    """The variants for these sources (any order: sorted by version here); consecutive
+    versions the steps apply to share a variant."""
+    if not mod.checkable:
+        raise SparkmodsError(f"{mod.path}: cannot adopt: {mod.why_not()}")
+    adopted = _grouped(name, _judged(mod, sources), key=lambda _patch: "")
     if not adopted.variants:
         raise SparkmodsError(f"{mod.path}: cannot adopt: its steps apply to none of the "
                              f"{len(sources)} vLLM versions checked")
@@ -87,10 +112,8 @@ def plan_adoption(mod: CommunityMod, name: str, sources: Sequence) -> Adopted:
 
 def _run_patch(tree: Path, ran: RunResult) -> str:
     """One diff for what a run changed in vllm/ (pristine bytes from the release tree)."""
-    def lines(data: Optional[bytes]) -> Optional[List[str]]:
-        return None if data is None else data.decode("utf-8", "surrogateescape").splitlines(True)
-    return "".join(file_diff(path, lines((tree / path).read_bytes() if (tree / path).is_file() else None),
-                             lines(ran.after[path])) for _, path in ran.changed
+    return "".join(file_diff(path, _lines((tree / path).read_bytes() if (tree / path).is_file() else None),
+                             _lines(ran.after[path])) for _, path in ran.changed
                    if not path.endswith(_LEFTOVERS))  # GNU patch's backups and rejects are not the fix
 
 
@@ -102,15 +125,9 @@ def _shape(patch: str) -> str:
     return re.sub(r"^@@ [^@]* @@", "@@", patch, flags=re.M)
 
 
-def plan_adoption_by_running(mod: CommunityMod, name: str, sources: Sequence, image: str,
-                             timeout: float) -> Adopted:
-    """The variants for a mod judged by running it (sandbox.py): on each version where the run
-    changed only vllm/ files and exited 0, its patch is what the run wrote; consecutive versions
-    whose patches differ only in line numbers share a variant."""
+def _ran(mod: CommunityMod, sources: Sequence, image: str, timeout: float) -> Iterator[Outcome]:
     from sparkmods.community.sandbox import APPLIED, _client, release_tree, run_mod
 
-    adopted = Adopted(name)
-    current, shape = None, ""
     client = _client()
     for source in sorted(sources, key=lambda s: Version(s.version)):
         public = str(Version(source.version).public)
@@ -119,18 +136,18 @@ def plan_adoption_by_running(mod: CommunityMod, name: str, sources: Sequence, im
             ran = run_mod(mod.path, tree, image, timeout, client, keep=True)
             symlinks = [p for op, p in ran.changed if op != "deleted" and p not in ran.after]
             patch = _run_patch(tree, ran) if ran.status == APPLIED and not symlinks else ""
-        if not patch:
-            why = f"wrote symbolic links {', '.join(symlinks)}" if symlinks else ran.reason(timeout)
-            adopted.not_carried.append((public, ran.status, why))
-            if current is not None:
-                current.end, current = public, None
-            continue
-        if current is not None and _shape(patch) != shape:
-            current.end, current = public, None
-        if current is None:
-            current, shape = Variant(f"v{public}", public, "", [], patch), _shape(patch)
-            adopted.variants.append(current)
-        current.verified.append(public)
+        if patch:
+            yield public, patch, ran.status, ""
+        else:
+            yield public, None, ran.status, f"wrote symbolic links {', '.join(symlinks)}" if symlinks else ran.reason(timeout)
+
+
+def plan_adoption_by_running(mod: CommunityMod, name: str, sources: Sequence, image: str,
+                             timeout: float) -> Adopted:
+    """The variants for a mod judged by running it (sandbox.py): on each version where the run
+    changed only vllm/ files and exited 0, its patch is what the run wrote; consecutive versions
+    whose patches differ only in line numbers share a variant."""
+    adopted = _grouped(name, _ran(mod, sources, image, timeout), key=_shape)
     if not adopted.variants:
         raise SparkmodsError(f"{mod.path}: cannot adopt: its run changed vLLM on none of the "
                              f"{len(sources)} versions run")

@@ -312,7 +312,8 @@ class _Walker:
         if node.assign is not None:
             name, items = node.assign
             values = [self.expand(w) for w in items]
-            self.vars[name] = None if any(v is None or isinstance(v, list) for v in values) else values  # type: ignore[assignment]
+            known = [v for v in values if isinstance(v, str)]
+            self.vars[name] = known if len(known) == len(values) else None  # a list or an unknown word: not known
             return
         if node.words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", node.words[0], re.S):
             for word in node.words:

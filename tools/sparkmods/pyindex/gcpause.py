@@ -5,7 +5,7 @@ hundreds of thousands of tracked objects per release. safeparse pauses the colle
 is built, but the new nodes still enter the youngest generation, so the next collections
 traverse every one of them on their way to the oldest, and each full collection walks every
 tree the cache holds. None of that frees anything: a tree has no reference cycles, and
-refcounting frees it when the cache drops it (the figures: ci/bench/results/host-constants.md).
+refcounting frees it when the cache drops it (the figures: ci/bench/results/host-constants-any-cpu.md).
 
 Pauses nest across threads (the matrix and the community judge check from pools): the
 collector runs again when the last batch ends, and only if it was running when the first began.

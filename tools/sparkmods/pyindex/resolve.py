@@ -211,6 +211,20 @@ class Symbol:
     def where(self) -> str:
         return f"{self.module.path}:{getattr(self.node, 'lineno', 0)}"
 
+    @property
+    def class_node(self) -> ast.ClassDef:
+        """The node of a class symbol; asked of a def, a caller's bug, it raises."""
+        if not isinstance(self.node, ast.ClassDef):
+            raise TypeError(f"{self.qualname} ({self.where}) is not a class")
+        return self.node
+
+    @property
+    def def_node(self) -> Union[ast.FunctionDef, ast.AsyncFunctionDef]:
+        """The node of a def symbol; asked of a class, a caller's bug, it raises."""
+        if not isinstance(self.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            raise TypeError(f"{self.qualname} ({self.where}) is not a def")
+        return self.node
+
 
 def _bind_targets(target: ast.AST, out: List[str]) -> None:
     if isinstance(target, ast.Name):
@@ -497,7 +511,7 @@ class VllmTree:
     def bases(self, cls: Symbol) -> List[Optional[Symbol]]:
         """The class's bases as Symbols (None for one we cannot read, e.g. torch.nn.Module)."""
         out: List[Optional[Symbol]] = []
-        for expr in cls.node.bases:  # type: ignore[attr-defined]
+        for expr in cls.class_node.bases:
             if isinstance(expr, ast.Subscript):  # Generic[T], SomeBase[X]
                 expr = expr.value
             if isinstance(expr, ast.Name) and expr.id in ("object", "ABC", "Protocol", "Generic"):
@@ -512,11 +526,11 @@ class VllmTree:
         if depth > MAX_DEPTH:
             return None
         if not skip_self:
-            defs = [n for n in cls.node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))  # type: ignore[attr-defined]
+            defs = [n for n in cls.class_node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                     and n.name == name]
             if defs:
                 return Symbol(cls.module, defs[0], f"{cls.qualname}.{name}", True) if len(defs) == 1 else None
-            if any(isinstance(n, (ast.Assign, ast.AnnAssign)) and name in _assigned(n) for n in cls.node.body):  # type: ignore[attr-defined]
+            if any(isinstance(n, (ast.Assign, ast.AnnAssign)) and name in _assigned(n) for n in cls.class_node.body):
                 return None
         for base in self.bases(cls):
             if base is None:
@@ -529,12 +543,12 @@ class VllmTree:
     def generated_init(self, cls: Symbol, depth: int = 0) -> bool:
         """True when __init__ may be generated or replaced (dataclass-like decorators,
         metaclasses, __new__, unreadable bases): its signature is then not checked."""
-        node = cls.node
-        if node.decorator_list or node.keywords or depth > MAX_DEPTH:  # type: ignore[attr-defined]
+        node = cls.class_node
+        if node.decorator_list or node.keywords or depth > MAX_DEPTH:
             return True
-        if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "__new__" for n in node.body):  # type: ignore[attr-defined]
+        if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "__new__" for n in node.body):
             return True
-        if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "__init__" for n in node.body):  # type: ignore[attr-defined]
+        if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "__init__" for n in node.body):
             return False
         return any(b is None or self.generated_init(b, depth + 1) for b in self.bases(cls))
 
@@ -548,9 +562,10 @@ def _assigned(node: ast.AST) -> List[str]:
 
 
 def _literal_strings(node: ast.expr) -> Optional[List[str]]:
-    if isinstance(node, (ast.List, ast.Tuple)) and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
-        return [e.value for e in node.elts]  # type: ignore[attr-defined]
-    return None
+    if not isinstance(node, (ast.List, ast.Tuple)):
+        return None
+    strings = [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    return strings if len(strings) == len(node.elts) else None
 
 
 def signature_keeping(node: ast.AST) -> bool:

@@ -9,7 +9,7 @@ The cyclic garbage collector is paused while the parser builds a tree: a large f
 hundreds of thousands of new node objects, each allocation counts towards a collection, and
 every full collection walks all the trees kept alive by the parse cache. A tree holds no
 reference cycles, so pausing it frees nothing later (the figures:
-ci/bench/results/host-constants.md).
+ci/bench/results/host-constants-any-cpu.md).
 """
 
 from __future__ import annotations

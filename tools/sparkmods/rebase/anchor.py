@@ -245,7 +245,7 @@ class Anchorer:
         if s is None:  # the top of a body stays the top, whatever upstream did below it
             if to is not None:
                 return (0, "") if to.index == 0 else (None, "onto has new code at the top of the block")
-            if _is_docstring(ostmts[0]) and not _is_docstring(t):  # type: ignore[arg-type]
+            if _is_docstring(ostmts[0]) and not _is_docstring(t):  # type: ignore[arg-type]  # s is None: j == 0, so t is the block's first statement (a body has one)
                 return None, "onto added a docstring where the insertion goes"
             return 0, ""
         if t is None:  # the end of a body stays the end

@@ -91,7 +91,7 @@ class RebaseResult:
             for p in f.parts:
                 if p.merged is not None or p.delete:
                     before = None if p.onto is None else join_lines(p.onto)
-                    after = None if p.delete else join_lines(p.merged)  # type: ignore[arg-type]
+                    after = None if p.delete or p.merged is None else join_lines(p.merged)
                     if before != after:
                         out[p.target] = (before, after)
         return out

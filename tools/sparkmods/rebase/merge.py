@@ -107,7 +107,7 @@ def _order(outcomes: List[EditOutcome]) -> None:
     """Placements must keep base order and not overlap; offenders become conflicts."""
     placed = [x for x in outcomes if x.outcome == PLACED]
     for a, b in itertools.pairwise(placed):
-        if b.onto_start < a.onto_end:  # type: ignore[operator]
+        if b.onto_start < a.onto_end:  # type: ignore[operator]  # a PLACED outcome has both ends
             for x in (a, b):
                 x.outcome, x.reason = CONFLICT, "placed out of order with a neighbouring edit"
 
@@ -144,7 +144,7 @@ def merge_file(fp: FilePatch, base: Sequence[str], onto: Sequence[str], edits: S
     eol = "\r\n" if sum(1 for x in onto if x.endswith("\r\n")) * 2 > len(onto) else "\n"
     placed = [(x.onto_start, x.onto_end, [_with_eol(line, eol) for line in x.edit.new])
               for x in outcomes if x.outcome == PLACED]
-    merged = apply_edits(list(onto), placed)  # type: ignore[arg-type]
+    merged = apply_edits(list(onto), placed)  # type: ignore[arg-type]  # PLACED outcomes have both ends
     if python and of is not None:
         try:
             safeparse.parse(join_lines(merged))

@@ -309,7 +309,7 @@ def plan_file(fp: FilePatch, data: Optional[bytes]) -> FileResult:
         res = _locate(hunk, contents, lo, drift, number)
         results.append(res)
         if res.outcome in (EXACT, OFFSET):
-            start = res.line - 1  # type: ignore[operator]
+            start = res.line - 1  # type: ignore[operator]  # a located hunk has its line
             drift = start - _stated_index(hunk)
             lo = start + len(hunk.old_lines)
         elif res.outcome == APPLIED and res.line is not None:
@@ -329,7 +329,7 @@ def plan_file(fp: FilePatch, data: Optional[bytes]) -> FileResult:
     out: List[Line] = []
     cursor = 0
     for hunk, res in zip(fp.hunks, results):
-        start = res.line - 1  # type: ignore[operator]
+        start = res.line - 1  # type: ignore[operator]  # every hunk is located here (a failure returned above)
         out.extend(lines[cursor:start])
         out.extend(_splice(lines, hunk, start, eol))
         cursor = start + len(hunk.old_lines)

@@ -113,13 +113,13 @@ def _is_sha(value: object) -> bool:
 def check_state(state: object) -> dict:
     """A mod's saved state (state.json, or the one an apply's journal will write), refused
     (ValueError) unless every file it names is a mod's file inside vllm/ with well-formed sums."""
-    files = state["files"]  # type: ignore[index]
+    files = state["files"]  # type: ignore[index]  # untyped JSON: the checks below give it its shape
     for rel, sums in files.items():
         if not isinstance(rel, str) or confine(rel) != rel:
             raise ValueError(f"{rel!r} is not a mod's file inside vllm/")
         if set(sums) != {"before", "after"} or not all(_is_sha(v) for v in sums.values()):
             raise ValueError(f"{rel}: bad sums {sums!r}")
-    return state  # type: ignore[return-value]
+    return state  # type: ignore[return-value]  # a dict with checked "files", as the lines above proved
 
 
 def dump_json(value: Any) -> bytes:

@@ -346,7 +346,7 @@ def _by_content(inputs: ModInputs, read: Reader) -> "tuple[ModInputs, ModResult]
         return _none_fits(inputs, decided, carried)
     best = min((rank, _moved(option, r)) for rank, option, r in fits)
     tied = [(option, r) for rank, option, r in fits if (rank, _moved(option, r)) == best]
-    holds = [(option, r) for option, r in tied if _holds(option.chosen, version)]  # type: ignore[arg-type]
+    holds = [(option, r) for option, r in tied if _holds(option.variant, version)]
     option, result = (holds or tied)[-1]
     _, verb, also = _RANKS[result.status]
     if option.paths():
@@ -370,10 +370,10 @@ def _moved(option: ModInputs, result: ModResult) -> int:
     stated = {fp.path: fp.hunks for fp in option.patches}
     total = 0
     for f in result.files:
-        hunks = stated.get(f.path)
+        hunks = stated.get(f.path, [])
         for h in f.hunks if hunks else ():
             if h.line is not None:
-                hunk = hunks[h.index - 1]  # type: ignore[index]
+                hunk = hunks[h.index - 1]
                 total += abs(h.line - (hunk.new_start if h.outcome == APPLIED else hunk.old_start))
     return total
 

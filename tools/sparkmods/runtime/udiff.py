@@ -61,7 +61,7 @@ class FilePatch:
 
     @property
     def path(self) -> str:
-        return self.new_path if self.new_path is not None else self.old_path  # type: ignore[return-value]
+        return self.new_path if self.new_path is not None else self.old_path  # type: ignore[return-value]  # the parser refuses a patch naming neither side
 
 
 def _strip(raw: str, strip: int, lineno: int) -> Optional[str]:

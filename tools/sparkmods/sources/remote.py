@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sparkmods.sources")
 
-# The measurements behind the three values below: ci/bench/results/host-constants.md.
+# The measurements behind the three values below: ci/bench/results/host-constants-any-cpu.md.
 # The first request reads this much of the file's end: the end records and, in the same
 # request, the whole central directory of a vLLM wheel.
 TAIL_BYTES = 1 << 20

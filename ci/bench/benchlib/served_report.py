@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Table and plot of a served benchmark: served.json -> served.md and served.svg beside it.
 
-    python3 ci/bench/served_report.py ci/bench/results/served-<model>-<vllm>-<gpu>
+    python3 ci/bench/benchlib/served_report.py ci/bench/results/served-<model>-<vllm>-<gpu>
 
 served.json is the list of rows bench_served.py writes ({"model", "gpu", "vllm", "config", "batch",
 "context", "tok_s", "kv_tokens", "first_tok_s", "phase", "note"}). The Markdown holds decode tok/s

@@ -4,9 +4,9 @@ The module ships only as a new-file hunk; benchmarks and tests import the text t
 creates (through the sparkmods patch engine), so what is measured is what the mod installs.
 Needs no vLLM: the module guards its vLLM import.
 
-    python3 ci/bench/int8_lm_head_kernel.py --extract FILE   # the module text, to edit
-    python3 ci/bench/int8_lm_head_kernel.py --write FILE     # FILE becomes the new-file hunk
-    python3 ci/bench/int8_lm_head_kernel.py --set-dispatch DIR/sweep.json  # the sweep's suggested table
+    python3 ci/bench/benchlib/int8_lm_head_kernel.py --extract FILE   # the module text, to edit
+    python3 ci/bench/benchlib/int8_lm_head_kernel.py --write FILE     # FILE becomes the new-file hunk
+    python3 ci/bench/benchlib/int8_lm_head_kernel.py --set-dispatch DIR/sweep.json  # the sweep's suggested table
 
 --write regenerates the patch with the rebase tooling's own diff writer and proves, with the
 engine run.sh uses, that the patch recreates FILE byte for byte. --set-dispatch replaces the
@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PATCH = REPO / "mods" / "int8-lm-head" / "patches" / "common" / "int8_lm_head.patch"
 MODULE_PATH = "vllm/model_executor/layers/int8_lm_head.py"
 # The fitting rule and tune table shared with turboquant: one source, a second new-file hunk here.
@@ -141,8 +141,12 @@ def enable_interpreter() -> None:
     interpreter. Two more limits of this interpreter, seen on Triton 3.6: bf16 `tl.dot` and
     int8 -> bf16 casts give wrong values, so interpreted runs use fp16 (the GPU does bf16).
     """
-    if os.environ.get("TRITON_INTERPRET", "0") != "1":
-        return
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        fix_interpreter_scalars()
+
+
+def fix_interpreter_scalars() -> None:
+    """The conversion fix of enable_interpreter, whatever TRITON_INTERPRET says now (once per process)."""
     import triton.runtime.interpreter as interpreter
 
     original = interpreter._patch_lang_tensor

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # ckptfactory: names, shapes, configs
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))  # ckptfactory: names, shapes, configs
 
 from ckptfactory import Shape, autoround_config, model_config
 
