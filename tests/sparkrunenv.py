@@ -14,6 +14,7 @@ registry added, as users add it.
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import re
 import shlex
@@ -27,7 +28,7 @@ import yaml
 
 from vllmenv import _uv, venvs_dir
 
-__all__ = ["REGISTRY", "SOURCES", "SPARKRUN_VERSION", "Sparkrun", "SparkrunEnvError", "serve_command", "sparkrun",
+__all__ = ["SOURCES", "SPARKRUN_VERSION", "Sparkrun", "SparkrunEnvError", "registry", "serve_command", "sparkrun",
            "sparkrun_env"]
 
 SPARKRUN_VERSION = "0.4.2"
@@ -88,7 +89,13 @@ def sparkrun_env(version: str = SPARKRUN_VERSION) -> Path:
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = sorted((REPO / "launch" / "recipes").glob("*.yaml"))
-REGISTRY = yaml.safe_load((REPO / ".sparkrun" / "registry.yaml").read_text())["registries"][0]["name"]
+
+
+@functools.lru_cache(maxsize=1)
+def registry() -> str:
+    """The name our .sparkrun/registry.yaml gives the recipe registry (read when a test asks: conftest
+    imports this module for every test, also in trees without .sparkrun/)."""
+    return yaml.safe_load((REPO / ".sparkrun" / "registry.yaml").read_text())["registries"][0]["name"]
 
 
 class Sparkrun:

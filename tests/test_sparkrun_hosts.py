@@ -33,7 +33,7 @@ from sparkmods.cli import main
 from sparkmods.launch.plan import LaunchOptions, build_plan
 from sparkmods.launch.recipe import load_recipe
 from sparkmods.launch.sparkrun import HF_MOUNT
-from sparkrunenv import REGISTRY, SOURCES, serve_command
+from sparkrunenv import SOURCES, registry, serve_command
 from sshnode import SshNode, client_config, ensure_ssh_node_image, free_network, keygen, ssh_node
 
 pytestmark = [pytest.mark.network, pytest.mark.docker]
@@ -76,7 +76,7 @@ def image(docker_engine, launch_image) -> Iterator[str]:
 
 
 def plan(sparkrun, source: Path, head: SshNode, worker: SshNode, *extra: str) -> str:
-    done = sparkrun("-v", "run", f"@{REGISTRY}/{source.stem}", "--hosts", f"{head.ip},{worker.ip}", "--tp", "2",
+    done = sparkrun("-v", "run", f"@{registry()}/{source.stem}", "--hosts", f"{head.ip},{worker.ip}", "--tp", "2",
                     *extra, "--dry-run", "--no-auto-detect")
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]

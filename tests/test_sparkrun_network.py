@@ -20,13 +20,13 @@ import pytest
 from sparkmods.launch.plan import LaunchOptions, build_plan
 from sparkmods.launch.recipe import load_recipe
 from sparkmods.launch.sparkrun import HF_MOUNT
-from sparkrunenv import REGISTRY, SOURCES, serve_command
+from sparkrunenv import SOURCES, registry, serve_command
 
 pytestmark = pytest.mark.network
 
 
 def test_the_registry_lists_every_recipe(sparkrun):
-    done = sparkrun("recipe", "list", "--registry", REGISTRY, "--json")
+    done = sparkrun("recipe", "list", "--registry", registry(), "--json")
     assert done.returncode == 0, done.stderr
     listed = {entry["file"]: entry for entry in json.loads(done.stdout)}
     assert sorted(listed) == sorted(p.stem for p in SOURCES)
@@ -36,14 +36,14 @@ def test_the_registry_lists_every_recipe(sparkrun):
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
 def test_each_recipe_validates_strictly_without_warnings(sparkrun, source):
-    done = sparkrun("recipe", "validate", f"@{REGISTRY}/{source.stem}", "--strict", "--json")
+    done = sparkrun("recipe", "validate", f"@{registry()}/{source.stem}", "--strict", "--json")
     report = json.loads(done.stdout)
     assert done.returncode == 0 and report["errors"] == 0 and report["warnings"] == 0, report["issues"]
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
 def test_a_planned_launch_applies_our_mods_and_serves_our_command(sparkrun, source):
-    done = sparkrun("-v", "run", f"@{REGISTRY}/{source.stem}", "--hosts", "127.0.0.1", "--dry-run",
+    done = sparkrun("-v", "run", f"@{registry()}/{source.stem}", "--hosts", "127.0.0.1", "--dry-run",
                     "--no-auto-detect")
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
