@@ -65,7 +65,7 @@ def run_check(args: argparse.Namespace) -> int:
     from sparkmods.modsdir import resolve_mods
     from sparkmods.sources.options import open_sources
 
-    if args.community or args.mods:  # only then can it be about community mods (their import is 10 ms)
+    if args.community or args.mods:  # only then can it be about community mods (import them only then)
         from sparkmods.community.cli import run_check as run_community, wants_community
 
         if wants_community(args):
