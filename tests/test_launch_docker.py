@@ -20,6 +20,7 @@ import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 from typing import Iterator, List
 
 import pytest
@@ -103,17 +104,38 @@ def test_a_failing_server_leaves_no_containers(launch, docker_engine):
     assert launch.containers(docker_engine) == []
 
 
+def _terminal_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+def _signal_state(pid: int) -> str:
+    """The script's ignored and blocked signal masks, for the message of a script that hangs."""
+    status = Path(f"/proc/{pid}/status")
+    lines = status.read_text().splitlines() if status.exists() else []
+    return ", ".join(line.replace("\t", " ") for line in lines if line.startswith(("SigIgn", "SigBlk"))) or "no /proc"
+
+
 def test_ctrl_c_leaves_no_containers(launch, docker_engine):
     launch.generate("--solo")
+    # As from a terminal: SIGINT at its default and unblocked in the script, whatever the test
+    # process inherited or holds (bash cannot trap a signal that was ignored when it started).
     proc = subprocess.Popen(["bash", str(launch.script)], env=launch.env(STANDIN_SLEEP="300"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_terminal_signals)
     deadline = time.monotonic() + 180
     while not launch.reports():
         assert proc.poll() is None, proc.communicate()[1]
         assert time.monotonic() < deadline, "vllm serve never started"
         time.sleep(0.5)
+    signals = _signal_state(proc.pid)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends the foreground job on Ctrl-C
-    _, err = proc.communicate(timeout=120)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        raise AssertionError(f"the script did not end within 120 s of SIGINT ({signals}):\n{err}") from None
     assert proc.returncode == 130, err
     assert launch.containers(docker_engine) == []
 
