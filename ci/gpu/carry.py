@@ -243,6 +243,7 @@ def _resolve(vllm_wheel: Path, deps_dir: Path, extra: Iterable[str] = (), cuda_l
     from packaging.requirements import Requirement
 
     have = _machine()
+    carried_cuda, standing_in = {_norm(n) for n in cuda_libs}, {_norm(n) for n in machine_libs}
     pins = _pins(vllm_wheel)
     todo = [(r, "vllm") for r in _requirements(vllm_wheel)] + [(r, "--extra") for r in extra]
     out = _Closure()
@@ -250,8 +251,7 @@ def _resolve(vllm_wheel: Path, deps_dir: Path, extra: Iterable[str] = (), cuda_l
         line, by = todo.pop(0)
         req = Requirement(line)
         name = _norm(req.name)
-        if name == "vllm" or _machine_keeps(req, have, {_norm(n) for n in cuda_libs}, by, out,
-                                            {_norm(n) for n in machine_libs}):
+        if name == "vllm" or _machine_keeps(req, have, carried_cuda, by, out, standing_in):
             continue
         if name in out.chosen:
             if not req.specifier.contains(_version(out.chosen[name]), prereleases=True):
