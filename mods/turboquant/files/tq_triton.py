@@ -4,8 +4,8 @@ functions here give the same results as tq_format's reference functions within f
 
 Why the decode kernel is shaped as it is: decode attention is a stream over the cache, and a
 packed cache is 3-5x smaller than bf16, so the cost is the work per element that turns codes into
-numbers the matrix unit reads (on the H100 the 3- and 4-bit caches are read at 0.09-0.47 of the
-device copy rate from 32k on, bf16 at 1.1-1.2 at batch 8: ci/bench/results/turboquant_h100_head*/). So:
+numbers the matrix unit reads (the committed H100 runs show the 3- and 4-bit caches read at a fraction of the
+device copy rate where bf16 reaches it: ci/bench/results/turboquant-head*-any-h100/). So:
 - One program serves one (request, KV head, split) and all the query heads of that KV head
   (GQA), so each element is decoded once for the group, which rides along as the rows of tl.dot.
 - Nothing is reordered: element d is field d % F of word d // F, and field f of every word is one
@@ -412,7 +412,7 @@ def rotate(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
 
     Not torch.matmul: a decode step rotates a handful of rows (a query's heads, one token's keys),
     where cuBLAS's float32 GEMM took 51 us for 16 x 128 rows on an H100 (head 128) against 11 us
-    for the whole decode attention: most of a batch-1 decode call (ci/bench/results/turboquant_rotate_h100.md).
+    for the whole decode attention: most of a batch-1 decode call (ci/bench/results/turboquant-rotate-any-h100.md).
     """
     head_size = x.shape[-1]
     flat = x.reshape(-1, head_size)
@@ -456,7 +456,7 @@ def tq_store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
 
 def store_warps(head_size: int) -> int:
     """Warps of the store kernel: head 512's code search ([tokens, D, codebook midpoints]) over 8,
-    since with 4 the 4-bit store spills registers (ci/bench/results/gb10-readiness/)."""
+    since with 4 the 4-bit store spills registers (ci/bench/results/gb10-readiness-any-cpu/)."""
     return 4 if head_size <= 256 else 8
 
 
