@@ -75,7 +75,7 @@ def _attention_groups(gid: int, group: Any, layers: Dict[str, Any]) -> List[Any]
     return list(by_key.values())
 
 
-def _shape(cfg: Any, layers: Dict[str, Any]) -> Dict[str, Any]:
+def _shape(cfg: Any, layers: Dict[str, Any], forward: bool = False) -> Dict[str, Any]:
     """The runner's allocation and reshape of these layers' KV caches."""
     import torch
     from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
@@ -103,7 +103,59 @@ def _shape(cfg: Any, layers: Dict[str, Any]) -> Dict[str, Any]:
         return out
     out["caches"] = {name: {"shape": list(t.shape), "dtype": str(t.dtype), "bytes": t.numel() * t.element_size(),
                             "allocated": raw[name].numel()} for name, t in caches.items()}
+    if forward:
+        name = next(n for n, layer in layers.items() if layer.attn_backend.get_name() == "TURBOQUANT")
+        out["forward"] = _forward(cfg, layers[name], specs[name], caches[name])
     return out
+
+
+def _forward(cfg: Any, layer: Any, spec: Any, cache: Any) -> Dict[str, Any]:
+    """One prefill of two requests and one decode step through the impl vLLM built for the layer
+    and the builder its backend names, on the cache tensor the runner shaped; each output row
+    against the packed format's reference over the same bytes (TRITON_INTERPRET=1: on the CPU)."""
+    import torch
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from vllm.v1.attention.backends.sparkmods_turboquant import pages
+    from vllm.v1.attention.ops import sparkmods_tq_format as fmt
+
+    impl, backend = layer.impl, layer.attn_backend
+    builder = backend.get_builder_cls()(spec, ["l"], cfg, torch.device("cpu"))
+    torch.manual_seed(0)
+    heads, hkv, head = impl.num_heads, impl.num_kv_heads, impl.head_size
+    view = pages(cache, hkv)
+    block = view.shape[1]
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    scale = head ** -0.5
+    tq = fmt.tq_spec(layer.kv_cache_dtype)
+
+    def step(query_lens: List[int], seq_lens: List[int]) -> Dict[str, Any]:
+        qsl = torch.tensor([0] + list(torch.tensor(query_lens).cumsum(0)), dtype=torch.int32)
+        n = int(qsl[-1])
+        slots = torch.cat([table[r, torch.arange(s - q, s) // block].long() * block + torch.arange(s - q, s) % block
+                           for r, (q, s) in enumerate(zip(query_lens, seq_lens))])
+        common = CommonAttentionMetadata(
+            query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+            num_reqs=len(seq_lens), num_actual_tokens=n, max_query_len=max(query_lens), max_seq_len=max(seq_lens),
+            block_table_tensor=table, slot_mapping=slots)
+        meta = builder.build(0, common)
+        # vLLM hands the layer flat [tokens, heads * head] projections and a flat output buffer
+        q = torch.randn(n, heads * head).to(torch.bfloat16)
+        k, v = torch.randn(n, hkv * head).to(torch.bfloat16), torch.randn(n, hkv * head).to(torch.bfloat16)
+        impl.do_kv_cache_update(layer, k, v, cache, slots)
+        out = torch.full((n, heads * head), float("nan"), dtype=torch.bfloat16)
+        impl.forward(layer, q, k, v, cache, meta, output=out)
+        worst = 0.0
+        for r, (ql, sl) in enumerate(zip(query_lens, seq_lens)):
+            for i in range(ql):
+                t, length = int(qsl[r]) + i, sl - ql + 1 + i
+                ref = fmt.ref_decode(q[t:t + 1].view(1, heads, head), view, table[r:r + 1], [length], scale, tq)
+                worst = max(worst, float((out[t].view(heads, head).float() - ref[0].float()).abs().max()))
+        return {"num_decode_tokens": meta.num_decode_tokens, "max_abs_err": worst,
+                "finite": bool(torch.isfinite(out).all())}
+
+    prefill = step([block + 3, 5], [block + 3, 5])
+    return {"impl": f"{type(impl).__module__}.{type(impl).__name__}", "builder": type(builder).__name__,
+            "prefill": prefill, "decode": step([1, 1], [block + 4, 6])}
 
 
 def main(argv: List[str]) -> int:
@@ -122,7 +174,7 @@ def main(argv: List[str]) -> int:
                              max_model_len=4096).create_engine_config()
             with set_current_vllm_config(cfg):
                 layers = _attention_layers(cfg, model, job["cuda_priorities"])
-                got = _shape(cfg, layers)
+                got = _shape(cfg, layers, forward=name in job.get("forward", []))
             got["skip"] = list(cfg.cache_config.kv_cache_dtype_skip_layers)
             report[f"{name}/{dtype}"] = got
     emit(report)

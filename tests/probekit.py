@@ -47,8 +47,10 @@ def read_report(proc: "subprocess.CompletedProcess[str]", what: str) -> Dict[str
     return json.loads(lines[-1])
 
 
-def run_job(env: Any, probe: Path, cases: List[Dict[str, Any]], tmp: Path, site: Optional[Path]) -> Dict[str, Any]:
+def run_job(env: Any, probe: Path, cases: List[Dict[str, Any]], tmp: Path, site: Optional[Path],
+            extra_env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     """Run `probe JOB.json` under the vllmenv environment `env`, site (an overlay) first."""
     job = tmp / "job.json"
     job.write_text(json.dumps({"cases": cases}), encoding="utf-8")
-    return read_report(env.run([str(probe), str(job)], pythonpath=site, timeout=900), f"vLLM {env.version}")
+    proc = env.run([str(probe), str(job)], pythonpath=site, timeout=900, **({"env": extra_env} if extra_env else {}))
+    return read_report(proc, f"vLLM {env.version}")

@@ -51,6 +51,19 @@ def test_imports_that_resolve_or_cannot_be_judged(line):
     assert check(add(f"        {line}\n")) == []
 
 
+@pytest.mark.parametrize("handler", ["ImportError", "ModuleNotFoundError", "(AttributeError, ImportError)", ""])
+def test_an_import_guarded_against_its_own_failure_is_not_drift(handler):
+    guarded = ("        try:\n            from vllm.model_executor.layers.quantization.helpers import shift\n"
+               f"        except {handler}:\n            shift = None\n").replace("except :", "except:")
+    assert check(add(guarded)) == []
+
+
+def test_a_try_that_catches_something_else_does_not_hide_the_import():
+    (finding,) = check(add("        try:\n            from vllm.model_executor.layers.quantization.helpers import shift\n"
+                           "        except KeyError:\n            shift = None\n"))
+    assert finding.startswith("import:") and "defines no shift" in finding
+
+
 def test_a_star_import_honours_all():
     (finding,) = check(add("        from vllm.model_executor.layers.quantization import _private\n"))
     assert "defines no _private" in finding

@@ -25,7 +25,7 @@ from sparkmods.launch.plan import LaunchOptions, build_plan
 from sparkmods.launch.problem import Context
 from sparkmods.launch.recipe import load_recipe
 from sparkmods.launch.vllmfacts import VllmFacts
-from sparkmods.runtime.manifest import Upstream, load_manifest
+from sparkmods.runtime.manifest import load_manifest
 from sparkmods.runtime.modcheck import ModResult
 from sparkmods.runtime.udiff import parse_patch
 from sparkmods.sources import open_targets
@@ -48,15 +48,15 @@ def load_maker(mod_dir: Path = MOD) -> ModuleType:
 
 @pytest.mark.parametrize("version, label", [
     ("0.18.0", "v0.18.0"), ("0.19.1", "v0.18.0"), ("0.20.0.dev5", "v0.18.0"), ("0.20.0", "v0.20.0"),
-    ("0.20.2", "v0.20.0"), ("0.21.0rc1", "v0.20.0"), ("0.21.0", "v0.21.0"), ("0.26.0", "v0.21.0"),
-    ("0.27.0rc1", "v0.21.0"), ("0.27.0", None), ("0.33.0", None), ("1.0.0", None)])
+    ("0.20.2", "v0.20.0"), ("0.21.0rc1", "v0.20.0"), ("0.21.0", "v0.21.0-kernels"), ("0.26.0", "v0.21.0-kernels"),
+    ("0.27.0rc1", "v0.21.0-kernels"), ("0.27.0", "v0.27.0-kernels"), ("0.33.0", "v0.27.0-kernels"),
+    ("1.0.0", "v0.27.0-kernels")])
 def test_every_release_from_018_has_exactly_one_answer(version: str, label: str) -> None:
-    chosen = load_manifest(MOD).select(version)
-    if label is None:
-        assert isinstance(chosen, Upstream) and str(chosen.since) == "0.27.0"
-    else:
-        assert chosen.label == label
-    assert load_manifest(MOD).select("0.17.1") is None
+    """No upstream section: upstream serves TurboQuant from 0.21, and the mod replaces its kernels."""
+    manifest = load_manifest(MOD)
+    assert manifest.upstream is None
+    assert manifest.select(version).label == label
+    assert manifest.select("0.17.1") is None
 
 
 def test_ranges_do_not_overlap_and_verified_releases_fall_inside() -> None:
@@ -66,13 +66,6 @@ def test_ranges_do_not_overlap_and_verified_releases_fall_inside() -> None:
             assert manifest.select(version) is variant, (variant.label, version)
         for patch in variant.patches:
             assert (MOD / patch).is_file()
-
-
-def test_upstream_detect_rules_name_the_hybrid_support() -> None:
-    detect = {d.file: d.contains for d in load_manifest(MOD).upstream.detect}
-    assert detect["vllm/engine/arg_utils.py"] == "get_boundary_skip_layers(model_config)"
-    # the runner shapes TurboQuant layers with their own dtype only once KVQuantMode knows them
-    assert detect["vllm/v1/kv_cache_interface.py"] == "def is_turboquant(self)"
 
 
 # ---- the generated patch ----
@@ -182,11 +175,11 @@ def test_every_release_from_018_is_green() -> None:
     rows = {r["vllm"]: r for r in json.loads(proc.stdout)["results"] if r["mod"] == MOD.name}
     assert len(rows) >= 23, sorted(rows)
     for version, row in rows.items():
-        expected = {"v0.18.0": {"ok", "ok-offset"}, "v0.20.0": {"ok"}, "v0.21.0": {"ok", "ok-offset"},
-                    None: {"upstream"}}[row["variant"]]
+        expected = {"v0.18.0": {"ok", "ok-offset"}, "v0.20.0": {"ok"}, "v0.21.0-kernels": {"ok", "ok-offset"},
+                    "v0.27.0-kernels": {"ok", "ok-offset"}}[row["variant"]]
         assert row["status"] in expected, (version, row["status"], row.get("reason"))
     assert rows["0.19.1"]["variant"] == "v0.18.0" and rows["0.20.2"]["variant"] == "v0.20.0"
-    assert rows["0.26.0"]["variant"] == "v0.21.0" and rows["0.27.0"]["status"] == "upstream"
+    assert rows["0.26.0"]["variant"] == "v0.21.0-kernels" and rows["0.33.0"]["variant"] == "v0.27.0-kernels"
 
 
 @pytest.mark.network

@@ -92,8 +92,11 @@ def test_backend_is_ours_on_quantised_layers_and_the_default_on_boundary_layers(
     # vLLM logs the backend it picks; ours is picked by the mod's hook, which names it instead, once
     # per process (the hybrid model's layers were made first, in the same process)
     assert report["layers"]["hybrid"]["selection_log"] == [
-        "Using TURBOQUANT attention backend for --kv-cache-dtype turboquant_k3v4_nc (sparkmods turboquant)"]
-    assert dense["selection_log"] == []
+        "Using TURBOQUANT attention backend for --kv-cache-dtype turboquant_k3v4_nc (sparkmods turboquant)",
+        "TurboQuant attention on sparkmods kernels: --kv-cache-dtype turboquant_k3v4_nc, head size 256"]
+    # the selection line once per process; the kernels line once per distinct head size
+    assert dense["selection_log"] == [
+        "TurboQuant attention on sparkmods kernels: --kv-cache-dtype turboquant_k3v4_nc, head size 128"]
 
 
 def test_hybrid_attention_pages_unify_with_the_deltanet_state_pages(report: Dict[str, Any]) -> None:

@@ -1,4 +1,4 @@
-"""turboquant's v0.21.0 variant at work in a real vLLM 0.26.0 (marker vllm_runtime: about 3 GB).
+"""turboquant's v0.21.0-kernels variant at work in a real vLLM 0.26.0 (marker vllm_runtime: about 3 GB).
 
 vLLM 0.25.0-0.26.x cannot start any TurboQuant KV cache (the GPU e2e run of 0.26.0 failed with
 "Unknown TurboQuant cache dtype: 'auto'"): the model runner shapes every attention layer whose
@@ -61,12 +61,13 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Dict[str, Any
     env = vllm_env(VERSION)
     site = env.overlay(tmp / "site")
     applied = run_sh(MOD, site, tmp / "workspace")
-    assert applied.returncode == 0 and "applied variant v0.21.0" in applied.stdout, applied.stdout + applied.stderr
+    assert applied.returncode == 0 and "applied variant v0.21.0-kernels" in applied.stdout, applied.stdout + applied.stderr
     job = {"models": models(tmp / "models"), "dtypes": DTYPES, "cuda_priorities": CUDA_PRIORITIES}
     (tmp / "stock").mkdir()
     (tmp / "mod").mkdir()
+    # with the mod, one step of the tiny model's first TurboQuant layer runs its kernels on the CPU
     return {"stock": run_job(env, PROBE, [job], tmp / "stock", None),
-            "mod": run_job(env, PROBE, [job], tmp / "mod", site)}
+            "mod": run_job(env, PROBE, [{**job, "forward": ["tiny"]}], tmp / "mod", site, {"TRITON_INTERPRET": "1"})}
 
 
 def test_the_probe_uses_the_release_cuda_priorities() -> None:
@@ -118,3 +119,18 @@ def test_dense_boundary_layers_keep_the_default_backend_and_bf16_shape(reports: 
             assert cache["bytes"] == cache["allocated"] == BLOCKS * page, (name, cache)
         assert got["caches"]["model.layers.3.self_attn.attn"]["shape"][-1] == SLOT[128][dtype]
         assert got["caches"]["model.layers.0.self_attn.attn"]["dtype"] == "torch.bfloat16"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_turboquant_layers_run_our_kernels_on_the_cache_vllm_shaped(reports: Dict[str, Dict[str, Any]],
+                                                                     dtype: str) -> None:
+    """Upstream's backend class (its spec and its (blocks, heads, block_size, slot) cache) with our
+    impl and builder: a prefill and a decode step through them match the packed format's reference
+    read from the same bytes, the runner's tensor viewed as dense pages."""
+    got = reports["mod"][f"tiny/{dtype}"]["forward"]
+    assert got["impl"] == "vllm.v1.attention.backends.sparkmods_turboquant.TurboQuantImpl"
+    assert got["builder"] == "TurboQuantMetadataBuilder"
+    assert got["prefill"]["num_decode_tokens"] == 0 and got["decode"]["num_decode_tokens"] == 2
+    for name in ("prefill", "decode"):
+        assert got[name]["finite"], name
+        assert got[name]["max_abs_err"] <= 0.04, (name, got[name])  # bf16 rounding of outputs up to ~4

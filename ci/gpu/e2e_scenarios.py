@@ -249,6 +249,8 @@ def turboquant(run) -> Report:
     if tq is None:
         return report
     _said(report, run.servers["turboquant"], "TurboQuant", "TURBOQUANT")
+    if mods:  # the mod's own store and decode kernels, on every release it applies to
+        _said(report, run.servers["turboquant"], "TurboQuant", "TurboQuant attention on sparkmods kernels")
     _compare(report, "TurboQuant", tq, base, "the bf16 KV cache", LOGPROB_TOLERANCE)
     ratio_of = [kv_cache_tokens(run.servers[n].log_text()) for n in ("turboquant", "baseline")]
     ratio = ratio_of[0] / ratio_of[1] if all(ratio_of) else None

@@ -1,10 +1,13 @@
-"""TurboQuant KV cache for vLLM 0.18-0.19 (sparkmods turboquant mod).
+"""TurboQuant KV cache with sparkmods' layout and kernels (sparkmods turboquant mod).
 
 Installed as vllm/v1/attention/backends/sparkmods_turboquant.py by the mod's patch (generated from
 mods/turboquant/files/ by mods/turboquant/make_patches.py). vLLM 0.20 added the same
 `--kv-cache-dtype turboquant_*` names with its own backend; this module gives 0.18-0.19 those names
 with the same meaning, on the packed cache layout and Triton kernels of sparkmods_tq_format /
-sparkmods_tq_triton (installed next to vLLM's attention ops).
+sparkmods_tq_triton (installed next to vLLM's attention ops). From 0.21 upstream's backend class
+stays (its spec, page size and cache shape are the release's own, with the same bytes per token)
+and its get_impl_cls / get_builder_cls return ours: upstream's decode kernel reads its
+per-token records one at a time, ours reads each KV head's page region in long aligned runs.
 
 What the mod's small hunks in vLLM call here, and why:
 - `configure_engine` (engine/arg_utils.py, after CacheConfig is built): adds the boundary layers
@@ -38,8 +41,12 @@ from vllm.v1.attention.backend import (
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 from vllm.v1.attention.ops import sparkmods_tq_format as fmt
 from vllm.v1.attention.ops import sparkmods_tq_triton as tqk
-from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, spec_manager_map
 from vllm.v1.kv_cache_interface import AttentionSpec, FullAttentionSpec
+
+try:  # vLLM 0.18-0.22 pick a layer's KV cache manager by its spec's exact type (our spec: 0.18-0.19)
+    from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, spec_manager_map
+except ImportError:
+    spec_manager_map = None
 
 logger = init_logger(__name__)
 
@@ -125,7 +132,8 @@ class TurboQuantAttentionSpec(FullAttentionSpec):
 
 
 # The KV cache manager picks its class by the exact spec type: ours is a full-attention cache.
-spec_manager_map.setdefault(TurboQuantAttentionSpec, FullAttentionManager)
+if spec_manager_map is not None:
+    spec_manager_map.setdefault(TurboQuantAttentionSpec, FullAttentionManager)
 
 
 def kv_cache_spec(layer, block_size: int) -> TurboQuantAttentionSpec:
@@ -161,7 +169,7 @@ def select_backend(selector_config) -> type:
 
 class TurboQuantBackend(AttentionBackend):
     accept_output_buffer: bool = True
-    forward_includes_kv_cache_update: bool = True  # quantise-on-store happens in forward
+    forward_includes_kv_cache_update: bool = False  # vLLM calls do_kv_cache_update first (as upstream's)
     supported_dtypes: ClassVar[List[torch.dtype]] = [torch.float16, torch.bfloat16]
     supported_kv_cache_dtypes: ClassVar[list] = list(fmt.DTYPES)
 
@@ -178,7 +186,7 @@ class TurboQuantBackend(AttentionBackend):
         return TurboQuantMetadataBuilder
 
     @staticmethod
-    def get_supported_kernel_block_sizes() -> list:
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list:  # vLLM 0.31 added the argument
         return [MultipleOf(16)]
 
     @classmethod
@@ -312,6 +320,28 @@ def _varlen_attention(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float,
         out[cq[r]:cq[r + 1]] = attn.transpose(0, 1).to(out.dtype)
 
 
+def pages(kv_cache: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """A layer's cache as (blocks, block_size, kv_heads, slot bytes), over the same bytes.
+
+    Our backend asks for that shape; upstream's (0.21+) gets the release's own: (blocks, kv_heads,
+    block_size, slot) from 0.26, ordered in memory by a layout from 0.29. Our kernels address
+    each page's bytes themselves, so any order of the inner dimensions will do as long as a page
+    is one dense run; a cache that is not is refused, never misread.
+    """
+    if kv_cache.dim() != 4:
+        raise ValueError(f"sparkmods turboquant: a 4-D cache was expected, got shape {tuple(kv_cache.shape)}")
+    dense = 1
+    for stride, size in sorted(zip(kv_cache.stride()[1:], kv_cache.shape[1:])):
+        if size > 1 and stride != dense:
+            raise ValueError(f"sparkmods turboquant: the cache's pages are not dense runs of bytes (shape "
+                             f"{tuple(kv_cache.shape)}, strides {kv_cache.stride()})")
+        dense *= size
+    slot = kv_cache.shape[3]
+    block_size = dense // (num_kv_heads * slot)
+    return kv_cache.as_strided((kv_cache.shape[0], block_size, num_kv_heads, slot),
+                               (kv_cache.stride(0), num_kv_heads * slot, slot, 1))
+
+
 class TurboQuantImpl(AttentionImpl[TurboQuantMetadata]):
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: Optional[int] = None,
                  alibi_slopes: Optional[List[float]] = None, sliding_window: Optional[int] = None,
@@ -333,6 +363,18 @@ class TurboQuantImpl(AttentionImpl[TurboQuantMetadata]):
         self.kv_cache_dtype = kv_cache_dtype
         self.spec = _spec(kv_cache_dtype)
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        # the serve log's proof that TurboQuant layers run on our layout and kernels (any release)
+        logger.info_once("TurboQuant attention on sparkmods kernels: --kv-cache-dtype %s, head size %d",
+                         kv_cache_dtype, head_size)
+
+    def do_kv_cache_update(self, layer, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                           slot_mapping: torch.Tensor) -> None:
+        """Quantise this step's keys and values into the cache (vLLM calls it before forward)."""
+        n = slot_mapping.shape[0]
+        if n:
+            tqk.tq_store(key[:n].view(n, self.num_kv_heads, self.head_size),
+                         value[:n].view(n, self.num_kv_heads, self.head_size),
+                         pages(kv_cache, self.num_kv_heads), slot_mapping, self.spec)
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: Optional[TurboQuantMetadata], output: Optional[torch.Tensor] = None,
@@ -344,15 +386,15 @@ class TurboQuantImpl(AttentionImpl[TurboQuantMetadata]):
         if attn_metadata is None:  # memory profiling run
             return output.fill_(0)
         m = attn_metadata
-        n = m.num_actual_tokens
-        if self.kv_sharing_target_layer_name is None and key is not None and value is not None:
-            tqk.tq_store(key[:n], value[:n], kv_cache, m.slot_mapping[:n], self.spec)
+        kv_cache = pages(kv_cache, self.num_kv_heads)
+        query = query.view(-1, self.num_heads, self.head_size)
+        out = output.view(-1, self.num_heads, self.head_size)
         if m.num_decode_tokens:
             nd = m.num_decode_tokens
             block_table, lens = _decode_rows(m)
-            tqk.tq_decode(query[:nd], kv_cache, block_table, lens, self.scale, self.spec, out=output[:nd])
+            tqk.tq_decode(query[:nd], kv_cache, block_table, lens, self.scale, self.spec, out=out[:nd])
         if m.prefill_cu_seqlens_k is not None:
-            self._prefill(query, kv_cache, m, output)
+            self._prefill(query, kv_cache, m, out)
         return output
 
     def _prefill(self, query: torch.Tensor, kv_cache: torch.Tensor, m: TurboQuantMetadata,
@@ -369,5 +411,5 @@ class TurboQuantImpl(AttentionImpl[TurboQuantMetadata]):
 __all__ = [
     "TurboQuantAttentionSpec", "TurboQuantBackend", "TurboQuantImpl", "TurboQuantMetadata",
     "TurboQuantMetadataBuilder", "configure_engine", "kv_cache_spec",
-    "page_bytes_per_token", "select_backend", "startup_line",
+    "page_bytes_per_token", "pages", "select_backend", "startup_line",
 ]

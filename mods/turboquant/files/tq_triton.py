@@ -346,7 +346,7 @@ def _round_to_e4m3(x):
 # ---------------------------------------------------------------------------------------------
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])
 def _store_kernel(key_ptr, value_ptr, cache_ptr, slot_ptr, centroid_ptr, midpoint_ptr, num_tokens,
                   stride_kt, stride_kh, stride_vt, stride_vh, page_stride,
                   D: tl.constexpr, BLOCK_SIZE: tl.constexpr, SLOT: tl.constexpr,
@@ -392,7 +392,7 @@ def _store_kernel(key_ptr, value_ptr, cache_ptr, slot_ptr, centroid_ptr, midpoin
     tl.store((region + OFF_VZ).to(tl.pointer_type(tl.float16)) + pos, zero, mask=valid)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows"])
 def _rotate_kernel(x_ptr, r_ptr, out_ptr, rows, stride_x, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
                    BLOCK_K: tl.constexpr):
     """out[rows, D] = x[rows, D] @ R (float32, IEEE products: the scores and codes depend on it)."""

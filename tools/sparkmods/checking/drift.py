@@ -20,7 +20,7 @@ import ast
 import bisect
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 from sparkmods.checking.driftmemo import Changes, DriftMemo, changes_key
 from sparkmods.checking.linediff import changed_lines
@@ -134,9 +134,13 @@ class _FileCheck:
         for top in nodes:
             if getattr(top, "end_lineno", None) is not None and not _touches(top, self.touched):
                 continue  # a node's children lie within its lines
+            guarded: Set[int] = set()
             for node in _walk_no_defs(top, self.touched):
+                if isinstance(node, ast.Try) and _catches_import_error(node):
+                    guarded.update(id(n) for stmt in node.body for n in ast.walk(stmt))
                 if isinstance(node, (ast.Import, ast.ImportFrom)) and _touches(node, self.touched):
-                    self._import(node)
+                    if id(node) not in guarded:
+                        self._import(node)
                 elif isinstance(node, ast.Call) and _touches(node, self.touched):
                     self._call(node, cls, local)
 
@@ -222,6 +226,19 @@ class _FileCheck:
 
 
 _NESTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+_IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
+
+
+def _catches_import_error(node: ast.Try) -> bool:
+    """Whether a handler of this try catches a failed import: code that says "this name may be
+    missing" (e.g. one module serving several releases) is not drift when it is."""
+    for handler in node.handlers:
+        kinds = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+        if any(k is None or (isinstance(k, ast.Name) and k.id in _IMPORT_ERRORS) for k in kinds):
+            return True
+    return False
 
 
 def _walk_no_defs(node: ast.AST, touched: Sequence[int]) -> Iterable[ast.AST]:
