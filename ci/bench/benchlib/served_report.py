@@ -58,7 +58,8 @@ def _cell(row: dict | None, stock: dict | None) -> str:
     if row is None:
         return ""
     if row["tok_s"] is None:
-        return f"- ({row.get('note') or 'no figure'})"
+        note = row.get("note") or "no figure"
+        return "- (skipped)" if note.startswith("skipped") else f"- ({note})"
     text = f"{row['tok_s']:.1f}"
     if stock is not None and stock["tok_s"] and row["config"] != "stock":
         text += f" ({row['tok_s'] / stock['tok_s']:.2f}x)"
@@ -92,6 +93,8 @@ def markdown(rows: Sequence[dict], warmups: "dict[str, list[str]] | None" = None
             stock = steady.get(("stock", context, batch))
             cells = [_cell(steady.get((c, context, batch)), stock) for c in configs]
             out.append(f"| {_context(context)} | {batch} | " + " | ".join(cells) + " |")
+    skipped = sorted({r["note"] for r in steady.values() if r["tok_s"] is None and (r.get("note") or "").startswith("skipped")})
+    out += [""] + [f"- {note}" for note in skipped] if skipped else []
     out += ["", "| config | KV cache tokens | " + " | ".join(f"first token at {_context(c)}, batch 1 (s)" for c in contexts) + " |",
             "|---|---:|" + "---:|" * len(contexts)]
     for config in configs:
