@@ -56,10 +56,13 @@ def test_a_run_with_one_failed_check_or_an_unknown_scenario_is_no_evidence(resul
     assert served.index(results, MANIFESTS) == {}
 
 
-def test_older_runs_get_the_variant_from_the_manifest_and_the_date_from_summary_md(results):
+def test_a_run_names_its_variant_and_older_runs_get_the_date_from_summary_md(results):
     path = _run(results, "gpu-e2e-0.23.0-h100", "hybrid-int4-fp8", "0.23.0")
     (path.parent / "summary.md").write_text("## 2026-11-24 10:00:00 vLLM 0.23.0 on NVIDIA H100 80GB HBM3\n\n"
                                             "## 2026-11-25 09:00:00 vLLM 0.23.0 on NVIDIA H100 80GB HBM3, TP 2 (mp)\n")
+    # no `variants`: today's manifest would name v0.22.0, but what ran then is not known
+    assert served.index(results, MANIFESTS) == {}
+    _run(results, "gpu-e2e-0.23.0-h100", "hybrid-int4-fp8", "0.23.0", variants={"hybrid-int4-fp8": "v0.22.0"})
     [hit] = served.index(results, MANIFESTS)[("hybrid-int4-fp8", "0.23.0")]
     assert (hit.variant, hit.date) == ("v0.22.0", "2026-11-25")
     (path.parent / "summary.md").unlink()
@@ -68,16 +71,28 @@ def test_older_runs_get_the_variant_from_the_manifest_and_the_date_from_summary_
 
 def test_what_run_sh_did_must_agree_with_the_variant(results):
     """A 0.21.0 run whose run.sh said turboquant was not needed proves the upstream claim of that
-    time, not today's v0.21.0 variant; a run that never applied the mod proves nothing."""
-    path = _run(results, "gpu-e2e-0.21.0-h200", "turboquant", "0.21.0", said="not needed: vLLM includes it since 0.21.0")
+    time, not a variant; a run that never applied the mod proves nothing."""
+    path = _run(results, "gpu-e2e-0.21.0-h200", "turboquant", "0.21.0", said="not needed: vLLM includes it since 0.21.0",
+                variants={"turboquant": "v0.21.0-kernels"})
     (path.parent / "summary.md").write_text("## 2026-11-24 10:00:00 vLLM 0.21.0 on NVIDIA H200\n")
     path.write_text(path.read_text().replace("NVIDIA H100 80GB HBM3", "NVIDIA H200"))
     assert served.index(results, MANIFESTS) == {}
-    _run(results, "gpu-e2e-0.26.0-h100", "turboquant", "0.26.0", said=None, date="2026-11-25")
+    _run(results, "gpu-e2e-0.26.0-h100", "turboquant", "0.26.0", said=None, date="2026-11-25",
+         variants={"turboquant": "v0.21.0-kernels"})
     assert served.index(results, MANIFESTS) == {}
-    _run(results, "gpu-e2e-0.26.0-h100", "turboquant", "0.26.0", date="2026-11-25")
+    _run(results, "gpu-e2e-0.26.0-h100", "turboquant", "0.26.0", date="2026-11-25", variants={"turboquant": "v0.21.0-kernels"})
     [hit] = served.index(results, MANIFESTS)[("turboquant", "0.26.0")]
-    assert hit.variant == "v0.21.0"
+    assert hit.variant == "v0.21.0-kernels"
+
+
+def test_a_run_of_a_variant_since_renamed_marks_no_cell(results):
+    """vLLM 0.25.1 served turboquant's old v0.21.0 (vLLM's own kernels); the cell's variant is now
+    v0.21.0-kernels (ours), which that run never served."""
+    _run(results, "gpu-e2e-0.25.1-h100", "turboquant", "0.25.1", date="2026-11-25", variants={"turboquant": "v0.21.0"})
+    found = served.index(results, MANIFESTS)
+    assert [s.variant for s in found[("turboquant", "0.25.1")]] == ["v0.21.0"]
+    doc = {"cells": [_cell("turboquant", "0.25.1", "ok-offset", "v0.21.0-kernels")]}
+    assert served.attach(doc, found)["cells"][0].get("served") is None
 
 
 def _cell(mod: str, vllm: str, status: str, variant) -> dict:

@@ -5,9 +5,10 @@ named after the mod it proves) with the release, the GPU and every check; a scen
 checks all passed is evidence that the mod's variant for that release serves. The matrix marks
 a green cell served when such evidence names the same mod, release and variant, so a cell
 changes only when the results or the variant do. What run.sh said in the run must agree (a run
-whose run.sh called the mod not needed proves the upstream claim, not a variant). Results older
-than the `variants` and `date` fields get them from the mod's manifest and from the run's
-summary.md heading.
+whose run.sh called the mod not needed proves the upstream claim, not a variant). A result must
+name the variant it ran (`variants`, as run.sh reported it): today's manifest cannot say what ran
+then, since a variant's content may change under a new label. Results older than the `date`
+field get it from the run's summary.md heading.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
-from sparkmods.runtime.manifest import Manifest, Variant
+from sparkmods.runtime.manifest import Manifest
 from sparkmods.runtime.modcheck import GREEN
 
 RESULTS = Path("ci") / "bench" / "results"
@@ -61,14 +62,6 @@ def results_dir(mod_dirs: Iterable[Path]) -> Optional[Path]:
     return None
 
 
-def variant_label(manifest: Manifest, version: str) -> Optional[str]:
-    """The label of what the manifest selects for a release: a variant, `upstream`, or None."""
-    chosen = manifest.select(version)
-    if chosen is None:
-        return None
-    return chosen.label if isinstance(chosen, Variant) else UPSTREAM
-
-
 def _dates(summary: Path) -> Dict[Tuple[str, str], str]:
     """(vLLM, device) -> the newest date of a run heading in a summary.md."""
     out: Dict[Tuple[str, str], str] = {}
@@ -99,7 +92,7 @@ def _evidence(doc: dict, path: Path, repo: Path, manifests: Mapping[str, Manifes
         return None
     device = str(doc.get("device") or "unknown")
     done = _applied(checks, mod)
-    variant = (doc.get("variants") or {}).get(mod) or variant_label(manifests[mod], version)
+    variant = (doc.get("variants") or {}).get(mod)
     if done is None or (done == UPSTREAM) != (variant == UPSTREAM):
         return None  # the mod was not applied, or what run.sh did is not what the variant says
     date = doc.get("date") or _dates(path.parent / "summary.md").get((version, device), "")
