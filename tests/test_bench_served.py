@@ -54,7 +54,8 @@ def test_table_shows_ratios_to_stock_skips_kv_and_first_requests(tmp_path):
     md = (tmp_path / "served.md").read_text()
     assert [p.name for p in written] == ["served.md", "served.svg"]
     assert "| 1k | 1 | 100.0 | 104.0 (1.04x) | 103.0 (1.03x) | 92.0 (0.92x) | 99.0 (0.99x) |" in md
-    assert "| 128k | 32 | - (skipped: does not fit) |" in md
+    assert "| 128k | 32 | - (skipped) |" in md
+    assert "\n- skipped: does not fit\n" in md  # each distinct reason once, under the table
     assert "| turboquant | 5370000 |" in md and "| stock | 1960000 |" in md
     assert "| stock | 8 | 1k | 263.9 | 527.8 | 0.50 |" in md  # first request at half the steady rate
     assert "| int8-lm-head | none logged |" in md  # no server logs here
