@@ -42,7 +42,7 @@ def _cuda_backend(priorities: List[str], kv_cache_dtype: str) -> Any:
     raise ValueError(f"no backend of {priorities} takes {kv_cache_dtype}")
 
 
-def _attention_layers(cfg: Any, model: Dict[str, Any], priorities: List[str]) -> Dict[str, Any]:
+def _attention_layers(cfg: Any, model: Dict[str, Any], priorities: List[str], no_skip: bool = False) -> Dict[str, Any]:
     """vLLM's Attention layer at each full-attention index, on the backend a GPU would pick
     for the cache dtype vLLM's own skip-layer rule gave the layer."""
     import torch
@@ -54,7 +54,10 @@ def _attention_layers(cfg: Any, model: Dict[str, Any], priorities: List[str]) ->
         prefix = _layer_prefix(model["model_type"], i)
         args = dict(num_heads=model["heads"], head_size=model["head_size"], scale=model["head_size"] ** -0.5,
                     num_kv_heads=model["kv_heads"], cache_config=cfg.cache_config)
-        dtype = Attention(**args, prefix=prefix + ".dtype").kv_cache_dtype
+        # the layer's cache dtype by vLLM's own skip-layer rule; on a hybrid model no layer is
+        # skipped, and vLLM 0.33's CPU platform refuses to pick a backend for a TurboQuant dtype
+        given = {"attn_backend": _cuda_backend(priorities, cfg.cache_config.cache_dtype)} if no_skip else {}
+        dtype = Attention(**args, prefix=prefix + ".dtype", **given).kv_cache_dtype
         out[prefix] = Attention(**args, prefix=prefix, attn_backend=_cuda_backend(priorities, dtype))
     return out
 
@@ -158,6 +161,27 @@ def _forward(cfg: Any, layer: Any, spec: Any, cache: Any) -> Dict[str, Any]:
             "prefill": prefill, "decode": step([1, 1], [block + 4, 6])}
 
 
+def _layout_forward(cfg: Any, layers: Dict[str, Any]) -> Dict[str, Any]:
+    """vLLM 0.29+: no per-backend cache shape; the backend declares a KVCacheLayout and each layer
+    gets the logical (blocks, heads, block_size, slot) view of memory in the layout's order. The
+    cache is made that way for the first TurboQuant layer, then one prefill and one decode step."""
+    import torch
+
+    name, layer = next((n, la) for n, la in layers.items() if la.attn_backend.get_name() == "TURBOQUANT")
+    spec = layer.attn_backend.customize_spec(layer.get_kv_cache_spec(cfg))  # the backend packs its page
+    layout = layer.attn_backend.supported_kv_cache_layouts()[0]
+    # a hybrid model's attention page is padded to the DeltaNet state page: the slot's bytes are
+    # the spec's content, the rest of each page is padding
+    logical = (4, layer.num_kv_heads, spec.block_size, spec.state_content_bytes)
+    order = layout.layer_view_order  # physical axis order of the logical 4-D view
+    used = layer.num_kv_heads * spec.block_size * spec.state_content_bytes
+    pages = torch.zeros(4, spec.page_size_bytes, dtype=torch.uint8)[:, :used]
+    cache = pages.view(4, *[logical[i] for i in order[1:]]).permute(*[order.index(i) for i in range(4)])
+    assert tuple(cache.shape) == logical
+    return {"layer": name, "layout": layout.name, "page_size_bytes": spec.page_size_bytes, "content": used,
+            "forward": _forward(cfg, layer, spec, cache)}
+
+
 def main(argv: List[str]) -> int:
     (job,) = json.loads(Path(argv[0]).read_text(encoding="utf-8"))["cases"]
     import vllm.platforms as platforms
@@ -173,7 +197,10 @@ def main(argv: List[str]) -> int:
             cfg = EngineArgs(model=model["path"], kv_cache_dtype=dtype, skip_tokenizer_init=True, enforce_eager=True,
                              max_model_len=4096).create_engine_config()
             with set_current_vllm_config(cfg):
-                layers = _attention_layers(cfg, model, job["cuda_priorities"])
+                layers = _attention_layers(cfg, model, job["cuda_priorities"], no_skip=bool(job.get("layout_forward")))
+                if job.get("layout_forward"):
+                    report[f"{name}/{dtype}"] = _layout_forward(cfg, layers)
+                    continue
                 got = _shape(cfg, layers, forward=name in job.get("forward", []))
             got["skip"] = list(cfg.cache_config.kv_cache_dtype_skip_layers)
             report[f"{name}/{dtype}"] = got
