@@ -10,7 +10,6 @@ the impl and builder that backend now names, with the Triton kernels on the CPU.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Dict
 
 import pytest
