@@ -145,6 +145,18 @@ def test_results_files_and_exit_lines(tmp_path):
     assert report.failures == ["int8-lm-head: bound: largest difference 3.0"]
 
 
+def test_a_run_records_each_applied_variant_and_its_fingerprint():
+    """What the served layer of the matrix reads back: the label run.sh picks on the release and
+    the fingerprint of that variant's patches; none for a mod the release does not need."""
+    from sparkmods.checking.fingerprints import variant_fingerprint
+
+    variants = e2e._variants("0.26.0", ["turboquant", "int8-lm-head", "baseline"])
+    assert variants == {"turboquant": "v0.21.0-kernels", "int8-lm-head": "apply-head"}
+    prints = e2e._fingerprints({**variants, "mtp-weights": "upstream", "chat-template": None})
+    assert prints == {"turboquant": variant_fingerprint(e2e.REPO / "mods" / "turboquant", "v0.21.0-kernels"),
+                      "int8-lm-head": variant_fingerprint(e2e.REPO / "mods" / "int8-lm-head", "apply-head")}
+
+
 def test_cli_input_errors(tmp_path, capsys):
     assert e2e.main(["--vllm-site", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     assert "holds no vllm/ package" in capsys.readouterr().err

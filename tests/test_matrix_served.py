@@ -18,6 +18,7 @@ from sparkmods.runtime.modcheck import ModResult
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFESTS = {d.name: load(d) for d in resolve_mods([], None)}
+FINGERPRINTS = served.current_fingerprints(resolve_mods([], None))
 
 
 def _run(results: Path, folder: str, scenario: str, vllm: str, passed: bool = True, said: str = "Check the log",
@@ -42,7 +43,7 @@ def results(tmp_path: Path) -> Path:
 def test_a_passing_run_is_evidence_with_its_variant_gpu_date_and_path(results):
     _run(results, "gpu-e2e-0.33.0-h100/mtp-weights", "mtp-weights", "0.33.0", date="2026-11-27",
          variants={"mtp-weights": "v0.33.0"})
-    found = served.index(results, MANIFESTS)
+    found = served.index(results, MANIFESTS, FINGERPRINTS)
     [hit] = found[("mtp-weights", "0.33.0")]
     assert (hit.variant, hit.gpu, hit.date) == ("v0.33.0", "NVIDIA H100 80GB HBM3", "2026-11-27")
     assert hit.path == "ci/bench/results/gpu-e2e-0.33.0-h100/mtp-weights/mtp-weights.json"
@@ -53,7 +54,7 @@ def test_a_run_with_one_failed_check_or_an_unknown_scenario_is_no_evidence(resul
     _run(results, "gpu-e2e-0.33.0-h100", "baseline", "0.33.0", date="2026-11-27")
     (results / "gpu-e2e-0.33.0-h100" / "broken.json").write_text("{not json")
     _run(results, "elsewhere-0.33.0", "turboquant", "0.33.0", date="2026-11-27")  # not a gpu-e2e-* run
-    assert served.index(results, MANIFESTS) == {}
+    assert served.index(results, MANIFESTS, FINGERPRINTS) == {}
 
 
 def test_a_run_names_its_variant_and_older_runs_get_the_date_from_summary_md(results):
@@ -61,12 +62,12 @@ def test_a_run_names_its_variant_and_older_runs_get_the_date_from_summary_md(res
     (path.parent / "summary.md").write_text("## 2026-11-24 10:00:00 vLLM 0.23.0 on NVIDIA H100 80GB HBM3\n\n"
                                             "## 2026-11-25 09:00:00 vLLM 0.23.0 on NVIDIA H100 80GB HBM3, TP 2 (mp)\n")
     # no `variants`: today's manifest would name v0.22.0, but what ran then is not known
-    assert served.index(results, MANIFESTS) == {}
+    assert served.index(results, MANIFESTS, FINGERPRINTS) == {}
     _run(results, "gpu-e2e-0.23.0-h100", "hybrid-int4-fp8", "0.23.0", variants={"hybrid-int4-fp8": "v0.22.0"})
-    [hit] = served.index(results, MANIFESTS)[("hybrid-int4-fp8", "0.23.0")]
+    [hit] = served.index(results, MANIFESTS, FINGERPRINTS)[("hybrid-int4-fp8", "0.23.0")]
     assert (hit.variant, hit.date) == ("v0.22.0", "2026-11-25")
     (path.parent / "summary.md").unlink()
-    assert served.index(results, MANIFESTS) == {}  # no date anywhere: not evidence
+    assert served.index(results, MANIFESTS, FINGERPRINTS) == {}  # no date anywhere: not evidence
 
 
 def test_what_run_sh_did_must_agree_with_the_variant(results):
@@ -76,12 +77,12 @@ def test_what_run_sh_did_must_agree_with_the_variant(results):
                 variants={"turboquant": "v0.21.0-kernels"})
     (path.parent / "summary.md").write_text("## 2026-11-24 10:00:00 vLLM 0.21.0 on NVIDIA H200\n")
     path.write_text(path.read_text().replace("NVIDIA H100 80GB HBM3", "NVIDIA H200"))
-    assert served.index(results, MANIFESTS) == {}
+    assert served.index(results, MANIFESTS, FINGERPRINTS) == {}
     _run(results, "gpu-e2e-0.26.0-h100", "turboquant", "0.26.0", said=None, date="2026-11-25",
          variants={"turboquant": "v0.21.0-kernels"})
-    assert served.index(results, MANIFESTS) == {}
+    assert served.index(results, MANIFESTS, FINGERPRINTS) == {}
     _run(results, "gpu-e2e-0.26.0-h100", "turboquant", "0.26.0", date="2026-11-25", variants={"turboquant": "v0.21.0-kernels"})
-    [hit] = served.index(results, MANIFESTS)[("turboquant", "0.26.0")]
+    [hit] = served.index(results, MANIFESTS, FINGERPRINTS)[("turboquant", "0.26.0")]
     assert hit.variant == "v0.21.0-kernels"
 
 
@@ -89,10 +90,36 @@ def test_a_run_of_a_variant_since_renamed_marks_no_cell(results):
     """vLLM 0.25.1 served turboquant's old v0.21.0 (vLLM's own kernels); the cell's variant is now
     v0.21.0-kernels (ours), which that run never served."""
     _run(results, "gpu-e2e-0.25.1-h100", "turboquant", "0.25.1", date="2026-11-25", variants={"turboquant": "v0.21.0"})
-    found = served.index(results, MANIFESTS)
+    found = served.index(results, MANIFESTS, FINGERPRINTS)
     assert [s.variant for s in found[("turboquant", "0.25.1")]] == ["v0.21.0"]
     doc = {"cells": [_cell("turboquant", "0.25.1", "ok-offset", "v0.21.0-kernels")]}
     assert served.attach(doc, found)["cells"][0].get("served") is None
+
+
+def test_a_run_that_recorded_its_variant_fingerprint_stops_counting_once_the_patches_change(results):
+    """A run records the fingerprint of the variant it carried (e2e.py); an edit to that variant's
+    patches after the run, under the same label, takes the mark away."""
+    today = FINGERPRINTS[("turboquant", "v0.21.0-kernels")]
+    _run(results, "gpu-e2e-0.26.0-h200", "turboquant", "0.26.0", date="2026-11-29",
+         variants={"turboquant": "v0.21.0-kernels"}, fingerprints={"turboquant": today})
+    assert [s.variant for s in served.index(results, MANIFESTS, FINGERPRINTS)[("turboquant", "0.26.0")]] == [
+        "v0.21.0-kernels"]
+    edited = {**FINGERPRINTS, ("turboquant", "v0.21.0-kernels"): "0" * 64}
+    assert served.index(results, MANIFESTS, edited) == {}
+
+
+def test_a_variant_fingerprint_covers_its_own_patches_only(tmp_path):
+    from shutil import copytree
+
+    from sparkmods.checking.fingerprints import variant_fingerprint
+
+    mod = copytree(ROOT / "mods" / "turboquant", tmp_path / "turboquant")
+    before = {label: variant_fingerprint(mod, label) for label in ("v0.18.0", "v0.21.0-kernels", "v0.27.0-kernels")}
+    patch = mod / "patches" / "v0.27.0" / "turboquant_attn.patch"
+    patch.write_text(patch.read_text().replace("keeps upstream's impl and builder", "keeps upstream's impl"))
+    after = {label: variant_fingerprint(mod, label) for label in before}
+    assert after["v0.27.0-kernels"] != before["v0.27.0-kernels"]
+    assert {k: after[k] for k in ("v0.18.0", "v0.21.0-kernels")} == {k: before[k] for k in ("v0.18.0", "v0.21.0-kernels")}
 
 
 def _cell(mod: str, vllm: str, status: str, variant) -> dict:
@@ -103,7 +130,7 @@ def test_attach_marks_only_green_cells_whose_variant_was_served(results):
     _run(results, "gpu-e2e-0.33.0-h100", "mtp-weights", "0.33.0", date="2026-11-27", variants={"mtp-weights": "v0.33.0"})
     _run(results, "gpu-e2e-0.33.0-h100", "turboquant", "0.33.0", date="2026-11-27", variants={"turboquant": "upstream"},
          said="not needed: vLLM includes it since 0.27.0")
-    found = served.index(results, MANIFESTS)
+    found = served.index(results, MANIFESTS, FINGERPRINTS)
     doc = {"cells": [_cell("mtp-weights", "0.33.0", "ok", "v0.33.0"), _cell("mtp-weights", "0.33.0", "conflict", "v0.33.0"),
                      _cell("mtp-weights", "0.33.0", "ok", "v0.32.0"), _cell("turboquant", "0.33.0", "upstream", None),
                      {**_cell("mtp-weights", "0.32.0", "ok", "v0.32.0"), "served": {"gpu": "typed by hand"}}]}

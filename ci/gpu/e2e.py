@@ -237,6 +237,16 @@ def _variants(version: str, scenarios: Sequence[str]) -> dict[str, str | None]:
             for name in scenarios if (REPO / "mods" / name).is_dir()}
 
 
+def _fingerprints(variants: dict[str, str | None]) -> dict[str, str]:
+    """Each applied variant's patches and install sources, as this run carried them: the
+    served layer drops the run as evidence once they change."""
+    from sparkmods.checking.fingerprints import variant_fingerprint
+    from sparkmods.matrix.served import UPSTREAM
+
+    return {name: variant_fingerprint(REPO / "mods" / name, label)
+            for name, label in variants.items() if label not in (None, UPSTREAM)}
+
+
 def write_results(out: Path, reports: list[Report], header: dict[str, Any]) -> None:
     for report in reports:
         doc = {"scenario": report.scenario, **header, "checks": report.checks, "data": report.data}
@@ -328,9 +338,10 @@ def _run_all(run: Run, only: list[str]) -> int:
     if run.baseline_report.checks:
         reports.insert(0, run.baseline_report)
     version = _vllm_version(site)
+    variants = _variants(version, only)
     write_results(run.out, reports, {"vllm": version, "device": _device(), "parallel": run.parallel.label,
                                      "date": time.strftime("%Y-%m-%d", time.gmtime()),
-                                     "variants": _variants(version, only)})
+                                     "variants": variants, "fingerprints": _fingerprints(variants)})
     failures = [line for report in reports for line in report.failures]
     for line in failures:
         print(f"FAIL {line}")

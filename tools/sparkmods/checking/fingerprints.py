@@ -4,6 +4,7 @@
            sources its variants name, and the runtime's code: what decides its matrix cells
            and check rows. The generated copies in the mod folder (run.sh, _sparkmods.py,
            manifest.json) are left out: `sparkmods sync --check` keeps them equal to tools/.
+  variant  one variant's patches and install sources: what a GPU run that served it vouches for.
   patch    a loose patch file: its name, -p and bytes (check-patch rows).
   checker  the drift checks (recorded in the matrix: a change there re-checks every cell).
   code     the runtime and the other host modules that decide a row (the result cache's key).
@@ -36,7 +37,7 @@ DRIFT_CODE = ("checking/drift.py", "checking/driftmemo.py", "checking/linediff.p
 DECIDING_CODE = ("checking/batch.py", "checking/fingerprints.py", "checking/resultcache.py", "checking/rows.py",
                  "patchfile.py", "pyindex/safeparse.py")
 
-__all__ = ["DRIFT_CODE", "DECIDING_CODE", "behaviour", "mod_fingerprint", "patch_fingerprint",
+__all__ = ["DRIFT_CODE", "DECIDING_CODE", "behaviour", "mod_fingerprint", "variant_fingerprint", "patch_fingerprint",
            "runtime_fingerprint", "checker_fingerprint", "code_fingerprint"]
 
 
@@ -126,6 +127,20 @@ def mod_fingerprint(mod_dir: Path) -> str:
     parts = [("manifest", json.dumps(manifest.raw, sort_keys=True).encode()),
              ("runtime", runtime_fingerprint().encode())]
     return _digest(parts + [(f"files/{rel}", mod_file(mod_dir, rel, files[rel])) for rel in sorted(files)])
+
+
+def variant_fingerprint(mod_dir: Path, label: str) -> str:
+    """What one variant writes into vLLM: its patches and install sources (where each goes).
+    A GPU run records it, and vouches for these bytes only (served.py)."""
+    found = [v for v in load_manifest(mod_dir).variants if v.label == label]
+    if not found:
+        raise ValueError(f"{mod_dir}: no variant {label!r}")
+    variant = found[0]
+    files = {rel: f"patch of variant {label!r}" for rel in variant.patches}
+    files.update((i.src, f"install source of variant {label!r}") for i in variant.install)
+    targets = json.dumps([[i.src, i.name, i.site] for i in variant.install]).encode()
+    return _digest([("variant", label.encode()), ("installs", targets)]
+                   + [(f"files/{rel}", mod_file(mod_dir, rel, files[rel])) for rel in sorted(files)])
 
 
 def patch_fingerprint(name: str, strip: int, data: bytes) -> str:

@@ -87,7 +87,8 @@ def build(mod_dirs: Sequence[Path], sources: Sequence, previous: Optional[dict] 
 
 def served_index(mod_dirs: Sequence[Path]) -> Dict[served.Key, List[served.Served]]:
     """The GPU runs committed beside these mods (served.py), by (mod, release)."""
-    return served.index(served.results_dir(mod_dirs), {d.name: load(d) for d in mod_dirs})
+    return served.index(served.results_dir(mod_dirs), {d.name: load(d) for d in mod_dirs},
+                        served.current_fingerprints(mod_dirs))
 
 
 def build_counted(mod_dirs: Sequence[Path], sources: Sequence, previous: Optional[dict] = None,

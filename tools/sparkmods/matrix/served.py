@@ -7,8 +7,9 @@ a green cell served when such evidence names the same mod, release and variant, 
 changes only when the results or the variant do. What run.sh said in the run must agree (a run
 whose run.sh called the mod not needed proves the upstream claim, not a variant). A result must
 name the variant it ran (`variants`, as run.sh reported it): today's manifest cannot say what ran
-then, since a variant's content may change under a new label. Results older than the `date`
-field get it from the run's summary.md heading.
+then. A result that also records the variant's fingerprint (`fingerprints`: its patches and
+install sources) stops being evidence once they change; older results are held by the label
+alone. Results older than the `date` field get it from the run's summary.md heading.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
-from sparkmods.runtime.manifest import Manifest
+from sparkmods.checking.fingerprints import variant_fingerprint
+from sparkmods.runtime.manifest import Manifest, Variant, load_manifest
 from sparkmods.runtime.modcheck import GREEN
 
 RESULTS = Path("ci") / "bench" / "results"
@@ -62,6 +64,19 @@ def results_dir(mod_dirs: Iterable[Path]) -> Optional[Path]:
     return None
 
 
+def variant_label(manifest: Manifest, version: str) -> Optional[str]:
+    """The label of what the manifest selects for a release: a variant, `upstream`, or None."""
+    chosen = manifest.select(version)
+    if chosen is None:
+        return None
+    return chosen.label if isinstance(chosen, Variant) else UPSTREAM
+
+
+def current_fingerprints(mod_dirs: Iterable[Path]) -> Dict[Tuple[str, str], str]:
+    """(mod, variant label) -> the variant's fingerprint today."""
+    return {(d.name, v.label): variant_fingerprint(d, v.label) for d in mod_dirs for v in load_manifest(d).variants}
+
+
 def _dates(summary: Path) -> Dict[Tuple[str, str], str]:
     """(vLLM, device) -> the newest date of a run heading in a summary.md."""
     out: Dict[Tuple[str, str], str] = {}
@@ -83,7 +98,8 @@ def _applied(checks: List[dict], mod: str) -> Optional[str]:
     return UPSTREAM if any(line.startswith(f"[{mod}] not needed") for line in said) else "applied"
 
 
-def _evidence(doc: dict, path: Path, repo: Path, manifests: Mapping[str, Manifest]) -> Optional[Served]:
+def _evidence(doc: dict, path: Path, repo: Path, manifests: Mapping[str, Manifest],
+              fingerprints: Mapping[Tuple[str, str], str]) -> Optional[Served]:
     mod, version = doc.get("scenario"), doc.get("vllm")
     checks = doc.get("checks") or []
     if not isinstance(mod, str) or mod not in manifests or not isinstance(version, str) or not checks:
@@ -93,17 +109,22 @@ def _evidence(doc: dict, path: Path, repo: Path, manifests: Mapping[str, Manifes
     device = str(doc.get("device") or "unknown")
     done = _applied(checks, mod)
     variant = (doc.get("variants") or {}).get(mod)
-    if done is None or (done == UPSTREAM) != (variant == UPSTREAM):
-        return None  # the mod was not applied, or what run.sh did is not what the variant says
+    if not isinstance(variant, str) or done is None or (done == UPSTREAM) != (variant == UPSTREAM):
+        return None  # no variant named, the mod was not applied, or run.sh did not do what the variant says
+    recorded = (doc.get("fingerprints") or {}).get(mod)
+    if recorded is not None and recorded != fingerprints.get((mod, variant)):
+        return None  # the variant's patches changed since this run served them
     date = doc.get("date") or _dates(path.parent / "summary.md").get((version, device), "")
-    if variant is None or not date:
+    if not date:
         return None
     return Served(mod, version, variant, device, date, path.relative_to(repo).as_posix(),
                   str(doc.get("parallel") or "one GPU"))
 
 
-def index(results: Optional[Path], manifests: Mapping[str, Manifest]) -> Dict[Key, List[Served]]:
-    """Every passing run under `results`, by (mod, release), newest first."""
+def index(results: Optional[Path], manifests: Mapping[str, Manifest],
+          fingerprints: Mapping[Tuple[str, str], str]) -> Dict[Key, List[Served]]:
+    """Every passing run under `results` that still describes its variant (`fingerprints`: today's,
+    by mod and label), by (mod, release), newest first."""
     found: Dict[Key, List[Served]] = {}
     if results is None:
         return found
@@ -113,7 +134,7 @@ def index(results: Optional[Path], manifests: Mapping[str, Manifest]) -> Dict[Ke
             doc = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        served = _evidence(doc, path, repo, manifests) if isinstance(doc, dict) else None
+        served = _evidence(doc, path, repo, manifests, fingerprints) if isinstance(doc, dict) else None
         if served is not None:
             found.setdefault((served.mod, served.vllm), []).append(served)
     for runs in found.values():
