@@ -39,3 +39,16 @@ def model_dir(root: Path, config: Dict[str, Any]) -> str:
     root.mkdir(parents=True)
     (root / "config.json").write_text(json.dumps(config), encoding="utf-8")
     return str(root)
+
+
+def assert_forward_matches_reference(forward: Dict[str, Any]) -> None:
+    """A probe's prefill and decode step through our impl and builder (mod_turboquant_shape_probe's
+    _forward): the classes upstream's backend names, and every output row within bf16 rounding of
+    the packed format's reference (outputs up to ~4)."""
+    assert forward["impl"] == "vllm.v1.attention.backends.sparkmods_turboquant.TurboQuantImpl"
+    assert forward["builder"] == "TurboQuantMetadataBuilder"
+    assert forward["prefill"]["num_decode_tokens"] == 0 and forward["decode"]["num_decode_tokens"] == 2
+    for name in ("prefill", "decode"):
+        assert forward[name]["finite"], name
+        assert forward[name]["max_abs_err"] <= 0.04, (name, forward[name])
+
