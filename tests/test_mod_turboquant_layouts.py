@@ -17,7 +17,7 @@ import pytest
 from probekit import run_job
 from test_mod_turboquant_shape import MOD, PROBE, SLOT, models
 from tqmodels import DTYPES, assert_forward_matches_reference
-from vllmenv import run_sh, vllm_env
+from vllmenv import applied_overlay
 
 pytestmark = pytest.mark.vllm_runtime
 
@@ -27,10 +27,7 @@ VERSION = "0.33.0"
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
     tmp = tmp_path_factory.mktemp("turboquant-layouts")
-    env = vllm_env(VERSION)
-    site = env.overlay(tmp / "site")
-    applied = run_sh(MOD, site, tmp / "workspace")
-    assert applied.returncode == 0 and "applied variant v0.27.0-kernels" in applied.stdout, applied.stdout + applied.stderr
+    env, site = applied_overlay(MOD, VERSION, tmp, "v0.27.0-kernels")
     job = {"models": {"tiny": models(tmp / "models")["tiny"]}, "dtypes": DTYPES,
            "cuda_priorities": ["FLASH_ATTN", "TURBOQUANT"], "layout_forward": True}
     (tmp / "mod").mkdir()

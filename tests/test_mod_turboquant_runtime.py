@@ -16,7 +16,7 @@ import pytest
 
 from probekit import run_job
 from tqmodels import DTYPES, dense_config, hybrid_config, model_dir
-from vllmenv import run_sh, vllm_env
+from vllmenv import applied_overlay, run_sh
 
 pytestmark = pytest.mark.vllm_runtime
 
@@ -28,10 +28,7 @@ VERSION = "0.19.1"
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
     tmp = tmp_path_factory.mktemp("turboquant")
-    env = vllm_env(VERSION)
-    site = env.overlay(tmp / "site")
-    applied = run_sh(MOD, site, tmp / "workspace")
-    assert applied.returncode == 0 and "applied variant v0.18.0" in applied.stdout, applied.stdout + applied.stderr
+    env, site = applied_overlay(MOD, VERSION, tmp, "v0.18.0")
     again = run_sh(MOD, site, tmp / "workspace")
     assert again.returncode == 0 and "already applied" in again.stdout, again.stdout + again.stderr
     hybrid, dense = model_dir(tmp / "qwen35", hybrid_config()), model_dir(tmp / "qwen3", dense_config())

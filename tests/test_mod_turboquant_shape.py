@@ -18,7 +18,7 @@ import pytest
 
 from probekit import run_job
 from tqmodels import DTYPES, assert_forward_matches_reference, dense_config, hybrid_config, model_dir
-from vllmenv import run_sh, vllm_env
+from vllmenv import applied_overlay, vllm_env
 
 pytestmark = pytest.mark.vllm_runtime
 
@@ -58,10 +58,7 @@ def models(root: Path) -> Dict[str, Dict[str, Any]]:
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("turboquant-shape")
-    env = vllm_env(VERSION)
-    site = env.overlay(tmp / "site")
-    applied = run_sh(MOD, site, tmp / "workspace")
-    assert applied.returncode == 0 and "applied variant v0.21.0-kernels" in applied.stdout, applied.stdout + applied.stderr
+    env, site = applied_overlay(MOD, VERSION, tmp, "v0.21.0-kernels")
     job = {"models": models(tmp / "models"), "dtypes": DTYPES, "cuda_priorities": CUDA_PRIORITIES}
     (tmp / "stock").mkdir()
     (tmp / "mod").mkdir()

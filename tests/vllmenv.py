@@ -230,6 +230,16 @@ def vllm_env(version: str) -> VllmEnv:
         return VllmEnv(version=version, root=root, install_seconds=seconds)
 
 
+def applied_overlay(mod_dir: Path, version: str, tmp: Path, variant: str) -> "tuple[VllmEnv, Path]":
+    """The release's venv and an overlay of its site-packages with the mod applied by its own
+    run.sh, which must say it applied `variant` (the test's premise)."""
+    env = vllm_env(version)
+    site = env.overlay(tmp / "site")
+    applied = run_sh(mod_dir, site, tmp / "workspace")
+    assert applied.returncode == 0 and f"applied variant {variant} " in applied.stdout, applied.stdout + applied.stderr
+    return env, site
+
+
 def run_sh(mod_dir: Path, site: Path, workspace: Path, *args: str) -> "subprocess.CompletedProcess[str]":
     """Run the mod's run.sh (args as given, e.g. "revert") on the vLLM in site.
 
