@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from modfactory import make_mod
+from sparkmods.checking import fingerprints
 from sparkmods.checking.fingerprints import behaviour, mod_fingerprint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -120,3 +121,26 @@ def test_a_runtime_docstring_edit_and_sync_leave_the_committed_matrix_current(tm
     assert _sparkmods(root, "sync", "--mods-dir", str(root / "mods")).returncode == 0
     stale = _sparkmods(root, *check)
     assert stale.returncode == 1 and "changed since the matrix was generated" in stale.stdout, stale.stdout
+
+
+def test_a_module_s_behaviour_digest_is_kept_by_its_bytes(tmp_path: Path, monkeypatch) -> None:
+    """The on-disk memo: the same bytes read back the stored digest, new bytes are tokenized
+    again, and an entry that is not a digest is made again."""
+    monkeypatch.setenv("SPARKMODS_CACHE_DIR", str(tmp_path / "cache"))
+    module = tmp_path / "m.py"
+    module.write_text("x = 1  # one\n")
+    fingerprints.file_behaviour.cache_clear()
+    first = fingerprints.file_behaviour(module)
+    assert first == __import__("hashlib").sha256(behaviour(module.read_text()).encode()).digest()
+    [entry] = (tmp_path / "cache" / fingerprints.BEHAVIOUR_CACHE).iterdir()
+    entry.write_bytes(b"\x01" * 32)  # what is stored is what a later run reads
+    fingerprints.file_behaviour.cache_clear()
+    assert fingerprints.file_behaviour(module) == b"\x01" * 32
+    module.write_text("x = 2  # one\n")
+    fingerprints.file_behaviour.cache_clear()
+    assert fingerprints.file_behaviour(module) not in (first, b"\x01" * 32)
+    entry.write_bytes(b"short")
+    module.write_text("x = 1  # one\n")
+    fingerprints.file_behaviour.cache_clear()
+    assert fingerprints.file_behaviour(module) == first
+    fingerprints.file_behaviour.cache_clear()

@@ -148,13 +148,13 @@ def test_results_files_and_exit_lines(tmp_path):
 def test_a_run_records_each_applied_variant_and_its_fingerprint():
     """What the served layer of the matrix reads back: the label run.sh picks on the release and
     the fingerprint of that variant's patches; none for a mod the release does not need."""
-    from sparkmods.checking.fingerprints import variant_fingerprint
+    from sparkmods.checking.fingerprints import variant_fingerprints
 
     variants = e2e._variants("0.26.0", ["turboquant", "int8-lm-head", "baseline"])
     assert variants == {"turboquant": "v0.21.0-kernels", "int8-lm-head": "apply-head"}
     prints = e2e._fingerprints({**variants, "mtp-weights": "upstream", "chat-template": None})
-    assert prints == {"turboquant": variant_fingerprint(e2e.REPO / "mods" / "turboquant", "v0.21.0-kernels"),
-                      "int8-lm-head": variant_fingerprint(e2e.REPO / "mods" / "int8-lm-head", "apply-head")}
+    assert prints == {"turboquant": variant_fingerprints(e2e.REPO / "mods" / "turboquant")["v0.21.0-kernels"],
+                      "int8-lm-head": variant_fingerprints(e2e.REPO / "mods" / "int8-lm-head")["apply-head"]}
 
 
 def test_cli_input_errors(tmp_path, capsys):

@@ -111,13 +111,13 @@ def test_a_run_that_recorded_its_variant_fingerprint_stops_counting_once_the_pat
 def test_a_variant_fingerprint_covers_its_own_patches_only(tmp_path):
     from shutil import copytree
 
-    from sparkmods.checking.fingerprints import variant_fingerprint
+    from sparkmods.checking.fingerprints import variant_fingerprints
 
     mod = copytree(ROOT / "mods" / "turboquant", tmp_path / "turboquant")
-    before = {label: variant_fingerprint(mod, label) for label in ("v0.18.0", "v0.21.0-kernels", "v0.27.0-kernels")}
+    before = variant_fingerprints(mod)
     patch = mod / "patches" / "v0.27.0" / "turboquant_attn.patch"
     patch.write_text(patch.read_text().replace("keeps upstream's impl and builder", "keeps upstream's impl"))
-    after = {label: variant_fingerprint(mod, label) for label in before}
+    after = variant_fingerprints(mod)
     assert after["v0.27.0-kernels"] != before["v0.27.0-kernels"]
     assert {k: after[k] for k in ("v0.18.0", "v0.21.0-kernels")} == {k: before[k] for k in ("v0.18.0", "v0.21.0-kernels")}
 

@@ -240,10 +240,10 @@ def _variants(version: str, scenarios: Sequence[str]) -> dict[str, str | None]:
 def _fingerprints(variants: dict[str, str | None]) -> dict[str, str]:
     """Each applied variant's patches and install sources, as this run carried them: the
     served layer drops the run as evidence once they change."""
-    from sparkmods.checking.fingerprints import variant_fingerprint
+    from sparkmods.checking.fingerprints import variant_fingerprints
     from sparkmods.matrix.served import UPSTREAM
 
-    return {name: variant_fingerprint(REPO / "mods" / name, label)
+    return {name: variant_fingerprints(REPO / "mods" / name)[label]
             for name, label in variants.items() if label not in (None, UPSTREAM)}
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from sparkmods.checking import cpuslots, resultcache
-from sparkmods.checking.fingerprints import mod_fingerprint
+from sparkmods.checking.fingerprints import checker_fingerprint, code_fingerprint, mod_fingerprint
 from sparkmods.checking.rows import CheckRow
 from sparkmods.gitdiff import Change, plan_changes
 from sparkmods.modsdir import load
@@ -225,6 +225,9 @@ def check_mods(mod_dirs: Iterable[Path], sources: Sequence, jobs: int = SOURCE_J
     with warming(sources):
         mods = [(d, load(d)) for d in mod_dirs]
         hashes = {m.name: mod_fingerprint(d) for d, m in mods}
+        # Every worker's result-cache key needs these; made here once, not by each thread at once.
+        code_fingerprint()
+        checker_fingerprint()
         with gcpause.paused(), ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources)))) as pool:
             per_source = list(pool.map(lambda s: check_source(mods, s, hashes), sources))
     return [row for rows in per_source for row in rows]

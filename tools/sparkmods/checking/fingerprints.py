@@ -25,8 +25,10 @@ import tokenize
 from pathlib import Path
 from typing import Dict, Iterable, List, Set, Tuple
 
+from sparkmods.errors import SparkmodsError
 from sparkmods.runtime.manifest import load_manifest
 from sparkmods.runtime.modcheck import mod_file
+from sparkmods.sources.cache import cache_root, read_bytes, write_atomic
 
 _HERE = Path(__file__).resolve().parent.parent  # sparkmods/
 RUNTIME = _HERE / "runtime"
@@ -37,8 +39,14 @@ DRIFT_CODE = ("checking/drift.py", "checking/driftmemo.py", "checking/linediff.p
 DECIDING_CODE = ("checking/batch.py", "checking/fingerprints.py", "checking/resultcache.py", "checking/rows.py",
                  "patchfile.py", "pyindex/safeparse.py")
 
-__all__ = ["DRIFT_CODE", "DECIDING_CODE", "behaviour", "mod_fingerprint", "variant_fingerprint", "patch_fingerprint",
+__all__ = ["DRIFT_CODE", "DECIDING_CODE", "behaviour", "mod_fingerprint", "variant_fingerprints", "patch_fingerprint",
            "runtime_fingerprint", "checker_fingerprint", "code_fingerprint"]
+
+
+# Token kinds that are no part of a statement; f-string parts exist from Python 3.12 (else None).
+_LAYOUT = frozenset((tokenize.COMMENT, tokenize.NL, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER))
+_FSTRING_START = getattr(tokenize, "FSTRING_START", None)
+_FSTRING_END = getattr(tokenize, "FSTRING_END", None)
 
 
 def behaviour(source: str) -> str:
@@ -50,19 +58,20 @@ def behaviour(source: str) -> str:
     statement: List[tokenize.TokenInfo] = []
     opened: List[int] = []  # rows of f-strings not yet closed (Python >= 3.12 tokenizes their parts)
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT:
+        kind = tok.type
+        if kind == tokenize.COMMENT:
             comment_at[tok.start[0]] = tok.start[1]
-        elif tok.type == getattr(tokenize, "FSTRING_START", None):
+        elif kind == _FSTRING_START:
             opened.append(tok.start[0])
-        elif tok.type == getattr(tokenize, "FSTRING_END", None):
+        elif kind == _FSTRING_END:
             verbatim.update(range(opened.pop(), tok.end[0]))
-        elif tok.type == tokenize.STRING:
+        elif kind == tokenize.STRING:
             verbatim.update(range(tok.start[0], tok.end[0]))
-        if tok.type == tokenize.NEWLINE:
+        if kind == tokenize.NEWLINE:
             if statement and all(_plain_string(t) for t in statement):
                 dropped.update(range(statement[0].start[0], statement[-1].end[0] + 1))
             statement = []
-        elif tok.type not in (tokenize.COMMENT, tokenize.NL, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER):
+        elif kind not in _LAYOUT:
             statement.append(tok)
     kept = []
     for row, line in enumerate(source.splitlines(keepends=True), 1):
@@ -93,9 +102,30 @@ def _digest(parts: Iterable[Tuple[str, bytes]]) -> str:
     return digest.hexdigest()
 
 
+BEHAVIOUR_CACHE = "behaviour-v1"  # <cache>/behaviour-v1/<sha256 of a module's bytes>: sha256 of its behaviour()
+
+
+@functools.cache
+def file_behaviour(path: Path) -> bytes:
+    """sha256 of behaviour() of one module, once per process (the runtime's modules are in three
+    digests) and kept on disk by the sha256 of the module's bytes: the tokenizer is most of a warm
+    `sparkmods check`, and the same bytes always give the same behaviour. An entry that is not a
+    digest is made again."""
+    raw = path.read_bytes()
+    entry = cache_root() / BEHAVIOUR_CACHE / hashlib.sha256(raw).hexdigest()
+    stored = read_bytes(entry)
+    if stored is not None and len(stored) == hashlib.sha256().digest_size:
+        return stored
+    made = hashlib.sha256(behaviour(raw.decode("utf-8")).encode()).digest()
+    try:
+        write_atomic(entry, made)
+    except SparkmodsError:
+        pass  # a cache that cannot be written costs the next run time, not correctness
+    return made
+
+
 def _code(paths: Iterable[Path]) -> str:
-    return _digest((p.relative_to(_HERE).as_posix(), behaviour(p.read_text(encoding="utf-8")).encode())
-                   for p in paths)
+    return _digest((p.relative_to(_HERE).as_posix(), file_behaviour(p)) for p in paths)
 
 
 @functools.lru_cache(maxsize=1)
@@ -129,18 +159,18 @@ def mod_fingerprint(mod_dir: Path) -> str:
     return _digest(parts + [(f"files/{rel}", mod_file(mod_dir, rel, files[rel])) for rel in sorted(files)])
 
 
-def variant_fingerprint(mod_dir: Path, label: str) -> str:
-    """What one variant writes into vLLM: its patches and install sources (where each goes).
-    A GPU run records it, and vouches for these bytes only (served.py)."""
-    found = [v for v in load_manifest(mod_dir).variants if v.label == label]
-    if not found:
-        raise ValueError(f"{mod_dir}: no variant {label!r}")
-    variant = found[0]
-    files = {rel: f"patch of variant {label!r}" for rel in variant.patches}
-    files.update((i.src, f"install source of variant {label!r}") for i in variant.install)
-    targets = json.dumps([[i.src, i.name, i.site] for i in variant.install]).encode()
-    return _digest([("variant", label.encode()), ("installs", targets)]
-                   + [(f"files/{rel}", mod_file(mod_dir, rel, files[rel])) for rel in sorted(files)])
+def variant_fingerprints(mod_dir: Path) -> Dict[str, str]:
+    """label -> what that variant writes into vLLM: its patches and install sources (where each
+    goes). A GPU run records it, and vouches for these bytes only (served.py)."""
+    out: Dict[str, str] = {}
+    for variant in load_manifest(mod_dir).variants:
+        label = variant.label
+        files = {rel: f"patch of variant {label!r}" for rel in variant.patches}
+        files.update((i.src, f"install source of variant {label!r}") for i in variant.install)
+        targets = json.dumps([[i.src, i.name, i.site] for i in variant.install]).encode()
+        out[label] = _digest([("variant", label.encode()), ("installs", targets)]
+                             + [(f"files/{rel}", mod_file(mod_dir, rel, files[rel])) for rel in sorted(files)])
+    return out
 
 
 def patch_fingerprint(name: str, strip: int, data: bytes) -> str:

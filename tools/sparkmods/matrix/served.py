@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
-from sparkmods.checking.fingerprints import variant_fingerprint
-from sparkmods.runtime.manifest import Manifest, Variant, load_manifest
+from sparkmods.checking.fingerprints import variant_fingerprints
+from sparkmods.runtime.manifest import Manifest, Variant
 from sparkmods.runtime.modcheck import GREEN
 
 RESULTS = Path("ci") / "bench" / "results"
@@ -74,7 +74,7 @@ def variant_label(manifest: Manifest, version: str) -> Optional[str]:
 
 def current_fingerprints(mod_dirs: Iterable[Path]) -> Dict[Tuple[str, str], str]:
     """(mod, variant label) -> the variant's fingerprint today."""
-    return {(d.name, v.label): variant_fingerprint(d, v.label) for d in mod_dirs for v in load_manifest(d).variants}
+    return {(d.name, label): fp for d in mod_dirs for label, fp in variant_fingerprints(d).items()}
 
 
 def _dates(summary: Path) -> Dict[Tuple[str, str], str]:
