@@ -42,17 +42,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
         "forward": [{"kv_cache_dtype": "turboquant_k3v4_nc", "head_size": 128},
                     {"kv_cache_dtype": "turboquant_k8v4", "head_size": 256}],
     }
-    return run_job(_Interpreted(env), PROBE, [job], tmp, site)
-
-
-class _Interpreted:
-    """The venv, run with TRITON_INTERPRET=1 so the Triton kernels execute on the CPU."""
-
-    def __init__(self, env: Any) -> None:
-        self.env, self.version = env, env.version
-
-    def run(self, args, **kwargs):
-        return self.env.run(args, env={"TRITON_INTERPRET": "1"}, **kwargs)
+    return run_job(env, PROBE, [job], tmp, site, {"TRITON_INTERPRET": "1"})  # the Triton kernels on the CPU
 
 
 def test_cache_config_accepts_the_four_upstream_names_only(report: Dict[str, Any]) -> None:
