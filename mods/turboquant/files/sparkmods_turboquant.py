@@ -281,14 +281,18 @@ class TurboQuantMetadataBuilder(AttentionMetadataBuilder[TurboQuantMetadata]):
 # ---- the attention implementation ----
 
 
-def _decode_rows(metadata: TurboQuantMetadata) -> tuple:
+def decode_rows(metadata: TurboQuantMetadata) -> tuple:
     """Per query token of the decode part: its request's block-table row and its causal length.
 
-    A decode request with q query tokens (1 + speculative ones) becomes q rows; row i sees the
-    context up to and including itself: seq_len - (q - 1 - i). Only device ops on persistent
-    tensors, no host syncs, so it is safe inside a captured CUDA graph; padded rows get length 1.
+    One query token per request (no speculative tokens): the metadata's own rows, as views, so a
+    decode step launches no kernel for them. Otherwise a request with q query tokens becomes q
+    rows; row i sees the context up to and including itself: seq_len - (q - 1 - i). Only device
+    ops on persistent tensors, no host syncs, so it is safe inside a captured CUDA graph; padded
+    rows get length 1.
     """
     n = metadata.num_decode_tokens
+    if n == metadata.num_decodes:
+        return metadata.block_table[:n], metadata.seq_lens[:n]
     ends = metadata.query_start_loc[1:metadata.num_decodes + 1]
     token = torch.arange(n, device=ends.device, dtype=ends.dtype)
     req = torch.searchsorted(ends, token, right=True).clamp_(max=max(metadata.num_decodes - 1, 0))
@@ -391,7 +395,7 @@ class TurboQuantImpl(AttentionImpl[TurboQuantMetadata]):
         out = output.view(-1, self.num_heads, self.head_size)
         if m.num_decode_tokens:
             nd = m.num_decode_tokens
-            block_table, lens = _decode_rows(m)
+            block_table, lens = decode_rows(m)
             tqk.tq_decode(query[:nd], kv_cache, block_table, lens, self.scale, self.spec, out=out[:nd])
         if m.prefill_cu_seqlens_k is not None:
             self._prefill(query, kv_cache, m, out)
@@ -411,5 +415,5 @@ class TurboQuantImpl(AttentionImpl[TurboQuantMetadata]):
 __all__ = [
     "TurboQuantAttentionSpec", "TurboQuantBackend", "TurboQuantImpl", "TurboQuantMetadata",
     "TurboQuantMetadataBuilder", "configure_engine", "kv_cache_spec",
-    "page_bytes_per_token", "pages", "select_backend", "startup_line",
+    "decode_rows", "page_bytes_per_token", "pages", "select_backend", "startup_line",
 ]
