@@ -130,9 +130,9 @@ def tq_jobs(fmt: ModuleType, tq: ModuleType, target: str) -> List[Job]:
                              ("stride_qb", "stride_qh", "stride_bt", "page_stride"), options,
                              tq.decode_shared_bytes(cfg, spec, head, GROUP)))
             jobs.append(("tq", "_dequant_kernel", f"dequant {name} head {head}",
-                         {"H": 2, "D": head, "BLOCK_SIZE": PAGE, "BLOCK_T": 16, "SEQS_P": 256, **layout},
+                         {"H": 2, "D": head, "BLOCK_SIZE": PAGE, "BLOCK_T": 16, **layout},
                          {"cache_ptr": "u8", "bt_ptr": "i32", "cu_ptr": "i32", "centroid_ptr": "fp32", "k_ptr": keys, "v_ptr": "bf16"},
-                         ("stride_bt", "page_stride"), {"num_warps": 4}, None))
+                         ("page_stride",), {"num_warps": 4}, None))
         for splits in (1 << i for i in range(9)):
             cfg = tq.default_decode_config(head)
             jobs.append(("tq", "_decode_merge_kernel", f"merge head {head} splits<={splits}",

@@ -45,6 +45,22 @@ def test_completion_parsing_and_logprob_gap():
         checks.completion_tokens({"logprobs": {"tokens": ["hello"]}})
 
 
+def test_triton_kernels_are_the_launched_jit_functions_of_turboquant():
+    found = checks.triton_kernels((REPO / "mods" / "turboquant" / "files" / "tq_triton.py").read_text())
+    assert {"_store_kernel", "_rotate_kernel", "_decode_split_kernel", "_decode_merge_kernel", "_dequant_kernel"} <= found
+    assert "_split_range" not in found and "rotate" not in found  # helpers and Python wrappers are not launched
+
+
+def test_late_compiles_reads_the_jit_monitor_of_a_real_served_log():
+    log = (REPO / "ci" / "bench" / "results" / "served-35b-a3b-0.26.0-h200" / "servers" / "turboquant"
+           / "server.log").read_text()
+    late = checks.late_compiles(log, {"_rotate_kernel", "_dequant_kernel", "_store_kernel"})
+    assert late is not None and [checks.LATE_COMPILE.search(x).group(1) for x in late] == ["_rotate_kernel", "_dequant_kernel"]
+    assert checks.late_compiles(log, {"_store_kernel"}) == []
+    before_monitor = "\n".join(line for line in log.splitlines() if checks.JIT_MONITOR_ON not in line)
+    assert checks.late_compiles(before_monitor, {"_rotate_kernel"}) is None  # a release without the monitor cannot tell
+
+
 def test_kv_cache_tokens_reads_the_last_line():
     log = ("(EngineCore pid=1) INFO 11-23 10:00:00 [kv_cache_utils.py:1710] GPU KV cache size: 11,060,224 tokens\n"
            "INFO 11-23 10:05:00 [kv_cache_utils.py:1710] GPU KV cache size: 45,350,912 tokens\n")

@@ -11,6 +11,7 @@ on the GPU machine.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import math
 import subprocess
@@ -451,6 +452,26 @@ def test_dequant_varlen_packs_the_reference(fmt: ModuleType, tq: ModuleType, nam
     assert k16.dtype == v16.dtype == torch.bfloat16
     # within one bfloat16 step (the interpreter truncates where the GPU rounds)
     assert torch.allclose(v16.float(), want_v, rtol=2 ** -7, atol=0) and torch.allclose(k16.float(), want_k, rtol=2 ** -7, atol=1e-6)
+
+
+def test_dequant_varlen_reads_from_first_row_for_more_than_16_requests(fmt: ModuleType, tq: ModuleType) -> None:
+    """The prefill passes the whole block table and its first prefill row; requests are found in
+    chunks of 16 ends, so 20 requests cross a chunk."""
+    case = stored(fmt, tq, "turboquant_k3v4_nc", 128)
+    rows = [b % 3 for b in range(20)]
+    lens = [1 + (7 * b) % LENS[r] for b, r in enumerate(rows)]
+    table = torch.cat([TABLE[[2, 1]], TABLE[rows]])  # two decode rows first, which must not be read
+    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
+    k_ref, v_ref = fmt.ref_dequant(case["kernel"], TABLE[rows], lens, case["spec"], 128, torch.float32)
+    k, v = tq.tq_dequant_varlen(case["kernel"], table, cu, case["spec"], 128, torch.float32, first_row=2)
+    assert torch.allclose(k, torch.cat([k_ref[b, :n] for b, n in enumerate(lens)]), atol=1e-5, rtol=1e-5)
+    assert torch.equal(v, torch.cat([v_ref[b, :n] for b, n in enumerate(lens)]))
+
+
+@pytest.mark.parametrize("name", DTYPES)
+def test_warm_prefill_runs_on_a_scratch_cache_of_any_preset(fmt: ModuleType, tq: ModuleType, name: str) -> None:
+    """The start-up warm-up needs nothing but the layer's geometry (the GPU compiles; here it runs)."""
+    tq.warm_prefill(fmt.tq_spec(name), 128, HKV, 16, torch.bfloat16, torch.device("cpu"))
 
 
 # ---- the GPU benchmark script's CPU-runnable parts ----

@@ -142,6 +142,24 @@ def lines_with(text: str, needle: str) -> list[str]:
     return [line for line in text.splitlines() if needle in line]
 
 
+JIT_MONITOR_ON = "Kernel JIT monitor activated"  # vLLM 0.26+, once the start-up warm-up is over
+LATE_COMPILE = re.compile(r"Triton kernel JIT compilation during inference: (\w+)")
+
+
+def triton_kernels(source: str) -> set[str]:
+    """Names of the @triton.jit functions of a module's source that are launched (``*_kernel``)."""
+    return set(re.findall(r"^@triton\.jit[^\n]*\ndef (\w+_kernel)\(", source, re.M))
+
+
+def late_compiles(log_text: str, kernels: set[str]) -> list[str] | None:
+    """The JIT monitor's lines that name one of kernels (compiled while serving), or None when
+    the log has no JIT monitor (before vLLM 0.26) and so cannot tell."""
+    if JIT_MONITOR_ON not in log_text:
+        return None
+    return [line for line in log_text.splitlines()
+            if (found := LATE_COMPILE.search(line)) and found.group(1) in kernels]
+
+
 def summary_lines(reports: Iterable[Report]) -> list[str]:
     """Markdown: one table row per check, for out/summary.md."""
     rows = ["| scenario | check | result | detail |", "|---|---|---|---|"]

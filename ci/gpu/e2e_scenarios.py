@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from e2e_checks import (
@@ -20,10 +21,12 @@ from e2e_checks import (
     follows,
     int8_logprob_bound,
     kv_cache_tokens,
+    late_compiles,
     lines_with,
     max_logprob_gap,
     prompts,
     tokens_per_second,
+    triton_kernels,
 )
 from e2e_serve import SERVED_NAME, Server
 
@@ -37,6 +40,7 @@ MTP_ACCEPT_MIN, STOCK_ACCEPT_MAX = 0.9, 0.2
 UNLOADED = re.compile(r"were not initialized from checkpoint")  # strict loading (0.21.0)
 NO_FP8_PARAM = re.compile(r"no module or parameter named '[\w.]+weight_scale_inv'")  # 0.26.0
 KV_RATIO_MIN = 2.0
+TQ_KERNELS = Path(__file__).resolve().parents[2] / "mods" / "turboquant" / "files" / "tq_triton.py"
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
@@ -251,6 +255,10 @@ def turboquant(run) -> Report:
     _said(report, run.servers["turboquant"], "TurboQuant", "TURBOQUANT")
     if mods:  # the mod's own store and decode kernels, on every release it applies to
         _said(report, run.servers["turboquant"], "TurboQuant", "TurboQuant attention on sparkmods kernels")
+        late = late_compiles(run.servers["turboquant"].log_text(), triton_kernels(TQ_KERNELS.read_text()))
+        if late is not None:  # the release's JIT monitor watches the requests
+            report.check("TurboQuant kernels all compiled while starting", not late,
+                         late[0].strip()[-200:] if late else "the JIT monitor named none of them")
     _compare(report, "TurboQuant", tq, base, "the bf16 KV cache", LOGPROB_TOLERANCE)
     ratio_of = [kv_cache_tokens(run.servers[n].log_text()) for n in ("turboquant", "baseline")]
     ratio = ratio_of[0] / ratio_of[1] if all(ratio_of) else None

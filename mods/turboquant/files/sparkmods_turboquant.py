@@ -251,6 +251,10 @@ class TurboQuantMetadataBuilder(AttentionMetadataBuilder[TurboQuantMetadata]):
                  device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
+        if torch.device(device).type == "cuda":  # before the server is healthy (Triton's interpreter compiles nothing)
+            tqk.warm_prefill(_spec(vllm_config.cache_config.cache_dtype), kv_cache_spec.head_size,
+                             kv_cache_spec.num_kv_heads, kv_cache_spec.block_size, vllm_config.model_config.dtype,
+                             torch.device(device))
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata) -> TurboQuantMetadata:
         metadata = self.build(0, common_attn_metadata)
@@ -406,8 +410,8 @@ class TurboQuantImpl(AttentionImpl[TurboQuantMetadata]):
         """Dequantise the prefill requests' whole context, then varlen causal attention over it."""
         start, end = m.num_decode_tokens, m.num_actual_tokens
         qsl = m.query_start_loc[m.num_decodes:m.num_reqs + 1]
-        k, v = tqk.tq_dequant_varlen(kv_cache, m.block_table[m.num_decodes:m.num_reqs], m.prefill_cu_seqlens_k,
-                                     self.spec, self.head_size, query.dtype)
+        k, v = tqk.tq_dequant_varlen(kv_cache, m.block_table, m.prefill_cu_seqlens_k, self.spec, self.head_size,
+                                     query.dtype, first_row=m.num_decodes)
         _varlen_attention(query[start:end], k, v, qsl - qsl[0], m.prefill_cu_seqlens_k, m.prefill_max_query_len,
                           m.prefill_max_seq_len, self.scale, output[start:end])
 

@@ -854,23 +854,30 @@ def tq_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Te
 # ---------------------------------------------------------------------------------------------
 
 
-@triton.jit
-def _dequant_kernel(cache_ptr, bt_ptr, cu_ptr, centroid_ptr, k_ptr, v_ptr, total, num_seqs, stride_bt, page_stride,
+@triton.jit(do_not_specialize=["total", "num_seqs", "first_row", "stride_bt"])
+def _dequant_kernel(cache_ptr, bt_ptr, cu_ptr, centroid_ptr, k_ptr, v_ptr, total, num_seqs, first_row, stride_bt, page_stride,
                     H: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr, SLOT: tl.constexpr,
                     KEY_FP8: tl.constexpr, KEY_BITS: tl.constexpr, VALUE_BITS: tl.constexpr,
                     KEY_CODE_BYTES: tl.constexpr, VALUE_CODE_BYTES: tl.constexpr,
                     OFF_VC: tl.constexpr, OFF_KN: tl.constexpr, OFF_VS: tl.constexpr, OFF_VZ: tl.constexpr,
-                    BLOCK_T: tl.constexpr, SEQS_P: tl.constexpr):
-    """Keys (rotated basis, or FP8 values) and values of BLOCK_T packed tokens of one KV head."""
+                    BLOCK_T: tl.constexpr):
+    """Keys (rotated basis, or FP8 values) and values of BLOCK_T packed tokens of one KV head.
+
+    Request b reads block-table row first_row + b. Counts, the first row and the table's stride
+    are not specialised, so one compiled kernel serves every prefill (warm_prefill compiles it).
+    """
     head = tl.program_id(1)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     valid = t < total
-    j = tl.arange(0, SEQS_P)
-    ends = tl.load(cu_ptr + 1 + j, mask=j < num_seqs, other=2147483647)
-    seq = tl.sum((ends[None, :] <= t[:, None]).to(tl.int32), axis=1)
+    seq = tl.zeros([BLOCK_T], tl.int32)
+    for j0 in range(0, num_seqs, 16):
+        j = j0 + tl.arange(0, 16)
+        ends = tl.load(cu_ptr + 1 + j, mask=j < num_seqs, other=2147483647)
+        seq += tl.sum((ends[None, :] <= t[:, None]).to(tl.int32), axis=1)
     seq = tl.minimum(seq, num_seqs - 1)
     offs = t - tl.load(cu_ptr + seq, mask=valid, other=0)
-    region, pos = _token_bases(cache_ptr, bt_ptr + seq.to(tl.int64) * stride_bt, offs, valid, page_stride, head * (BLOCK_SIZE * SLOT), BLOCK_SIZE)
+    row = bt_ptr + (first_row + seq).to(tl.int64) * stride_bt
+    region, pos = _token_bases(cache_ptr, row, offs, valid, page_stride, head * (BLOCK_SIZE * SLOT), BLOCK_SIZE)
     d = tl.arange(0, D)
     key_rows = region + pos * KEY_CODE_BYTES
     if KEY_FP8:
@@ -886,12 +893,13 @@ def _dequant_kernel(cache_ptr, bt_ptr, cu_ptr, centroid_ptr, k_ptr, v_ptr, total
 
 
 def tq_dequant_varlen(kv_cache: torch.Tensor, block_table: torch.Tensor, cu_seqlens_k: torch.Tensor, spec: fmt.TQSpec, head_size: int,
-                      dtype: torch.dtype, total_k: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                      dtype: torch.dtype, total_k: Optional[int] = None, first_row: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     """Keys and values of every request, packed [total_k, Hkv, D] in dtype (flash-attn varlen order).
 
     Request b's tokens 0 .. cu_seqlens_k[b+1] - cu_seqlens_k[b] - 1 are read through block_table
-    row b. Pass total_k (= cu_seqlens_k[-1]) when the caller knows it; otherwise it is read from
-    the device, which waits for the GPU.
+    row first_row + b (the whole table is passed, not a slice: a slice's start would change the
+    pointer alignment the kernel is compiled for). Pass total_k (= cu_seqlens_k[-1]) when the
+    caller knows it; otherwise it is read from the device, which waits for the GPU.
     """
     block_size, num_kv_heads, layout = fmt.cache_geometry(kv_cache, spec, head_size)
     device = kv_cache.device
@@ -905,9 +913,26 @@ def tq_dequant_varlen(kv_cache: torch.Tensor, block_table: torch.Tensor, cu_seql
     tab = tables(spec, head_size, device)
     block_t = 16
     _dequant_kernel[(triton.cdiv(total, block_t), num_kv_heads)](
-        kv_cache, block_table, cu_seqlens_k, tab.centroids, k, v, total, num_seqs, block_table.stride(0), kv_cache.stride(0),
-        H=num_kv_heads, D=head_size, BLOCK_SIZE=block_size, BLOCK_T=block_t, SEQS_P=triton.next_power_of_2(max(num_seqs, 1)),
+        kv_cache, block_table, cu_seqlens_k, tab.centroids, k, v, total, num_seqs, first_row, block_table.stride(0),
+        kv_cache.stride(0), H=num_kv_heads, D=head_size, BLOCK_SIZE=block_size, BLOCK_T=block_t,
         **_layout_constants(spec, layout, block_size), num_warps=4)
     if not spec.key_fp8:
         k = torch.matmul(k, tab.rotation).to(dtype)
     return k, v
+
+
+def warm_prefill(spec: fmt.TQSpec, head_size: int, num_kv_heads: int, block_size: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+    """Compile the kernels a prefill uses and a decode does not, on a scratch two-page cache.
+
+    CUDA-graph capture compiles the decode path; without this the first long prompt would compile
+    the rotation of more than 1024 rows and the dequantisation while a user waits.
+    """
+    rows = 1025  # rotate() tiles more than 1024 rows differently
+    key = torch.zeros(rows, num_kv_heads, head_size, dtype=dtype, device=device)
+    cache = torch.zeros(fmt.cache_shape(2, block_size, num_kv_heads, head_size, spec), dtype=torch.uint8, device=device)
+    slots = torch.full((rows,), -1, dtype=torch.int64, device=device)
+    slots[:2] = torch.arange(2, device=device)
+    tq_store(key, key, cache, slots, spec)
+    cu = torch.tensor([0, 2], dtype=torch.int32, device=device)
+    tq_dequant_varlen(cache, torch.zeros(1, 2, dtype=torch.int32, device=device), cu, spec, head_size, dtype, total_k=2)
