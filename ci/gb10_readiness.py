@@ -127,7 +127,7 @@ def tq_jobs(fmt: ModuleType, tq: ModuleType, target: str) -> List[Job]:
                               "MIN_CHUNK": cfg.min_chunk, "VALUE_FIELDS": cfg.value_fields if spec.value_bits == 3 else 4,
                               "KEY_LUT": lut, **layout},
                              {"q_ptr": keys, **cache_ptrs, "centroid_ptr": "fp16", "part_o_ptr": "fp32", "part_lse_ptr": "fp32"},
-                             ("stride_qb", "stride_qh", "stride_bt", "page_stride"), options,
+                             ("stride_qb", "stride_qh", "page_stride"), options,
                              tq.decode_shared_bytes(cfg, spec, head, GROUP)))
             jobs.append(("tq", "_dequant_kernel", f"dequant {name} head {head}",
                          {"H": 2, "D": head, "BLOCK_SIZE": PAGE, "BLOCK_T": 16, **layout},

@@ -469,9 +469,25 @@ def test_dequant_varlen_reads_from_first_row_for_more_than_16_requests(fmt: Modu
 
 
 @pytest.mark.parametrize("name", DTYPES)
-def test_warm_prefill_runs_on_a_scratch_cache_of_any_preset(fmt: ModuleType, tq: ModuleType, name: str) -> None:
-    """The start-up warm-up needs nothing but the layer's geometry (the GPU compiles; here it runs)."""
-    tq.warm_prefill(fmt.tq_spec(name), 128, HKV, 16, torch.bfloat16, torch.device("cpu"))
+def test_warm_up_runs_each_decode_variant_once_on_a_scratch_cache(fmt: ModuleType, tq: ModuleType, name: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start-up warm-up needs nothing but the layer's geometry (the GPU compiles; here it runs):
+    one decode per (batch band, split count) over batches 1..max_batch, the 1025-row store, the dequant."""
+    decoded, real = [], tq.tq_decode
+
+    def record(query, *args, **kwargs):
+        decoded.append(query.shape[0])
+        return real(query, *args, **kwargs)
+
+    monkeypatch.setattr(tq, "tq_decode", record)
+    cpu = torch.device("cpu")
+    tq.warm_up(fmt.tq_spec(name), 128, HQ, HKV, 16, 4096, 40, torch.bfloat16, cpu)
+
+    def variant(batch: int) -> tuple:
+        splits = tq.num_splits_for(batch, HKV, 4096, cpu, tq.default_decode_config(128, batch, 4096))
+        return batch == 1, tq.triton.next_power_of_2(splits), batch * HQ > 1024
+
+    assert [variant(b) for b in decoded] == list(dict.fromkeys(variant(b) for b in range(1, 41)))  # first of each, in order
 
 
 # ---- the GPU benchmark script's CPU-runnable parts ----

@@ -252,9 +252,11 @@ class TurboQuantMetadataBuilder(AttentionMetadataBuilder[TurboQuantMetadata]):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
         if torch.device(device).type == "cuda":  # before the server is healthy (Triton's interpreter compiles nothing)
-            tqk.warm_prefill(_spec(vllm_config.cache_config.cache_dtype), kv_cache_spec.head_size,
-                             kv_cache_spec.num_kv_heads, kv_cache_spec.block_size, vllm_config.model_config.dtype,
-                             torch.device(device))
+            model = vllm_config.model_config
+            tqk.warm_up(_spec(vllm_config.cache_config.cache_dtype), kv_cache_spec.head_size,
+                        model.get_num_attention_heads(vllm_config.parallel_config), kv_cache_spec.num_kv_heads,
+                        kv_cache_spec.block_size, model.max_model_len, vllm_config.scheduler_config.max_num_seqs,
+                        model.dtype, torch.device(device))
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata) -> TurboQuantMetadata:
         metadata = self.build(0, common_attn_metadata)

@@ -689,7 +689,7 @@ def _value_weight(F: tl.constexpr, BITS: tl.constexpr):
     return tl.full([], 2.0 ** E, tl.float32)
 
 
-@triton.jit(do_not_specialize=["num_splits"])
+@triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_o_ptr, part_lse_ptr,
                          stride_qb, stride_qh, stride_bt, page_stride, num_splits, sm_scale, lut0, lut1, lut2, lut3,
                          G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
@@ -864,7 +864,7 @@ def _dequant_kernel(cache_ptr, bt_ptr, cu_ptr, centroid_ptr, k_ptr, v_ptr, total
     """Keys (rotated basis, or FP8 values) and values of BLOCK_T packed tokens of one KV head.
 
     Request b reads block-table row first_row + b. Counts, the first row and the table's stride
-    are not specialised, so one compiled kernel serves every prefill (warm_prefill compiles it).
+    are not specialised, so one compiled kernel serves every prefill (warm_up compiles it).
     """
     head = tl.program_id(1)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -921,12 +921,15 @@ def tq_dequant_varlen(kv_cache: torch.Tensor, block_table: torch.Tensor, cu_seql
     return k, v
 
 
-def warm_prefill(spec: fmt.TQSpec, head_size: int, num_kv_heads: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
-    """Compile the kernels a prefill uses and a decode does not, on a scratch two-page cache.
 
-    CUDA-graph capture compiles the decode path; without this the first long prompt would compile
-    the rotation of more than 1024 rows and the dequantisation while a user waits.
+def warm_up(spec: fmt.TQSpec, head_size: int, num_q_heads: int, num_kv_heads: int, block_size: int,
+            max_context: int, max_batch: int, dtype: torch.dtype, device: torch.device) -> None:
+    """Compile every kernel variant serving will launch, on a scratch two-page cache, while vLLM starts.
+
+    CUDA-graph capture compiles the decode of the captured batch sizes only; without this the first
+    long prompt, an eager batch (--enforce-eager, or larger than the captured sizes) or a new
+    split count would compile while a user waits. Decode variants differ by batch band and split
+    count only, so one batch of each distinct pair is run.
     """
     rows = 1025  # rotate() tiles more than 1024 rows differently
     key = torch.zeros(rows, num_kv_heads, head_size, dtype=dtype, device=device)
@@ -936,3 +939,15 @@ def warm_prefill(spec: fmt.TQSpec, head_size: int, num_kv_heads: int, block_size
     tq_store(key, key, cache, slots, spec)
     cu = torch.tensor([0, 2], dtype=torch.int32, device=device)
     tq_dequant_varlen(cache, torch.zeros(1, 2, dtype=torch.int32, device=device), cu, spec, head_size, dtype, total_k=2)
+    width = triton.cdiv(max_context, block_size)
+    group = num_q_heads // num_kv_heads
+    seen = set()
+    for batch in range(1, max_batch + 1):
+        cfg = decode_config(spec, head_size, group, batch, width * block_size, device)
+        variant = (cfg, triton.next_power_of_2(num_splits_for(batch, num_kv_heads, width * block_size, device, cfg)),
+                   batch * num_q_heads > 1024)
+        if variant not in seen:
+            seen.add(variant)
+            tq_decode(torch.zeros(batch, num_q_heads, head_size, dtype=dtype, device=device), cache,
+                      torch.zeros(batch, width, dtype=torch.int32, device=device),
+                      torch.ones(batch, dtype=torch.int32, device=device), 1.0, spec)
