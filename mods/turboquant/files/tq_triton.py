@@ -759,7 +759,7 @@ def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_
         _store_lse(part_lse_ptr, part, row_ok, m_i, l_i)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_merge_kernel(part_o_ptr, part_lse_ptr, lens_ptr, out_ptr, stride_ob, stride_oh, num_splits,
                          HQ: tl.constexpr, D: tl.constexpr, SPLITS_P: tl.constexpr, MERGE_ROWS: tl.constexpr,
                          BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
