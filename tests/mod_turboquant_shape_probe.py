@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -118,7 +119,7 @@ def _forward(cfg: Any, layer: Any, spec: Any, cache: Any) -> Dict[str, Any]:
     against the packed format's reference over the same bytes (TRITON_INTERPRET=1: on the CPU)."""
     import torch
     from vllm.v1.attention.backend import CommonAttentionMetadata
-    from vllm.v1.attention.backends.sparkmods_turboquant import pages
+    from vllm.v1.attention.backends.sparkmods_turboquant import pages, warm_up_shape
     from vllm.v1.attention.ops import sparkmods_tq_format as fmt
 
     impl, backend = layer.impl, layer.attn_backend
@@ -157,8 +158,16 @@ def _forward(cfg: Any, layer: Any, spec: Any, cache: Any) -> Dict[str, Any]:
                 "finite": bool(torch.isfinite(out).all())}
 
     prefill = step([block + 3, 5], [block + 3, 5])
+    warm = warm_up_shape(spec, cfg)
+    with_mtp = SimpleNamespace(**{name: getattr(cfg, name) for name in (
+        "model_config", "cache_config", "parallel_config", "scheduler_config")},
+        speculative_config=SimpleNamespace(num_speculative_tokens=2))
     return {"impl": f"{type(impl).__module__}.{type(impl).__name__}", "builder": type(builder).__name__,
-            "prefill": prefill, "decode": step([1, 1], [block + 4, 6])}
+            "prefill": prefill, "decode": step([1, 1], [block + 4, 6]),
+            "warm_up": {**warm, "spec": warm["spec"].name, "dtype": str(warm["dtype"]),
+                        "max_batch_with_2_speculative": warm_up_shape(spec, with_mtp)["max_batch"]},
+            "layer": {"heads": heads, "kv_heads": hkv, "head": head, "block": block, "kv_cache_dtype": layer.kv_cache_dtype,
+                      "max_model_len": cfg.model_config.max_model_len, "max_num_seqs": cfg.scheduler_config.max_num_seqs}}
 
 
 def _layout_forward(cfg: Any, layers: Dict[str, Any]) -> Dict[str, Any]:

@@ -51,4 +51,12 @@ def assert_forward_matches_reference(forward: Dict[str, Any]) -> None:
     for name in ("prefill", "decode"):
         assert forward[name]["finite"], name
         assert forward[name]["max_abs_err"] <= 0.04, (name, forward[name])
+    # the builder's start-up warm-up reads this release's config: the layer the impl serves, the
+    # server's limits (probes run max_model_len 4096), the model's dtype
+    warm, layer = forward["warm_up"], forward["layer"]
+    assert (warm["num_q_heads"], warm["num_kv_heads"], warm["head_size"]) == (layer["heads"], layer["kv_heads"], layer["head"])
+    assert (warm["spec"], warm["block_size"]) == (layer["kv_cache_dtype"], layer["block"])
+    assert warm["max_context"] == layer["max_model_len"] == 4096 and warm["max_batch"] == layer["max_num_seqs"] > 1
+    assert warm["max_batch_with_2_speculative"] == 3 * layer["max_num_seqs"]  # a decode row per query token
+    assert warm["dtype"] == "torch.bfloat16"
 

@@ -98,7 +98,10 @@ class Row:
 
 # -- running and timing ----------------------------------------------------------------------
 def timed(cmd: List[str], env: Dict[str, str], cwd: Path = REPO, expect: Tuple[int, ...] = (0,)) -> Tuple[Run, str]:
-    """Run cmd; wall seconds, its own CPU time and peak RSS (wait4), and what it printed."""
+    """Run cmd in cwd; wall seconds, its own CPU time and peak RSS (wait4), and what it printed.
+
+    The tools read ./mods first, so another revision's tools run in that revision's folder.
+    """
     with tempfile.TemporaryFile() as out:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
@@ -146,9 +149,9 @@ def check_rows(reps: int, before: Optional[Path]) -> List[Row]:
     alternate(reps, lambda: timed(cli() + args, base_env())[0], {"python -c pass": python_pass}, warm)
     alternate(reps, lambda: timed(cli() + args + ["--no-cache"], base_env())[0], {}, nocache)
     if before is not None:
-        timed(cli(before) + args, base_env(before))
-        warm.before = [timed(cli(before) + args, base_env(before))[0] for _ in range(reps)]
-        nocache.before = [timed(cli(before) + args + ["--no-cache"], base_env(before))[0] for _ in range(reps)]
+        timed(cli(before) + args, base_env(before), before)
+        warm.before = [timed(cli(before) + args, base_env(before), before)[0] for _ in range(reps)]
+        nocache.before = [timed(cli(before) + args + ["--no-cache"], base_env(before), before)[0] for _ in range(reps)]
     return [warm, nocache]
 
 
@@ -158,7 +161,7 @@ def cold_row(reps: int, before: Optional[Path]) -> Row:
 
     def once(code: Optional[Path]) -> Run:
         with tempfile.TemporaryDirectory(prefix="sparkmods-cold-") as cache:
-            run, text = timed(cli(code) + ["check", "--json"], base_env(code, SPARKMODS_CACHE_DIR=cache))
+            run, text = timed(cli(code) + ["check", "--json"], base_env(code, SPARKMODS_CACHE_DIR=cache), code or REPO)
         run.requests = requests_of(text)
         return run
 
@@ -179,8 +182,8 @@ def help_row(reps: int, before: Optional[Path]) -> Row:
     timed(SPARKMODS + ["--help"], base_env())
     alternate(reps, lambda: timed(SPARKMODS + ["--help"], base_env())[0], {"python -c pass": python_pass}, row)
     if before is not None:
-        timed(cli(before) + ["--help"], base_env(before))
-        row.before = [timed(cli(before) + ["--help"], base_env(before))[0] for _ in range(reps)]
+        timed(cli(before) + ["--help"], base_env(before), before)
+        row.before = [timed(cli(before) + ["--help"], base_env(before), before)[0] for _ in range(reps)]
     return row
 
 
@@ -219,7 +222,7 @@ def index_row(reps: int, before: Optional[Path], builds: int = 10_000) -> Row:
         body = write_index_page(Path(cache), url, builds)
 
         def once(code: Optional[Path]) -> Run:
-            _, text = timed([sys.executable, "-c", _INDEX_SCRIPT, spec], base_env(code, SPARKMODS_CACHE_DIR=cache))
+            _, text = timed([sys.executable, "-c", _INDEX_SCRIPT, spec], base_env(code, SPARKMODS_CACHE_DIR=cache), code or REPO)
             doc = json.loads(text)
             row.note = f"{doc['selected']:,} builds selected"
             return Run(doc["seconds"])
@@ -285,7 +288,7 @@ def nightly_row(reps: int, before: Optional[Path], builds: int = 50) -> Row:
         def once(code: Optional[Path]) -> Run:
             with tempfile.TemporaryDirectory(prefix="sparkmods-nightly-") as cache:
                 run, text = timed(cli(code) + ["check", "--json", "--pre", "--vllm", spec],
-                                  base_env(code, SPARKMODS_CACHE_DIR=cache), expect=(0, 1))
+                                  base_env(code, SPARKMODS_CACHE_DIR=cache), code or REPO, expect=(0, 1))
             run.requests = requests_of(text)
             return run
 

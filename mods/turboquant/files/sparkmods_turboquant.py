@@ -242,6 +242,18 @@ class TurboQuantMetadata:
     prefill_max_seq_len: int = 0
 
 
+def warm_up_shape(kv_cache_spec: AttentionSpec, vllm_config: VllmConfig) -> dict:
+    """What tq_triton.warm_up compiles for: the layer group's geometry and the server's limits (a
+    decode row per query token: with speculative tokens, 1 + k rows per request)."""
+    model = vllm_config.model_config
+    rows_per_request = 1 + (getattr(vllm_config.speculative_config, "num_speculative_tokens", None) or 0)
+    return {"spec": _spec(vllm_config.cache_config.cache_dtype), "head_size": kv_cache_spec.head_size,
+            "num_q_heads": model.get_num_attention_heads(vllm_config.parallel_config),
+            "num_kv_heads": kv_cache_spec.num_kv_heads, "block_size": kv_cache_spec.block_size,
+            "max_context": model.max_model_len, "max_batch": vllm_config.scheduler_config.max_num_seqs * rows_per_request,
+            "dtype": model.dtype}
+
+
 class TurboQuantMetadataBuilder(AttentionMetadataBuilder[TurboQuantMetadata]):
     # Full CUDA graphs for decode batches of one query length (1, or 1 + speculative tokens):
     # the decode path reads only persistent device tensors. Prefill chunks run eagerly.
@@ -252,11 +264,7 @@ class TurboQuantMetadataBuilder(AttentionMetadataBuilder[TurboQuantMetadata]):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
         if torch.device(device).type == "cuda":  # before the server is healthy (Triton's interpreter compiles nothing)
-            model = vllm_config.model_config
-            tqk.warm_up(_spec(vllm_config.cache_config.cache_dtype), kv_cache_spec.head_size,
-                        model.get_num_attention_heads(vllm_config.parallel_config), kv_cache_spec.num_kv_heads,
-                        kv_cache_spec.block_size, model.max_model_len, vllm_config.scheduler_config.max_num_seqs,
-                        model.dtype, torch.device(device))
+            tqk.warm_up(**warm_up_shape(kv_cache_spec, vllm_config), device=torch.device(device))
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata) -> TurboQuantMetadata:
         metadata = self.build(0, common_attn_metadata)
@@ -421,5 +429,5 @@ class TurboQuantImpl(AttentionImpl[TurboQuantMetadata]):
 __all__ = [
     "TurboQuantAttentionSpec", "TurboQuantBackend", "TurboQuantImpl", "TurboQuantMetadata",
     "TurboQuantMetadataBuilder", "configure_engine", "kv_cache_spec",
-    "decode_rows", "page_bytes_per_token", "pages", "select_backend", "startup_line",
+    "decode_rows", "page_bytes_per_token", "pages", "select_backend", "startup_line", "warm_up_shape",
 ]
