@@ -580,6 +580,22 @@ def test_bench_sweep_picks_a_timed_config_per_band_and_apply_defaults_writes_it(
     assert module.read_text() == written  # refused runs leave the file as it was
 
 
+def test_bench_sweep_bands_rows_by_the_table_they_were_timed_with(tq: ModuleType) -> None:
+    """vLLM hands the decode a block table as wide as --max-model-len, so the decode's band comes
+    from that width, not the context: a 4k row timed on a 128k-wide table belongs to the long band,
+    and the shipped config it is compared with is the long band's."""
+    served = tq.default_decode_config(256, 8, 131072, "turboquant_k3v4_nc").label()
+    narrow = tq.default_decode_config(256, 8, 4096, "turboquant_k3v4_nc").label()
+    assert served != narrow
+    rows = [{"dtype": "turboquant_k3v4_nc", "batch": 8, "context": 4096, "table_tokens": 131072, "config": cfg, "us": us}
+            for cfg, us in ((served, 7.0), (narrow, 5.0))]
+    assert BENCH.default_table(tq, 256, rows) == {(256, "many", "long", "*"): narrow}
+    [summary] = BENCH.sweep_summary(tq, 256, rows, [])
+    assert (summary["best"], summary["default_us"]) == (narrow, 7.0)
+    old = [{k: v for k, v in r.items() if k != "table_tokens"} for r in rows]  # results from before: cut tables
+    assert BENCH.default_table(tq, 256, old) == {(256, "many", "short", "*"): narrow}
+
+
 def test_bench_smoke_run_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     proc = subprocess.run([sys.executable, str(BENCH_PATH), "--smoke", "--out", str(out), "--contexts", "1,37", "--batches", "2",

@@ -497,12 +497,20 @@ class Bench:
         return torch.cat([self.fmt.ref_decode(q[b:b + 1], cache, bt[b:b + 1], lens[b:b + 1], self.work.scale, spec) for b in range(q.shape[0])])
 
     def inputs(self, batch: int, context: int) -> Tuple[Any, Any, Any]:
-        """Queries, block table cut to the context's pages, and lengths of `batch` requests."""
+        """Queries, block table and lengths of `batch` requests. The table keeps its full width (the
+        largest context's pages), as vLLM passes one as wide as --max-model-len whatever the
+        context: the decode picks its config and split count from that width, so a table cut to
+        the context would time a config serving never runs."""
         import torch
 
         q = self.work.query[:batch].contiguous()
-        bt = self.work.block_table[:batch, :-(-context // self.work.block_size)].contiguous()
+        bt = self.work.block_table[:batch].contiguous()
         return q, bt, torch.full((batch,), context, dtype=torch.int32, device=q.device)
+
+    @property
+    def table_tokens(self) -> int:
+        """Tokens the block table can hold: what the decode reads as the longest context."""
+        return self.work.block_table.shape[1] * self.work.block_size
 
     def yardsticks(self, timings: List[Dict[str, Any]]) -> None:
         """bf16 and fp8 caches over a contiguous cache: torch SDPA forced onto its flash kernel (one
@@ -578,7 +586,8 @@ class Bench:
         q, bt, lens = self.inputs(batch, context)
         rows = self.results.setdefault("sweep", [])
         for cfg in sweep_configs(self.tq, self.args.head_size):
-            row: Dict[str, Any] = {"dtype": name, "batch": batch, "context": context, "config": cfg.label()}
+            row: Dict[str, Any] = {"dtype": name, "batch": batch, "context": context, "table_tokens": self.table_tokens,
+                                   "config": cfg.label()}
             try:
                 err = rel_err(self.tq.tq_decode(q, cache, bt, lens, self.work.scale, spec, config=cfg), ref)
                 us, how = median_us(lambda: self.tq.tq_decode(q, cache, bt, lens, self.work.scale, spec, config=cfg), self.args.smoke, rep=20)
@@ -608,6 +617,12 @@ def sweep_configs(tq: ModuleType, head_size: int) -> List[Any]:
     return list(dict.fromkeys(found))
 
 
+def table_tokens(row: Dict[str, Any]) -> int:
+    """The block table's capacity a sweep row was timed with (older results: its context, as
+    their tables were cut to it)."""
+    return int(row.get("table_tokens", row["context"]))
+
+
 def sweep_summary(tq: ModuleType, head_size: int, rows: Sequence[Dict[str, Any]], timings: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Per (dtype, batch, context): the fastest config, the shipped default's time (what the
     decode-attention table measured) and the fastest bf16 yardstick's."""
@@ -622,7 +637,7 @@ def sweep_summary(tq: ModuleType, head_size: int, rows: Sequence[Dict[str, Any]]
             continue
         best = min(timed, key=lambda r: r["us"])
         ref = bf16.get((batch, context))
-        default = tq.default_decode_config(head_size, batch, context, name).label()
+        default = tq.default_decode_config(head_size, batch, table_tokens(group[0]), name).label()
         shipped = next((r["us"] for r in group if r["config"] == default), None)
         out.append({"dtype": name, "batch": batch, "context": context, "best": best["config"], "best_us": best["us"],
                     "default_us": shipped, "bf16_us": ref, "vs_bf16": None if ref is None else round(best["us"] / ref, 3)})
@@ -648,7 +663,7 @@ def default_table(tq: ModuleType, head_size: int, rows: Sequence[Dict[str, Any]]
     slowdowns: Dict[Tuple[Tuple[str, str], str], Dict[str, List[float]]] = {}
     shapes_in: Dict[Tuple[Tuple[str, str], str], set] = {}
     for r in rows:
-        band = tq.shape_band(r["batch"], r["context"])
+        band = tq.shape_band(r["batch"], table_tokens(r))
         for group in ((band, "*"), (band, r["dtype"])):
             shapes_in.setdefault(group, set()).add((r["dtype"], r["batch"], r["context"]))
             if r["us"] is not None:
