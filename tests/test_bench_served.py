@@ -319,6 +319,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--port", type=int)
 args, _ = parser.parse_known_args()
 print("INFO [kv_cache_utils.py] GPU KV cache size: 2,000,000 tokens", flush=True)
+import os
+print("env", {k: os.environ.get(k) for k in ("TRITON_CACHE_DIR", "VLLM_DISABLE_COMPILE_CACHE")}, flush=True)
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -379,4 +381,7 @@ def test_a_whole_run_against_a_stand_in_server(tmp_path, monkeypatch):
     failed = [r for r in rows if r["config"] == "int8-lm-head"]
     assert len(failed) == 6 and all(r["note"].startswith("run.sh of int8-lm-head failed") for r in failed)
     assert "| 64 | 1 |" in (results / "served.md").read_text()
-    assert "GPU KV cache size" in (results / "servers" / "stock" / "server.log").read_text()
+    log = (results / "servers" / "stock" / "server.log").read_text()
+    assert "GPU KV cache size" in log
+    # every configuration's server shares the run's Triton cache (vLLM's own compile cache off)
+    assert f"env {{'TRITON_CACHE_DIR': '{tmp_path / 'work' / 'triton-cache'}', 'VLLM_DISABLE_COMPILE_CACHE': '1'}}" in log

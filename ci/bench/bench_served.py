@@ -315,6 +315,15 @@ def serve_flags(cfg: Config, max_model_len: int, max_seqs: int, memory: float) -
     return flags
 
 
+def compile_env(out: Path) -> dict[str, str]:
+    """One Triton cache for every configuration of a run. vLLM points Triton's cache into each
+    configuration's own compile-cache folder (named by a hash every mod changes), so each server
+    compiled every Triton kernel again while starting; with vLLM's compile cache off it leaves
+    TRITON_CACHE_DIR as given. Triton keys its cache by kernel source and options, so sharing is
+    safe; torch.compile still runs for each server, and nothing of what is served changes."""
+    return {"VLLM_DISABLE_COMPILE_CACHE": "1", "TRITON_CACHE_DIR": str(out / "triton-cache")}
+
+
 def _preemptions(server: Server) -> float:
     try:
         return sum(float(v) for v in PREEMPTIONS.findall(server.get("/metrics")))
@@ -392,7 +401,7 @@ class Bench:
         command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                    "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
                    *serve_flags(cfg, max(a.contexts) + HEADROOM, max(a.batches), a.gpu_memory_utilization)]
-        server = Server(cfg.name, command, server_env(paths, os.environ), log, port)
+        server = Server(cfg.name, command, {**server_env(paths, os.environ), **compile_env(self.out)}, log, port)
         server.start()
         if not server.wait_healthy(START_DEADLINE_S):
             server.stop()
