@@ -84,7 +84,7 @@ class DecodeConfig:
 
 # Default decode config per (head size, batch band, context band, dtype), set from the
 # benchmark's --sweep output (it prints these lines). Bands: batch "1" (one request) or "many";
-# context "short" (< 16k) or "long". Dtype "*" serves every TurboQuant dtype; a dtype gets its
+# context "short" (a block table of < 16k tokens: --max-model-len) or "long". Dtype "*" serves every TurboQuant dtype; a dtype gets its
 # own entry where its own best config in a band is clearly faster than the shared one. A shape
 # with no entry uses the head size's "*" entry.
 DEFAULT_DECODE: Dict[Tuple[int, str, str, str], DecodeConfig] = {
@@ -103,7 +103,9 @@ DEFAULT_DECODE: Dict[Tuple[int, str, str, str], DecodeConfig] = {
 
 
 def shape_band(batch: int, max_context: int) -> Tuple[str, str]:
-    """The (batch band, context band) of a decode call, the keys of DEFAULT_DECODE."""
+    """The (batch band, context band) of a decode call, the keys of DEFAULT_DECODE. max_context is
+    what the block table can hold (under vLLM: --max-model-len), not the requests' context: a
+    captured CUDA graph serves every context with one config."""
     return ("1" if batch <= 1 else "many", "short" if max_context < 16384 else "long")
 
 
