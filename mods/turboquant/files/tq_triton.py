@@ -84,9 +84,9 @@ class DecodeConfig:
 
 # Default decode config per (head size, batch band, context band, dtype), set from the
 # benchmark's --sweep output (it prints these lines). Bands: batch "1" (one request) or "many";
-# context "short" (a block table of < 16k tokens: --max-model-len) or "long". Dtype "*" serves every TurboQuant dtype; a dtype gets its
-# own entry where its own best config in a band is clearly faster than the shared one. A shape
-# with no entry uses the head size's "*" entry.
+# context "short" (a block table of < 16k tokens, i.e. --max-model-len) or "long". Dtype "*"
+# serves every TurboQuant dtype; a dtype gets its own entry where its own best config in a band
+# is clearly faster than the shared one. A shape with no entry uses the head size's "*" entry.
 DEFAULT_DECODE: Dict[Tuple[int, str, str, str], DecodeConfig] = {
     (256, "1", "long", "*"): DecodeConfig(128, 4, 2, 128, 2, 0, 8),
     (256, "1", "short", "*"): DecodeConfig(128, 4, 2, 128, 2, 0, 8),
