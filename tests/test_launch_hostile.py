@@ -219,3 +219,55 @@ def test_a_failed_ssh_login_is_one_readable_line(tmp_path):
         f"sparkmods-launch: error: cannot log in to node {NODES[0]} with ssh -o BatchMode=yes -o ConnectTimeout=10 "
         "(Host key verification failed.): the head needs key login there without a prompt and the node's host key "
         f"in known_hosts (run ssh {NODES[0]} true once by hand), or set SPARKMODS_SSH; nothing was started\n")
+
+
+# --- a node whose Ray join times out (a busy machine) -------------------------------------------
+
+# The docker stand-in above, plus: `ray start --address` fails the first FAIL_JOINS times, and the
+# head's count of alive Ray nodes is 2.
+RAY_DOCKER_STAND_IN = DOCKER_STAND_IN.replace('''case "$1 ${2:-}" in''', '''case "$*" in
+    *"ray start --address"*)
+        j=$(cat "$RECORD/joins" 2>/dev/null || echo 0)
+        echo $((j + 1)) >"$RECORD/joins"
+        if [ "$j" -lt "$FAIL_JOINS" ]; then exit 1; fi ;;
+    *"python3 -c"*) echo 2; exit 0 ;;
+esac
+case "$1 ${2:-}" in''')
+
+
+def _ray_launch(tmp_path: Path, fail_joins: int) -> subprocess.CompletedProcess:
+    root = tmp_path / "repo"
+    root.mkdir()
+    recipe = root / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"recipe_version": "1", "name": "r", "command": "vllm serve /models/m",
+                                      "container": "registry/img:tag"}))
+    plan = build_plan(load_recipe(recipe), LaunchOptions(nodes=NODES, ray=True, form=STANDALONE), root=root)
+    script = tmp_path / "launch.sh"
+    script.write_text(render_standalone(plan, ["ray join"]))
+    bin_dir = _stand_ins(tmp_path / "bin")
+    (bin_dir / "docker").write_text(RAY_DOCKER_STAND_IN)
+    record = tmp_path / "record"
+    record.mkdir()
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(record), "HOME": str(tmp_path),
+           "SPARKMODS_SSH": f"{bin_dir / 'ssh'} bash", "FAIL_JOINS": str(fail_joins)}
+    return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_a_node_whose_ray_join_fails_once_is_stopped_and_joins_again(tmp_path):
+    done = _ray_launch(tmp_path, fail_joins=1)
+    assert done.returncode == 0, done.stderr[-3000:]
+    calls = _calls(tmp_path / "record")
+    joins = [n for n, c in enumerate(calls) if "--address" in " ".join(c)]
+    stops = [n for n, c in enumerate(calls) if c[-3:] == ["ray", "stop", "--force"]]
+    assert len(joins) == 2 and len(stops) == 1 and joins[0] < stops[0] < joins[1]
+    assert calls[stops[0]][0] == NODES[1]  # on the node that failed, not the head
+    assert f"node {NODES[1]}: joining the Ray head failed (try 1 of 3)" in done.stderr
+    assert "Ray cluster formed: 2 nodes" in done.stderr
+
+
+def test_a_node_that_cannot_join_ray_ends_the_launch_after_three_tries(tmp_path):
+    done = _ray_launch(tmp_path, fail_joins=3)
+    assert done.returncode == 1
+    assert done.stderr.count("joining the Ray head failed") == 3
+    assert f"error: node {NODES[1]} could not join the Ray head at {NODES[0]}:" in done.stderr
+    assert "Ray cluster formed" not in done.stderr

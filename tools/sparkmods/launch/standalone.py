@@ -205,14 +205,23 @@ alive_ray_nodes() {
     on_node "${nodes[0]}" docker exec "$(ctr 0)" python3 -c @RAY_ALIVE_NODES@ 2>/dev/null | tail -n 1
 }
 
+# join_ray I: node I joins the head; a node that times out while its raylet starts (a busy
+# machine) gets its half-started Ray stopped and two more tries before the launch gives up.
+join_ray() {
+    local i=$1 ip=${nodes[$1]} attempt
+    for attempt in 1 2 3; do
+        if on_node "$ip" docker exec "$(ctr "$i")" @RAY_WORKER@ >/dev/null; then return 0; fi
+        log "node $ip: joining the Ray head failed (try $attempt of 3)"
+        on_node "$ip" docker exec "$(ctr "$i")" ray stop --force >/dev/null 2>&1
+    done
+    die "node $ip could not join the Ray head at ${nodes[0]}:$ray_port"
+}
+
 start_ray() {
-    local head=${nodes[0]} i ip deadline count
+    local head=${nodes[0]} i deadline count
     on_node "$head" docker exec "$(ctr 0)" @RAY_HEAD@ >/dev/null || die "ray start --head failed on $head"
     for i in "${!nodes[@]}"; do
-        if [[ "$i" -eq 0 ]]; then continue; fi
-        ip=${nodes[$i]}
-        on_node "$ip" docker exec "$(ctr "$i")" @RAY_WORKER@ >/dev/null \
-            || die "node ${nodes[$i]} could not join the Ray head at $head:$ray_port"
+        if [[ "$i" -ne 0 ]]; then join_ray "$i"; fi
     done
     deadline=$((SECONDS + ray_timeout))
     until count=$(alive_ray_nodes) && [[ "$count" == "${#nodes[@]}" ]]; do
