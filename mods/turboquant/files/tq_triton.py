@@ -942,11 +942,12 @@ def warm_up(spec: fmt.TQSpec, head_size: int, num_q_heads: int, num_kv_heads: in
     cu = torch.tensor([0, 2], dtype=torch.int32, device=device)
     tq_dequant_varlen(cache, torch.zeros(1, 2, dtype=torch.int32, device=device), cu, spec, head_size, dtype, total_k=2)
     width = triton.cdiv(max_context, block_size)
+    capacity = width * block_size  # what tq_decode reads from the table's shape
     group = num_q_heads // num_kv_heads
     seen = set()
     for batch in range(1, max_batch + 1):
-        cfg = decode_config(spec, head_size, group, batch, width * block_size, device)
-        variant = (cfg, triton.next_power_of_2(num_splits_for(batch, num_kv_heads, width * block_size, device, cfg)),
+        cfg = decode_config(spec, head_size, group, batch, capacity, device)
+        variant = (cfg, triton.next_power_of_2(num_splits_for(batch, num_kv_heads, capacity, device, cfg)),
                    batch * num_q_heads > 1024)
         if variant not in seen:
             seen.add(variant)
