@@ -26,6 +26,7 @@ import e2e_parallel as parallel  # noqa: E402
 import e2e_serve as serve  # noqa: E402
 from extras import need  # noqa: E402
 from modfactory import make_site  # noqa: E402
+from procgroup import ProcessGroup  # noqa: E402
 from sparkmods.launch.nodewords import RANK_FLAGS, RAY_HEAD, RAY_WORKER, fill  # noqa: E402
 from sparkmods.launch.plan import STANDALONE, LaunchOptions, build_plan  # noqa: E402
 from sparkmods.launch.recipe import load_recipe  # noqa: E402
@@ -170,8 +171,8 @@ def test_two_nodes_refusals(tmp_path, capsys):
 def test_a_headless_rank_that_dies_ends_the_wait_and_stop_leaves_nothing(tmp_path):
     """Rank 0 would wait for its peer for many minutes: the wait ends when node 1's process does."""
     log = tmp_path / "server.log"
-    follower = nodes.NodeGroup("node 1", [sys.executable, "-c", "import sys; sys.exit(3)"], dict(os.environ),
-                               tmp_path / "node1.log")
+    follower = ProcessGroup("node 1", [sys.executable, "-c", "import sys; sys.exit(3)"], dict(os.environ),
+                           tmp_path / "node1.log")
     server = nodes.NodeServer("s", [sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ), log,
                               serve.free_port(), executor="mp", nodes=[follower])
     server.start()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -213,25 +215,35 @@ def test_servers_of_a_split_run_get_the_flags_and_the_ray_address(tmp_path):
 
 
 def test_a_ray_head_that_cannot_start_is_one_error(tmp_path):
-    head = parallel.RayHead(sys.executable, tmp_path, serve.free_port(), os.environ)
-    with pytest.raises(RuntimeError, match=r"ray start --head failed \(exit 1\): .*No module named 'ray'"):
+    head = parallel.RayHead(sys.executable, tmp_path, serve.free_port(), os.environ, tmp_path / "ray-head.log")
+    with pytest.raises(RuntimeError, match=r"^Ray head: ray start --head failed \(exit 1\): .*No module named 'ray'$"):
         head.start()
     assert head.env["NCCL_NVLS_ENABLE"] == "0" and head.env["PYTHONPATH"] == str(tmp_path)
+    assert not head.group.alive()
 
 
 @pytest.mark.network
 def test_a_real_ray_head_starts_for_the_servers_and_stops(tmp_path):
     """Ray from PyPI (what `carry.py prepare --extra ray` carries), started as the two-node
-    script starts its head, on loopback: one alive node, then nothing of it left running."""
+    script starts its head, on loopback: one alive node, then nothing of it left running, and
+    nothing else touched: a process named like a Ray daemon (another user's, or one inside a
+    container, which the host sees) outlives the stop, as Ray's host-wide `ray stop` would not let it."""
     site = ray_site()
-    head = parallel.RayHead(sys.executable, site, serve.free_port(), os.environ)
-    head.start()
+    (tmp_path / "raylet").symlink_to(shutil.which("sleep"))
+    bystander = subprocess.Popen([str(tmp_path / "raylet"), "120"])
+    head = parallel.RayHead(sys.executable, site, serve.free_port(), os.environ, tmp_path / "ray-head.log")
     try:
-        assert head.server_env() == {"RAY_ADDRESS": f"127.0.0.1:{head.port}"}
-        assert _ray_processes(site), "no gcs_server / raylet from this site after start"
+        head.start()
+        try:
+            assert head.server_env() == {"RAY_ADDRESS": f"127.0.0.1:{head.port}"}
+            assert _ray_processes(site), "no gcs_server / raylet from this site after start"
+        finally:
+            head.stop()
+        assert not _ray_processes(site) and not head.group.alive()
+        assert bystander.poll() is None, "stopping the head killed a process it did not start"
     finally:
-        head.stop()
-    assert not _ray_processes(site)
+        bystander.kill()
+        bystander.wait()
 
 
 def _ray_processes(site: Path) -> list[str]:

@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if parallel.executor != "ray" or parallel.tp == 1 or parallel.nodes > 1:  # nodes: Ray per server
         return _run_all(Run(site, args.out.resolve(), args.python, parallel, shared=args.share_gpu), only)
-    ray = RayHead(args.python, site, free_port(), os.environ)
+    ray = RayHead(args.python, site, free_port(), os.environ, args.out / "ray-head.log")
     try:
         ray.start()
     except RuntimeError as exc:

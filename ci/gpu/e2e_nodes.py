@@ -25,20 +25,17 @@ SIGTERM for a while: SIGKILL after a grace period), never Ray's host-wide `ray s
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from e2e_parallel import RAY_START_TIMEOUT_S, Parallel, alive_nodes, console
-from e2e_serve import START_DEADLINE_S, STOP_GRACE_S, Server, free_port, server_command, server_env
+from e2e_serve import START_DEADLINE_S, Server, free_port, server_command, server_env
+from procgroup import ProcessGroup
 from sparkmods.launch.nodewords import FOLLOWER, NODE_ENV, RANK_FLAGS, RAY_HEAD, RAY_WORKER, fill
 
 NODE_IPS = ("127.0.0.2", "127.0.0.3")
-NODE_STOP_GRACE_S = 5.0  # then SIGKILL: Ray's daemons ignore SIGTERM for a while, and the server is down by then
 
 
 def node_env(rank: int, paths: Sequence[Path], base: Mapping[str, str]) -> dict[str, str]:
@@ -60,53 +57,12 @@ def serve_argv(python: str, model: Path, port: int, flags: Sequence[str], shared
 
 
 @dataclass
-class NodeGroup:
-    """One node's process group: a `ray start` whose daemons stay in it, or a headless rank."""
-
-    name: str
-    command: list[str]
-    env: dict[str, str]
-    log_path: Path
-    proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-
-    def ended(self) -> int | None:
-        """The exit code of the command itself once it ended, else None."""
-        return None if self.proc is None else self.proc.poll()
-
-    def alive(self) -> bool:
-        """Whether any process of the group is left (the command, or the daemons it started)."""
-        if self.proc is None:
-            return False
-        self.proc.poll()  # reaps the command, so that a zombie does not count
-        try:
-            os.killpg(self.proc.pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-
-    def stop(self, grace_s: float) -> None:
-        """SIGTERM to the group, SIGKILL to what is left after grace_s."""
-        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, STOP_GRACE_S)):
-            if not self.alive():
-                return
-            os.killpg(self.proc.pid, sig)
-            end = time.monotonic() + wait_s
-            while self.alive() and time.monotonic() < end:
-                time.sleep(0.2)
-
-
-@dataclass
 class NodeServer(Server):
     """A server over two nodes: `nodes` (ray: both Ray nodes; mp: the headless rank) start
     before the serving process on node 0 and stop after it."""
 
     executor: str = "mp"
-    nodes: list[NodeGroup] = field(default_factory=list)
+    nodes: list[ProcessGroup] = field(default_factory=list)
     failure: str | None = None
 
     def start(self) -> None:
@@ -126,12 +82,7 @@ class NodeServer(Server):
     def _form_ray(self) -> None:
         """Head, then worker, each `ray start` run to its end; then until Ray counts both alive."""
         for node in self.nodes:
-            node.start()
-            assert node.proc is not None
-            code = node.proc.wait(timeout=RAY_START_TIMEOUT_S)
-            if code != 0:
-                said = node.log_path.read_text(errors="replace").strip().splitlines() or ["no output"]
-                raise RuntimeError(f"{node.name}: ray start failed (exit {code}): {said[-1][:200]}")
+            node.start_daemons("ray start", RAY_START_TIMEOUT_S)
         deadline = time.monotonic() + RAY_START_TIMEOUT_S
         while (count := alive_nodes(self.command[0], self.env)) != "2":
             if time.monotonic() >= deadline:
@@ -162,7 +113,7 @@ class NodeServer(Server):
     def stop(self) -> None:
         super().stop()
         for node in reversed(self.nodes):
-            node.stop(NODE_STOP_GRACE_S)
+            node.stop()
 
 
 def node_server(name: str, python: str, model: Path, parallel: Parallel, extra: Sequence[str],
@@ -180,7 +131,7 @@ def node_server(name: str, python: str, model: Path, parallel: Parallel, extra: 
             env["RAY_ADDRESS"] = f"{head}:{ray_port}"
         starts = [fill(RAY_HEAD, head=head, ray_port=ray_port),
                   fill(RAY_WORKER, head=head, ray_port=ray_port, node=NODE_IPS[1])]
-        nodes = [NodeGroup(f"node {rank}", console(python, words), envs[rank], folder / f"ray-node{rank}.log")
+        nodes = [ProcessGroup(f"node {rank}", console(python, words), envs[rank], folder / f"ray-node{rank}.log")
                  for rank, words in enumerate(starts)]
         command = serve_argv(python, model, port, flags, shared)
     else:
@@ -190,6 +141,6 @@ def node_server(name: str, python: str, model: Path, parallel: Parallel, extra: 
             words = fill(RANK_FLAGS, nnodes=len(node_paths), rank=rank, head=NODE_IPS[0], master_port=master_port)
             return serve_argv(python, model, port, [*flags, *words, *(FOLLOWER if rank else ())], shared)
 
-        nodes = [NodeGroup("node 1", ranked(1), envs[1], folder / "node1.log")]
+        nodes = [ProcessGroup("node 1", ranked(1), envs[1], folder / "node1.log")]
         command = ranked(0)
     return NodeServer(name, command, envs[0], log_path, port, executor=parallel.executor, nodes=nodes)

@@ -6,7 +6,7 @@ generated two-node script forms with `ray start --head` on the first node and `r
 --address` on the others (tools/sparkmods/launch/standalone.py). On one host with two GPUs the
 same two ranks run side by side: `RayHead` starts the head the way that script does (bound to
 127.0.0.1 here, one node holding both GPUs), waits until Ray reports it alive, and gives the
-servers RAY_ADDRESS so vLLM joins it instead of starting a private Ray; it stops Ray after.
+servers RAY_ADDRESS so vLLM joins it instead of starting a private Ray; it stops that head after.
 
 Ray is not among vLLM's requirements: carry it with `carry.py prepare --extra ray`.
 With `nodes` = tp each rank is a node of its own instead (e2e_nodes.py).
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Mapping
 
 from e2e_serve import NVLS_OFF
+from procgroup import ProcessGroup
 from sparkmods.launch.nodewords import RAY_ALIVE_NODES, RAY_EXECUTOR, RAY_HEAD, fill
 
 EXECUTORS = ("mp", "ray")
@@ -68,21 +69,18 @@ class Parallel:
 
 
 class RayHead:
-    """A Ray head on this host for the run's servers (started only for executor 'ray')."""
+    """A Ray head on this host for the run's servers (started only for executor 'ray'), in a
+    process group of its own: stopping it ends that group, never Ray elsewhere on the host."""
 
-    def __init__(self, python: str, site: Path, port: int, base_env: Mapping[str, str]) -> None:
-        self.python, self.port = python, port
-        self.env = {k: v for k, v in base_env.items() if k != "PYTHONPATH"}
-        self.env.update(NVLS_OFF)  # Ray's workers (vLLM's ranks) inherit the head's environment
-        self.env["PYTHONPATH"] = str(site)
-        self.env["RAY_ADDRESS"] = f"127.0.0.1:{port}"
-        self.env["RAY_USAGE_STATS_ENABLED"] = "0"
-
-    def start_command(self) -> list[str]:
-        return console(self.python, fill(RAY_HEAD, head="127.0.0.1", ray_port=self.port))
-
-    def stop_command(self) -> list[str]:
-        return console(self.python, ["ray", "stop", "--force"])
+    def __init__(self, python: str, site: Path, port: int, base_env: Mapping[str, str], log_path: Path) -> None:
+        self.port = port
+        self.env = env = {k: v for k, v in base_env.items() if k != "PYTHONPATH"}
+        env.update(NVLS_OFF)  # Ray's workers (vLLM's ranks) inherit the head's environment
+        env["PYTHONPATH"] = str(site)
+        env["RAY_ADDRESS"] = f"127.0.0.1:{port}"
+        env["RAY_USAGE_STATS_ENABLED"] = "0"
+        self.group = ProcessGroup("Ray head", console(python, fill(RAY_HEAD, head="127.0.0.1", ray_port=port)), env,
+                                  log_path)
 
     def server_env(self) -> dict[str, str]:
         """What a server needs to join this head rather than start a Ray of its own."""
@@ -91,13 +89,14 @@ class RayHead:
     def start(self, timeout_s: float = RAY_START_TIMEOUT_S) -> None:
         """Start the head and wait until Ray counts one alive node; RuntimeError saying why not
         (the head is stopped again then)."""
-        done = subprocess.run(self.start_command(), env=self.env, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            said = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
-            raise RuntimeError(f"ray start --head failed (exit {done.returncode}): {said[-1]}")
+        try:
+            self.group.start_daemons("ray start --head", timeout_s)
+        except RuntimeError:
+            self.stop()
+            raise
         deadline = time.monotonic() + timeout_s
         while True:
-            alive = alive_nodes(self.python, self.env)
+            alive = alive_nodes(self.group.command[0], self.env)
             if alive == "1":
                 return
             if time.monotonic() >= deadline:
@@ -106,7 +105,7 @@ class RayHead:
             time.sleep(2)
 
     def stop(self) -> None:
-        subprocess.run(self.stop_command(), env=self.env, capture_output=True, check=False)
+        self.group.stop()
 
 
 def console(python: str, argv: list[str]) -> list[str]:
