@@ -1,0 +1,81 @@
+"""turboquant's start-up warm-up compiles every kernel variant a server launches afterwards.
+
+Keys from Triton itself for an sm_90 target, on the CPU (tests/tq_compile_keys.py, run as a
+subprocess: this suite's other kernel tests import Triton in interpreter mode). The GPU
+end-to-end run checks the same on a real server through vLLM's JIT monitor, for one shape; this
+covers every dtype, both Qwen3.5 attention shapes, MTP rows, short and long --max-model-len, and
+a GB10's and an H200's SM counts (split counts depend on them).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+from extras import INSTALL, need
+
+need("torch")
+if importlib.util.find_spec("triton") is None:
+    pytest.skip(f"needs triton from the kernels extra: {INSTALL} (Linux only)", allow_module_level=True)
+
+SCRIPT = Path(__file__).resolve().parent / "tq_compile_keys.py"
+DTYPES = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")
+SHAPES = {"35b-a3b": (16, 2), "122b-a10b": (32, 2)}  # query heads, KV heads; head size 256
+# (max_context, max_num_seqs, speculative tokens, SMs): a long-context H200 server, a short
+# GB10 one with MTP, a 256k GB10 one with three speculative tokens
+SERVERS = ((131072, 256, 0, 132), (4096, 8, 2, 48), (262144, 64, 3, 48))
+BASE = {"head_size": 256, "block_size": 16, "max_batched_tokens": 8192}
+CONTROL = {**BASE, "dtype": "turboquant_k3v4_nc", "q_heads": 16, "kv_heads": 2, "max_context": 131072,
+           "max_num_seqs": 64, "speculative_tokens": 0, "sm_count": 132}
+
+
+def _case(dtype: str, shape: str, server: tuple) -> Dict[str, Any]:
+    context, seqs, spec, sms = server
+    q, kv = SHAPES[shape]
+    return {**BASE, "dtype": dtype, "q_heads": q, "kv_heads": kv, "max_context": context, "max_num_seqs": seqs,
+            "speculative_tokens": spec, "sm_count": sms}
+
+
+CASES = [_case(*c) for c in itertools.product(DTYPES, SHAPES, SERVERS)]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> List[Dict[str, Any]]:
+    cases = [*CASES, {**CONTROL, "warm": False}, {**CONTROL, "specialize": ["_decode_merge_kernel"]}]
+    path = tmp_path_factory.mktemp("keys") / "cases.json"
+    path.write_text(json.dumps(cases))
+    done = subprocess.run([sys.executable, str(SCRIPT), str(path)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert [r["case"] for r in out] == cases
+    return out
+
+
+@pytest.mark.parametrize("index", range(len(CASES)),
+                         ids=[f"{c['dtype']}-{c['q_heads']}q-{c['max_context']}-{c['max_num_seqs']}x{1 + c['speculative_tokens']}"
+                              f"-{c['sm_count']}sm" for c in CASES])
+def test_nothing_compiles_after_warm_up(results: List[Dict[str, Any]], index: int) -> None:
+    result = results[index]
+    assert result["serving_calls"] > result["case"]["max_num_seqs"] and result["warm_keys"] >= 4
+    assert result["late"] == [], result["late"]
+
+
+def test_without_warm_up_serving_compiles_every_kernel(results: List[Dict[str, Any]]) -> None:
+    """The control that the recorder sees launches: the same server unwarmed compiles each kernel late."""
+    late = results[len(CASES)]["late"]
+    assert {entry.split()[0] for entry in late} == {"_store_kernel", "_rotate_kernel", "_dequant_kernel",
+                                                    "_decode_split_kernel", "_decode_merge_kernel"}
+
+
+def test_a_merge_kernel_that_specialises_its_split_count_compiles_late(results: List[Dict[str, Any]]) -> None:
+    """What the GPU end-to-end run caught on vLLM 0.26.0 before the merge kernel stopped
+    specialising num_splits: a split count of another divisibility than the warm-up's, same power of two."""
+    late = results[len(CASES) + 1]["late"]
+    assert late and all(entry.startswith("_decode_merge_kernel at the decode of ") for entry in late), late
