@@ -1,10 +1,13 @@
-"""turboquant's start-up warm-up compiles every kernel variant a server launches afterwards.
+"""turboquant's and int8-lm-head's start-up warm-ups compile every kernel variant a server
+launches afterwards.
 
-Keys from Triton itself for an sm_90 target, on the CPU (tests/tq_compile_keys.py, run as a
+Keys from Triton itself for an sm_90 target, on the CPU (tests/compile_keys.py, run as a
 subprocess: this suite's other kernel tests import Triton in interpreter mode). The GPU
 end-to-end run checks the same on a real server through vLLM's JIT monitor, for one shape; this
-covers every dtype, both Qwen3.5 attention shapes, MTP rows, short and long --max-model-len, and
-a GB10's and an H200's SM counts (split counts depend on them).
+covers, for turboquant, every dtype, both Qwen3.5 attention shapes, MTP rows, short and long
+--max-model-len, and a GB10's and an H200's SM counts (split counts depend on them); for the
+INT8 head, every row count to 400 in bf16 and 200 in fp16 (its own tests prove no larger count has a
+key of its own, from its model of Triton's integer classes, which this checks against Triton).
 """
 
 from __future__ import annotations
@@ -25,13 +28,13 @@ need("torch")
 if importlib.util.find_spec("triton") is None:
     pytest.skip(f"needs triton from the kernels extra: {INSTALL} (Linux only)", allow_module_level=True)
 
-SCRIPT = Path(__file__).resolve().parent / "tq_compile_keys.py"
+SCRIPT = Path(__file__).resolve().parent / "compile_keys.py"
 DTYPES = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")
 SHAPES = {"35b-a3b": (16, 2), "122b-a10b": (32, 2)}  # query heads, KV heads; head size 256
 # (max_context, max_num_seqs, speculative tokens, SMs): a long-context H200 server, a short
 # GB10 one with MTP, a 256k GB10 one with three speculative tokens
 SERVERS = ((131072, 256, 0, 132), (4096, 8, 2, 48), (262144, 64, 3, 48))
-BASE = {"head_size": 256, "block_size": 16, "max_batched_tokens": 8192}
+BASE = {"mod": "turboquant", "head_size": 256, "block_size": 16, "max_batched_tokens": 8192}
 CONTROL = {**BASE, "dtype": "turboquant_k3v4_nc", "q_heads": 16, "kv_heads": 2, "max_context": 131072,
            "max_num_seqs": 64, "speculative_tokens": 0, "sm_count": 132}
 
@@ -44,11 +47,14 @@ def _case(dtype: str, shape: str, server: tuple) -> Dict[str, Any]:
 
 
 CASES = [_case(*c) for c in itertools.product(DTYPES, SHAPES, SERVERS)]
+HEADS = [{"mod": "int8-lm-head", "vocab": 4096, "hidden": 2048, "dtype": "bfloat16", "max_rows": 400},
+         {"mod": "int8-lm-head", "vocab": 4096, "hidden": 3072, "dtype": "float16", "max_rows": 200}]
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> List[Dict[str, Any]]:
-    cases = [*CASES, {**CONTROL, "warm": False}, {**CONTROL, "specialize": ["_decode_merge_kernel"]}]
+    cases = [*CASES, {**CONTROL, "warm": False}, {**CONTROL, "specialize": ["_decode_merge_kernel"]},
+             *HEADS, {**HEADS[0], "warm": False, "max_rows": 200}]
     path = tmp_path_factory.mktemp("keys") / "cases.json"
     path.write_text(json.dumps(cases))
     done = subprocess.run([sys.executable, str(SCRIPT), str(path)], capture_output=True, text=True, timeout=600)
@@ -79,3 +85,18 @@ def test_a_merge_kernel_that_specialises_its_split_count_compiles_late(results: 
     specialising num_splits: a split count of another divisibility than the warm-up's, same power of two."""
     late = results[len(CASES) + 1]["late"]
     assert late and all(entry.startswith("_decode_merge_kernel at the decode of ") for entry in late), late
+
+
+@pytest.mark.parametrize("index", range(len(HEADS)), ids=[f"{h['dtype']}-hidden{h['hidden']}" for h in HEADS])
+def test_int8_head_compiles_nothing_after_warm_up(results: List[Dict[str, Any]], index: int) -> None:
+    result = results[len(CASES) + 2 + index]
+    assert result["case"] == HEADS[index] and result["serving_calls"] == HEADS[index]["max_rows"]
+    assert result["warm_keys"] >= 10 and result["late"] == [], result["late"]
+
+
+def test_an_unwarmed_int8_head_compiles_at_first_use_of_each_row_class(results: List[Dict[str, Any]]) -> None:
+    """Triton's own keys agree with the head's model of them (triton_int_class): without the warm-up,
+    one row count equal to 1, one divisible by 16 and one of neither compile in each dispatch band."""
+    late = results[-1]["late"]
+    rows = {int(entry.split(" of ")[1].split()[0]) for entry in late}
+    assert {1, 2, 16, 17}.issubset(rows) and {entry.split()[0] for entry in late} >= {"_int8_head_kernel", "_rotate_rows_kernel"}
