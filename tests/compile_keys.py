@@ -104,7 +104,7 @@ def turboquant_calls(torch: Any, triton: Any, fmt: Any, tq: Any, case: Dict[str,
             calls.append((f"store of {n} tokens", store(n)))
     calls += [(f"decode of {b} requests", decode(b)) for b in range(1, seqs + 1)]
     for decodes in sorted({0, 1, 5, 17, seqs - 1}):
-        for lengths in ([1], [17], [5000], [3, 40000, 9], [7] * 17, [1] * (seqs - decodes)):
+        for lengths in ([1], [17], [1500], [3, 3000, 9], [7] * 17, [1] * (seqs - decodes)):
             if decodes + len(lengths) <= seqs:
                 calls.append((f"prefill of {len(lengths)} requests after {decodes} decodes", prefill(decodes, lengths)))
     return calls
