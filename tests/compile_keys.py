@@ -22,7 +22,8 @@ forced as on a GPU; the head is small, its sizes of the same integer classes as 
     python3 tests/compile_keys.py CASES.json   # prints a JSON list, one result per case
 
 A case names its "mod". turboquant: dtype, head_size, q_heads, kv_heads, block_size,
-max_context, max_num_seqs, speculative_tokens, max_batched_tokens, sm_count. int8-lm-head:
+max_context, max_num_seqs, speculative_tokens, max_batched_tokens, sm_count, shared_memory (opt-in
+bytes per block: the decode tiles are fitted to it). int8-lm-head:
 vocab, hidden, dtype (bfloat16 or float16), max_rows. Either: optional "warm": false (skip the
 warm-up) and "specialize": [kernel names] (re-jit those kernels without their
 do_not_specialize, as a control).
@@ -140,6 +141,7 @@ def run_case(torch: Any, triton: Any, modules: Dict[str, Any], case: Dict[str, A
     if case["mod"] == "turboquant":
         fmt, tq = modules["tq_format"], modules["tq_triton"]
         tq._SM_COUNT["cpu"] = case["sm_count"]
+        tq._device_tuning = lambda index: (case["shared_memory"], tq.DEFAULT_DECODE)  # a GPU without a tune file
         rows = case["max_num_seqs"] * (1 + case["speculative_tokens"])
         args = (fmt.tq_spec(case["dtype"]), case["head_size"], case["q_heads"], case["kv_heads"], case["block_size"],
                 case["max_context"], rows, torch.bfloat16, torch.device("cpu"))
@@ -152,15 +154,21 @@ def run_case(torch: Any, triton: Any, modules: Dict[str, Any], case: Dict[str, A
     return {"case": case, **result}
 
 
-def load_modules(workdir: Path) -> Dict[str, Any]:
-    """The mods' kernel modules as they install them: turboquant's files, int8-lm-head's from its patch
-    (with its Triton path taken on CPU tensors and its warm-up run there, as on a GPU)."""
+def load_modules(torch: Any, workdir: Path) -> Dict[str, Any]:
+    """The mods' kernel modules as they install them, making a GPU's choices on CPU tensors:
+    turboquant's files (decode tiles fitted to the case's shared memory, the 3-bit key lookup),
+    int8-lm-head's from its patch (its Triton path, its warm-up)."""
     sys.path[:0] = [str(FILES), str(REPO / "ci" / "bench")]
     import tq_format
     import tq_triton
 
     from benchlib.int8_lm_head_kernel import load_kernel_module
 
+    gpu = torch.device("cuda", 0)  # a name only: the choices a GPU makes, on CPU tensors
+    decode_config, key_lookup = tq_triton.decode_config, tq_triton.key_lookup
+    tq_triton.decode_config = lambda spec, head, group, batch, context, device: decode_config(
+        spec, head, group, batch, context, gpu)
+    tq_triton.key_lookup = lambda spec, device: key_lookup(spec, gpu)
     int8 = load_kernel_module(workdir)
     int8._triton_ok = lambda x2d, weight: True
     int8.WARMUP_DEVICE_TYPES = ("cpu",)
@@ -184,7 +192,7 @@ def main(argv: List[str]) -> int:
 
     knobs.runtime.jit_cache_hook = record
     with tempfile.TemporaryDirectory() as workdir:
-        modules = load_modules(Path(workdir))
+        modules = load_modules(torch, Path(workdir))
         results = []
         for case in cases:
             module = modules["tq_triton" if case["mod"] == "turboquant" else "int8_lm_head"]

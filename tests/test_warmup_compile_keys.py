@@ -5,7 +5,8 @@ Keys from Triton itself for an sm_90 target, on the CPU (tests/compile_keys.py, 
 subprocess: this suite's other kernel tests import Triton in interpreter mode). The GPU
 end-to-end run checks the same on a real server through vLLM's JIT monitor, for one shape; this
 covers, for turboquant, every dtype, both Qwen3.5 attention shapes, MTP rows, short and long
---max-model-len, and a GB10's and an H200's SM counts (split counts depend on them); for the
+--max-model-len, a GB10's and an H200's SM counts (split counts depend on them) and shared
+memory (decode tiles are fitted to it), the 3-bit key lookup a GPU uses; for the
 INT8 head, every row count to 400 in bf16 and 200 in fp16 (its own tests prove no larger count has a
 key of its own, from its model of Triton's integer classes, which this checks against Triton).
 """
@@ -31,19 +32,20 @@ if importlib.util.find_spec("triton") is None:
 SCRIPT = Path(__file__).resolve().parent / "compile_keys.py"
 DTYPES = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")
 SHAPES = {"35b-a3b": (16, 2), "122b-a10b": (32, 2)}  # query heads, KV heads; head size 256
-# (max_context, max_num_seqs, speculative tokens, SMs): a long-context H200 server, a short
-# GB10 one with MTP, a 256k GB10 one with three speculative tokens
-SERVERS = ((131072, 256, 0, 132), (4096, 8, 2, 48), (262144, 64, 3, 48))
+H200_SHARED, GB10_SHARED = 232448, 101376  # opt-in shared memory per block
+# (max_context, max_num_seqs, speculative tokens, SMs, shared memory): a long-context H200 server,
+# a short GB10 one with MTP, a 256k GB10 one with three speculative tokens
+SERVERS = ((131072, 256, 0, 132, H200_SHARED), (4096, 8, 2, 48, GB10_SHARED), (262144, 64, 3, 48, GB10_SHARED))
 BASE = {"mod": "turboquant", "head_size": 256, "block_size": 16, "max_batched_tokens": 8192}
 CONTROL = {**BASE, "dtype": "turboquant_k3v4_nc", "q_heads": 16, "kv_heads": 2, "max_context": 131072,
-           "max_num_seqs": 64, "speculative_tokens": 0, "sm_count": 132}
+           "max_num_seqs": 64, "speculative_tokens": 0, "sm_count": 132, "shared_memory": H200_SHARED}
 
 
 def _case(dtype: str, shape: str, server: tuple) -> Dict[str, Any]:
-    context, seqs, spec, sms = server
+    context, seqs, spec, sms, shared = server
     q, kv = SHAPES[shape]
     return {**BASE, "dtype": dtype, "q_heads": q, "kv_heads": kv, "max_context": context, "max_num_seqs": seqs,
-            "speculative_tokens": spec, "sm_count": sms}
+            "speculative_tokens": spec, "sm_count": sms, "shared_memory": shared}
 
 
 CASES = [_case(*c) for c in itertools.product(DTYPES, SHAPES, SERVERS)]
