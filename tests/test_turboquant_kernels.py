@@ -490,6 +490,52 @@ def test_warm_up_runs_each_decode_variant_once_on_a_scratch_cache(fmt: ModuleTyp
     assert [variant(b) for b in decoded] == list(dict.fromkeys(variant(b) for b in range(1, 41)))  # first of each, in order
 
 
+def _warm_up_small(fmt: ModuleType, tq: ModuleType) -> None:
+    tq.warm_up(fmt.tq_spec("turboquant_k8v4"), 128, HQ, HKV, 16, 4096, 3, torch.bfloat16, torch.device("cpu"))
+
+
+def test_warm_up_says_what_it_ran_in_one_line(fmt: ModuleType, tq: ModuleType, monkeypatch: pytest.MonkeyPatch,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    """The line the served report quotes: the decode batch sizes compile_variants ran, and the time."""
+    monkeypatch.delenv(tq.ENV_WARMUP, raising=False)
+    ran = []
+    real = tq.compile_variants
+    monkeypatch.setattr(tq, "compile_variants", lambda *args: ran.extend(real(*args)) or ran)
+    with caplog.at_level("INFO", logger=tq.logger.name):
+        _warm_up_small(fmt, tq)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert ran and line.startswith(f"sparkmods turboquant: warm-up ran the store, the prefill and {len(ran)} decode "
+                                   f"variants (batch sizes {','.join(map(str, ran))}) in ")
+    assert line.endswith(" s")
+
+
+def test_a_warm_up_that_fails_is_one_warning_and_the_server_goes_on(fmt: ModuleType, tq: ModuleType,
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.delenv(tq.ENV_WARMUP, raising=False)
+
+    def fail(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("out of resources: shared memory")
+
+    monkeypatch.setattr(tq, "tq_decode", fail)
+    with caplog.at_level("INFO", logger=tq.logger.name):
+        _warm_up_small(fmt, tq)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "sparkmods turboquant: warm-up failed (RuntimeError: out of resources: shared memory); "
+                    "kernels compile on first use")]
+
+
+@pytest.mark.parametrize("value", ["0", "off", " No "])
+def test_warm_up_switch_turns_it_off(fmt: ModuleType, tq: ModuleType, monkeypatch: pytest.MonkeyPatch,
+                                     caplog: pytest.LogCaptureFixture, value: str) -> None:
+    monkeypatch.setenv(tq.ENV_WARMUP, value)
+    monkeypatch.setattr(tq, "compile_variants", lambda *args: pytest.fail("warm-up ran while switched off"))
+    with caplog.at_level("INFO", logger=tq.logger.name):
+        _warm_up_small(fmt, tq)
+    assert [r.getMessage() for r in caplog.records] == [
+        "sparkmods turboquant: warm-up switched off (SPARKMODS_TURBOQUANT_WARMUP); kernels compile on first use"]
+
+
 # ---- the GPU benchmark script's CPU-runnable parts ----
 
 

@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import time
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import triton
@@ -50,6 +52,7 @@ except ImportError:  # loaded from the mod folder (tests, benchmark), files/ on 
 
 logger = logging.getLogger(__name__)
 TUNE_SECTION = "turboquant"
+ENV_WARMUP = "SPARKMODS_TURBOQUANT_WARMUP"  # 0 (false, off, no): no start-up warm-up
 
 @dataclass(frozen=True)
 class DecodeConfig:
@@ -926,7 +929,30 @@ def tq_dequant_varlen(kv_cache: torch.Tensor, block_table: torch.Tensor, cu_seql
 
 def warm_up(spec: fmt.TQSpec, head_size: int, num_q_heads: int, num_kv_heads: int, block_size: int,
             max_context: int, max_batch: int, dtype: torch.dtype, device: torch.device) -> None:
-    """Compile every kernel variant serving will launch, on a scratch two-page cache, while vLLM starts.
+    """Compile every kernel variant serving will launch (compile_variants) while vLLM starts; one
+    log line saying what and how long. Never fatal: a variant that fails here is logged and would
+    fail, or never be needed, at serving time. $SPARKMODS_TURBOQUANT_WARMUP=0 switches it off."""
+    if os.environ.get(ENV_WARMUP, "1").strip().lower() in ("0", "false", "off", "no"):
+        logger.info("sparkmods turboquant: warm-up switched off (%s); kernels compile on first use", ENV_WARMUP)
+        return
+    start = time.monotonic()
+    try:
+        batches = compile_variants(spec, head_size, num_q_heads, num_kv_heads, block_size, max_context, max_batch,
+                                   dtype, device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as exc:  # noqa: BLE001 - a warm-up must never stop the server
+        logger.warning("sparkmods turboquant: warm-up failed (%s: %s); kernels compile on first use",
+                       type(exc).__name__, exc)
+        return
+    logger.info("sparkmods turboquant: warm-up ran the store, the prefill and %d decode variants (batch sizes %s) "
+                "in %.1f s", len(batches), ",".join(map(str, batches)), time.monotonic() - start)
+
+
+def compile_variants(spec: fmt.TQSpec, head_size: int, num_q_heads: int, num_kv_heads: int, block_size: int,
+                     max_context: int, max_batch: int, dtype: torch.dtype, device: torch.device) -> List[int]:
+    """Run every kernel variant serving will launch on a scratch two-page cache; the decode batch
+    sizes run.
 
     CUDA-graph capture compiles the decode of the captured batch sizes only; without this the first
     long prompt, an eager batch (--enforce-eager, or larger than the captured sizes) or a new
@@ -945,12 +971,15 @@ def warm_up(spec: fmt.TQSpec, head_size: int, num_q_heads: int, num_kv_heads: in
     capacity = width * block_size  # what tq_decode reads from the table's shape
     group = num_q_heads // num_kv_heads
     seen = set()
+    batches = []
     for batch in range(1, max_batch + 1):
         cfg = decode_config(spec, head_size, group, batch, capacity, device)
         variant = (cfg, triton.next_power_of_2(num_splits_for(batch, num_kv_heads, capacity, device, cfg)),
                    batch * num_q_heads > 1024)
         if variant not in seen:
             seen.add(variant)
+            batches.append(batch)
             tq_decode(torch.zeros(batch, num_q_heads, head_size, dtype=dtype, device=device), cache,
                       torch.zeros(batch, width, dtype=torch.int32, device=device),
                       torch.ones(batch, dtype=torch.int32, device=device), 1.0, spec)
+    return batches
