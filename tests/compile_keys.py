@@ -9,7 +9,8 @@ CUDA target (sm_90) without a GPU, and knobs.runtime.jit_cache_hook records each
 asks for and skips the compile and the launch (kernels do not run; nothing reads their output).
 Any key first asked for after the warm-up is a late compile.
 
-turboquant: tq_triton.warm_up with the server's geometry and limits, then the calls the attention
+turboquant: what tq_triton.warm_up runs (compile_variants, so that a failure is raised, not logged)
+with the server's geometry and limits, then the calls the attention
 implementation (sparkmods_turboquant.py) makes while serving, with its argument layouts:
 query/key/value as views into one qkv buffer, block-table rows as a slice of the persistent
 table (or index_select rows with speculative tokens), the prefill's whole table and first row.
@@ -145,7 +146,7 @@ def run_case(torch: Any, triton: Any, modules: Dict[str, Any], case: Dict[str, A
         rows = case["max_num_seqs"] * (1 + case["speculative_tokens"])
         args = (fmt.tq_spec(case["dtype"]), case["head_size"], case["q_heads"], case["kv_heads"], case["block_size"],
                 case["max_context"], rows, torch.bfloat16, torch.device("cpu"))
-        warm_up, calls = (lambda: tq.warm_up(*args)), turboquant_calls(torch, triton, fmt, tq, case)
+        warm_up, calls = (lambda: tq.compile_variants(*args)), turboquant_calls(torch, triton, fmt, tq, case)
     else:
         mod, dtype = modules["int8_lm_head"], getattr(torch, case["dtype"])
         head = mod.quantize_head(torch.randn(case["vocab"], case["hidden"], dtype=dtype))
