@@ -53,6 +53,24 @@ def test_triton_kernels_are_the_launched_jit_functions_of_turboquant():
     assert "_split_range" not in found and "rotate" not in found  # helpers and Python wrappers are not launched
 
 
+def test_turboquant_checks_its_own_kernels_where_its_variant_installs_them(tmp_path):
+    """The checks of the mod's kernels (their log line, the warm-up line, no late compile) run where
+    run.sh installed the backend file: every variant but 0.20's, which keeps upstream's kernels."""
+    import e2e_scenarios as scenarios
+    from sparkmods.runtime.manifest import load_manifest
+
+    common = (REPO / "mods" / "turboquant" / "patches" / "common" / "turboquant_files.patch").read_text()
+    assert f"+++ b/{scenarios.TQ_BACKEND}\n" in common
+    manifest = load_manifest(REPO / "mods" / "turboquant")
+    ours = {v.label for v in manifest.variants if "patches/common/turboquant_files.patch" in v.patches}
+    assert ours == {v.label for v in manifest.variants} - {"v0.20.0"}
+    run = e2e.Run(tmp_path, tmp_path / "out", sys.executable)
+    assert not run.installed("turboquant", scenarios.TQ_BACKEND)
+    (tmp_path / "out" / "overlays" / "turboquant" / scenarios.TQ_BACKEND).parent.mkdir(parents=True)
+    (tmp_path / "out" / "overlays" / "turboquant" / scenarios.TQ_BACKEND).write_text("")
+    assert run.installed("turboquant", scenarios.TQ_BACKEND)
+
+
 def test_late_compiles_reads_the_jit_monitor_of_a_real_served_log():
     log = (REPO / "ci" / "bench" / "results" / "served-35b-a3b-0.26.0-h200" / "servers" / "turboquant"
            / "server.log").read_text()

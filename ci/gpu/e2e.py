@@ -85,6 +85,10 @@ class Run:
     def has_mod(self, mod: str) -> bool:
         return (REPO / "mods" / mod / "run.sh").is_file()
 
+    def installed(self, name: str, path: str) -> bool:
+        """Whether the mods' run.sh put `path` (relative to site-packages) into server `name`'s overlay."""
+        return (self.out / "overlays" / name / path).is_file()
+
     def serve(self, name: str, model_key: str, mods: Sequence[str], extra: Sequence[str],
               work: Callable[[Server], Any], report: Report, expect: Sequence[str] = (),
               must_start: bool = True) -> Any:

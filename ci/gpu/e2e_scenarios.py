@@ -41,6 +41,7 @@ UNLOADED = re.compile(r"were not initialized from checkpoint")  # strict loading
 NO_FP8_PARAM = re.compile(r"no module or parameter named '[\w.]+weight_scale_inv'")  # 0.26.0
 KV_RATIO_MIN = 2.0
 TQ_KERNELS = Path(__file__).resolve().parents[2] / "mods" / "turboquant" / "files" / "tq_triton.py"
+TQ_BACKEND = "vllm/v1/attention/backends/sparkmods_turboquant.py"  # installed where the mod runs its kernels
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
@@ -253,8 +254,9 @@ def turboquant(run) -> Report:
     if tq is None:
         return report
     _said(report, run.servers["turboquant"], "TurboQuant", "TURBOQUANT")
-    if mods:  # the mod's own store and decode kernels, on every release it applies to
+    if run.installed("turboquant", TQ_BACKEND):  # the mod's own kernels (every variant but 0.20's)
         _said(report, run.servers["turboquant"], "TurboQuant", "TurboQuant attention on sparkmods kernels")
+        _said(report, run.servers["turboquant"], "TurboQuant", "sparkmods turboquant: warm-up ran")
         late = late_compiles(run.servers["turboquant"].log_text(), triton_kernels(TQ_KERNELS.read_text()))
         if late is not None:  # the release's JIT monitor watches the requests
             report.check("TurboQuant kernels all compiled while starting", not late,
