@@ -179,6 +179,32 @@ def test_the_launch_synopsis_lists_every_option_launch_has() -> None:
     assert shown == options, f"{synopsis.name}: missing {sorted(options - shown)}, unknown {sorted(shown - options)}"
 
 
+ENV_NAME = re.compile(r"\bSPARKMODS_[A-Z0-9_]*[A-Z0-9]\b")
+
+
+def _read_variables() -> set:
+    """SPARKMODS_* names in what ships: the tools, the mods' files, patches' added lines and run.sh."""
+    found = set()
+    for path in [*(REPO / "tools" / "sparkmods").rglob("*.py"), *(REPO / "mods").rglob("*")]:
+        if path.is_file() and path.suffix in (".py", ".sh", ".patch"):
+            text = path.read_text(encoding="utf-8")
+            if path.suffix == ".patch":
+                text = "\n".join(line for line in text.splitlines() if line.startswith("+"))
+            found |= set(ENV_NAME.findall(text))
+    return found
+
+
+def test_the_environment_table_names_every_variable_and_no_other() -> None:
+    """README's table of SPARKMODS_* variables: one row (or a shared row) for each the code reads."""
+    text = DOCS[0].read_text(encoding="utf-8")
+    section = text.split("\n## Environment variables\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `SPARKMODS_")]
+    listed = {name for row in rows for name in ENV_NAME.findall(row.split(" | ")[0])}
+    read = _read_variables()
+    assert len(read) > 20 and "SPARKMODS_VLLM_BASE" in read
+    assert listed == read, f"README's table lacks {sorted(read - listed)}; lists {sorted(listed - read)}, which nothing reads"
+
+
 def test_transcripts_are_found() -> None:
     tiers = {t for b in RUN for t in b.tiers()}
     assert {"fast", "network", "docker"} <= tiers, tiers
