@@ -185,6 +185,17 @@ def test_a_headless_rank_that_dies_ends_the_wait_and_stop_leaves_nothing(tmp_pat
     assert not follower.alive() and server.proc.poll() is not None
 
 
+def test_a_start_that_does_not_end_is_stopped_with_what_it_started(tmp_path):
+    """A `ray start` that hangs: after the timeout the group (the command and its child) is gone."""
+    group = ProcessGroup("node 0", [sys.executable, "-c", "import subprocess, time; "
+                                    "subprocess.Popen(['sleep', '60']); time.sleep(60)"], dict(os.environ),
+                         tmp_path / "node0.log")
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"^node 0: ray start did not end within 1 s; stopped$"):
+        group.start_daemons("ray start", 1.0)
+    assert not group.alive() and time.monotonic() - started < 10
+
+
 def test_ray_that_cannot_start_is_one_line_in_the_log_and_no_server(tmp_path):
     server = nodes.node_server("b", sys.executable, tmp_path / "m", parallel.Parallel(2, "ray", 2), [],
                                [[tmp_path], [tmp_path]], os.environ, tmp_path / "s" / "server.log", False)

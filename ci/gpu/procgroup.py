@@ -39,10 +39,15 @@ class ProcessGroup:
     def start_daemons(self, what: str, timeout_s: float) -> None:
         """Start the command (`what`, e.g. "ray start") and wait for it to end, leaving what it
         started running in the group; RuntimeError with the group's name, what, and the command's
-        last line of output if it failed."""
+        last line of output if it failed, or when it is still running after timeout_s (the group
+        is stopped then)."""
         self.start()
         assert self.proc is not None
-        code = self.proc.wait(timeout=timeout_s)
+        try:
+            code = self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise RuntimeError(f"{self.name}: {what} did not end within {timeout_s:.0f} s; stopped") from None
         if code != 0:
             said = self.log_path.read_text(errors="replace").strip().splitlines() or ["no output"]
             raise RuntimeError(f"{self.name}: {what} failed (exit {code}): {said[-1][:200]}")
