@@ -385,3 +385,78 @@ def test_a_whole_run_against_a_stand_in_server(tmp_path, monkeypatch):
     assert "GPU KV cache size" in log
     # every configuration's server shares the run's Triton cache (vLLM's own compile cache off)
     assert f"env {{'TRITON_CACHE_DIR': '{tmp_path / 'work' / 'triton-cache'}', 'VLLM_DISABLE_COMPILE_CACHE': '1'}}" in log
+
+
+def _served_out(tmp_path: Path) -> Path:
+    out = tmp_path / "served"
+    results = out / "served-35b-a3b-0.26.0-h200"
+    (results / "servers" / "turboquant").mkdir(parents=True)
+    (results / "served.json").write_text(json.dumps(_rows()))
+    (results / "servers" / "turboquant" / "server.log").write_text("sparkmods turboquant: warm-up ran ...\n")
+    (out / "bench.log").write_text("bench_served.py: 3 rows\n")
+    (out / "models").mkdir()  # beside the results: never packed
+    (out / "models" / "weights.safetensors").write_bytes(b"\0" * 64)
+    return out
+
+
+def test_pack_brings_a_run_back_as_one_file_and_unpack_places_it(tmp_path, capsys):
+    """One archive per results folder (device calls return few files, two folders deep), with the
+    server logs and the run's log; unpack puts it under results/, once."""
+    out = _served_out(tmp_path)
+    assert bs.main(["pack", "--out", str(out), "--to", str(tmp_path / "OUT")]) == 0
+    (archive,) = (tmp_path / "OUT").iterdir()
+    assert archive.name == "served-35b-a3b-0.26.0-h200.tar.gz"
+    assert capsys.readouterr().out.startswith(f"bench_served.py: packed {archive} (")
+    results = tmp_path / "results"
+    assert bs.main(["unpack", str(archive), "--results", str(results)]) == 0
+    placed = results / "served-35b-a3b-0.26.0-h200"
+    assert capsys.readouterr().out == f"bench_served.py: unpacked into {placed}\n"
+    assert sorted(str(p.relative_to(placed)) for p in placed.rglob("*") if p.is_file()) == [
+        "bench.log", "served.json", "servers/turboquant/server.log"]
+    assert (placed / "servers" / "turboquant" / "server.log").read_text() == "sparkmods turboquant: warm-up ran ...\n"
+    assert [p.name for p in results.iterdir()] == [placed.name]  # no scratch folder left
+    assert bs.main(["unpack", str(archive), "--results", str(results)]) == 2
+    assert "exists already; remove it" in capsys.readouterr().err
+
+
+def _tar(path: Path, entries: list) -> Path:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        for name, kind in entries:
+            info = tarfile.TarInfo(name)
+            if kind == "link":
+                info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+                tar.addfile(info)
+            else:
+                info.size = 3
+                tar.addfile(info, io.BytesIO(b"abc"))
+    return path
+
+
+@pytest.mark.parametrize("entries,says", [
+    ([("served-x/ok", "file"), ("served-x/../../evil", "file")], "is not a plain file or folder"),
+    ([("served-x/ok", "file"), ("/tmp/served-evil", "file")], "not one served-* folder"),
+    ([("served-x/passwd", "link")], "is not a plain file or folder"),
+    ([("served-x/a", "file"), ("served-y/b", "file")], "not one served-* folder"),
+    ([("results/a", "file")], "not one served-* folder"),
+])
+def test_unpack_refuses_an_archive_that_escapes_or_is_not_a_run(tmp_path, capsys, entries, says):
+    archive = _tar(tmp_path / "bad.tar.gz", entries)
+    results = tmp_path / "results"
+    assert bs.main(["unpack", str(archive), "--results", str(results)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"bench_served.py: {archive}: ") and says in err and err.count("\n") == 1
+    assert not results.exists() and not (tmp_path / "evil").exists()
+
+
+def test_unpack_refuses_a_damaged_archive_and_pack_an_empty_run(tmp_path, capsys):
+    good = _tar(tmp_path / "good.tar.gz", [("served-x/a", "file")])
+    (tmp_path / "cut.tar.gz").write_bytes(good.read_bytes()[:-20])
+    assert bs.main(["unpack", str(tmp_path / "cut.tar.gz"), "--results", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "could not extract it" in err and err.count("\n") == 1
+    assert not (tmp_path / "r" / "served-x").exists() and not list((tmp_path / "r").glob(".unpack-*"))
+    assert bs.main(["pack", "--out", str(tmp_path / "nothing"), "--to", str(tmp_path / "OUT")]) == 2
+    assert "no served-* results folder to pack" in capsys.readouterr().err

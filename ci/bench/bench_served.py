@@ -3,6 +3,8 @@
 
     python3 ci/bench/bench_served.py run --model 35b-a3b --vllm-site SITE --out DIR [--detach]
     python3 ci/bench/bench_served.py wait --out DIR --seconds 540      # a detached run: 0 ended, 3 running
+    python3 ci/bench/bench_served.py pack --out DIR --to "$OUT"        # there: one archive per results folder
+    python3 ci/bench/bench_served.py unpack ARCHIVE                    # here: into ci/bench/results/
     python3 ci/bench/benchlib/served_report.py DIR/served-<model>-<vllm>-<gpu>     # table and plot again
 
 Why: the mods exist for speed and capacity, and a tiny model served eagerly says nothing about
@@ -54,6 +56,7 @@ sys.path.insert(0, str(REPO / "tests"))  # ckptfactory: the checkpoint's tensor 
 sys.path.insert(0, str(REPO / "tools"))  # sparkmods.checkpoint.header: the safetensors header writer
 
 from benchlib.qwen35_shapes import MODELS, Model, config_json  # noqa: E402
+from benchlib.served_archive import ArchiveError, pack, unpack  # noqa: E402
 from benchlib.served_report import write_report  # noqa: E402
 from ckptfactory import Spec, main_specs  # noqa: E402
 from e2e_serve import Server, apply_mod, free_port, overlay, server_env  # noqa: E402
@@ -504,6 +507,20 @@ def wait(out: Path, seconds: float) -> int:
     return 0 if code.is_file() else 3
 
 
+def archive_command(args: argparse.Namespace) -> int:
+    """pack or unpack: one line per archive; exit 2 with one line for an archive refused."""
+    try:
+        if args.cmd == "pack":
+            for archive in pack(args.out, args.to):
+                print(f"bench_served.py: packed {archive} ({archive.stat().st_size >> 10} KiB)")
+        else:
+            print(f"bench_served.py: unpacked into {unpack(args.archive, args.results)}")
+    except ArchiveError as exc:
+        print(f"bench_served.py: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _Parser(description=__doc__.split("\n\n")[0])
@@ -522,12 +539,21 @@ def main(argv: list[str] | None = None) -> int:
     w = sub.add_parser("wait", help="wait for a detached run")
     w.add_argument("--out", type=Path, required=True)
     w.add_argument("--seconds", type=float, default=0)
+    p = sub.add_parser("pack", help="each results folder of a run, with its log, as one archive (device calls "
+                                    "return few files, two folders deep)")
+    p.add_argument("--out", type=Path, required=True, help="the run's --out")
+    p.add_argument("--to", type=Path, required=True, help="where the archives go ($OUT in a device call)")
+    u = sub.add_parser("unpack", help="an archive of pack into the results folder")
+    u.add_argument("archive", type=Path)
+    u.add_argument("--results", type=Path, default=REPO / "ci" / "bench" / "results")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return 2 if exc.code else 0
     if args.cmd == "wait":
         return wait(args.out, args.seconds)
+    if args.cmd in ("pack", "unpack"):
+        return archive_command(args)
     if args.detach:
         return detach(argv[argv.index("run"):], args.out)
     try:
