@@ -95,3 +95,18 @@ def test_the_committed_table_is_this_run(rows: List[Dict[str, Any]]) -> None:
     keep = ("target", "kernel", "config", "shared", "registers", "spill_stores", "spill_loads", "model_bytes", "problems")
     assert [{k: r.get(k) for k in keep} for r in committed["rows"]] == [{k: r.get(k) for k in keep} for r in rows], \
         f"{RESULTS} is stale: run {committed['command']}"
+
+
+def test_the_workers_loading_the_int8_module_at_once_never_see_half_a_file(tmp_path: Path) -> None:
+    """Every worker writes the module into the one workdir and imports it: each write replaces
+    the file by a rename (a new inode), so an import running beside it reads the old or the new
+    text whole. Truncating in place gave another worker an empty module once (no kernels in it)."""
+    need("torch")
+    from int8_lm_head_interp import bench_module
+
+    loader = bench_module("benchlib.int8_lm_head_kernel")
+    first = loader.load_kernel_module(tmp_path)
+    inodes = {name: (tmp_path / name).stat().st_ino for name in ("int8_lm_head.py", loader.SHARED.name)}
+    second = loader.load_kernel_module(tmp_path)
+    assert all((tmp_path / name).stat().st_ino != ino for name, ino in inodes.items())
+    assert hasattr(first, "int8_matmul") and hasattr(second, "int8_matmul")

@@ -82,9 +82,14 @@ def load_kernel_module(workdir: Path, source: "str | None" = None) -> ModuleType
     With TRITON_INTERPRET=1 set before the call, the kernels run in Triton's interpreter on
     CPU tensors (the variable must stay set while they run); see enable_interpreter.
     """
+    _tools_on_path()
+    from sparkmods.outputfile import write_atomic
+
+    # Atomic: processes that load the module into one workdir at once (gb10_readiness's workers)
+    # must never import a half-written file.
     path = workdir / "int8_lm_head.py"
-    path.write_text(kernel_source() if source is None else source, encoding="utf-8")
-    (workdir / SHARED.name).write_text(patch_source(PATCH.read_text(encoding="utf-8"), SHARED_PATH), encoding="utf-8")
+    write_atomic(path, kernel_source() if source is None else source)
+    write_atomic(workdir / SHARED.name, patch_source(PATCH.read_text(encoding="utf-8"), SHARED_PATH))
     spec = importlib.util.spec_from_file_location("int8_lm_head", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
