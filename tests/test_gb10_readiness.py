@@ -100,7 +100,7 @@ def test_the_committed_table_is_this_run(rows: List[Dict[str, Any]]) -> None:
 def test_the_workers_loading_the_int8_module_at_once_never_see_half_a_file(tmp_path: Path) -> None:
     """Every worker writes the module into the one workdir and imports it: each write replaces
     the file by a rename (a new inode), so an import running beside it reads the old or the new
-    text whole. Truncating in place gave another worker an empty module once (no kernels in it)."""
+    text whole, never a truncated one (an empty module has no kernels)."""
     need("torch")
     from int8_lm_head_interp import bench_module
 
