@@ -460,3 +460,150 @@ def test_unpack_refuses_a_damaged_archive_and_pack_an_empty_run(tmp_path, capsys
     assert not (tmp_path / "r" / "served-x").exists() and not list((tmp_path / "r").glob(".unpack-*"))
     assert bs.main(["pack", "--out", str(tmp_path / "nothing"), "--to", str(tmp_path / "OUT")]) == 2
     assert "no served-* results folder to pack" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- merge: one run's configurations from two leases
+
+RUN = "served-35b-a3b-0.26.0-h200"
+
+
+def _results(folder: Path, configs: list[str], log: str | None = "bench_served.py: rows\n", rows: list | None = None) -> Path:
+    """A results folder as unpack leaves it: `configs`' rows of _rows(), a server log each, bench.log."""
+    folder.mkdir(parents=True)
+    (folder / "served.json").write_text(json.dumps([r for r in _rows() if r["config"] in configs] if rows is None else rows))
+    for config in configs:
+        (folder / "servers" / config).mkdir(parents=True)
+        (folder / "servers" / config / "server.log").write_text(f"sparkmods {config}: warm-up ran in {len(config)} s\n")
+    if log is not None:
+        (folder / "bench.log").write_text(log)
+    return folder
+
+
+def _snapshot(folder: Path) -> dict[str, bytes | None]:
+    """Every path under folder with its bytes (None for a folder): what "unchanged" compares."""
+    return {str(p.relative_to(folder)): None if p.is_dir() else p.read_bytes() for p in sorted(folder.rglob("*"))}
+
+
+def test_merge_joins_rows_server_logs_and_run_logs_and_writes_the_report_again(tmp_path, capsys):
+    into = _results(tmp_path / RUN, ["stock", "hybrid-int4-fp8", "int8-lm-head"], log="first lease\nlast line")
+    second = _results(tmp_path / "second" / RUN, ["turboquant", "full-stack"], log="second lease\n")
+    sr.write_report(into)
+    assert "turboquant" not in (into / "served.md").read_text()
+    before = _snapshot(second)
+    assert bs.main(["merge", str(into), str(second)]) == 0
+    assert capsys.readouterr().out == (f"bench_served.py: merged 18 rows (turboquant, full-stack) from {second} "
+                                       f"into {into}\n")
+    rows = json.loads((into / "served.json").read_text())
+    assert rows == _rows()  # INTO's rows, then FROM's, in their order (_rows() lists the configs so)
+    assert sorted(p.name for p in (into / "servers").iterdir()) == sorted(CONFIG_NAMES)
+    assert (into / "servers" / "full-stack" / "server.log").read_text() == "sparkmods full-stack: warm-up ran in 10 s\n"
+    assert (into / "bench.log").read_text() == f"first lease\nlast line\n# merged from {RUN} (turboquant, full-stack)\nsecond lease\n"
+    md = (into / "served.md").read_text()
+    assert "| context | batch | stock | hybrid-int4-fp8 | int8-lm-head | turboquant | full-stack |" in md
+    assert "| 1k | 1 | 100.0 | 104.0 (1.04x) | 103.0 (1.03x) | 92.0 (0.92x) | 99.0 (0.99x) |" in md
+    assert "| turboquant | `sparkmods turboquant: warm-up ran in 10 s` |" in md  # the copied log, read by the report
+    svg = (into / "served.svg").read_text()
+    assert 'data-config="full-stack"' in svg and 'data-config="stock"' in svg
+    assert _snapshot(second) == before  # FROM only read
+
+
+def test_merge_takes_several_folders_in_order_and_folders_without_a_log(tmp_path, capsys):
+    into = _results(tmp_path / "a" / RUN, ["stock"], log=None)
+    one = _results(tmp_path / "b" / RUN, ["turboquant"], log=None)
+    two = _results(tmp_path / "c" / RUN, ["int8-lm-head", "full-stack"], log="third\n")
+    assert bs.main(["merge", str(into), str(one), str(two)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"bench_served.py: merged 9 rows (turboquant) from {one} into {into}",
+        f"bench_served.py: merged 18 rows (int8-lm-head, full-stack) from {two} into {into}"]
+    configs = [r["config"] for r in json.loads((into / "served.json").read_text())]
+    assert list(dict.fromkeys(configs)) == ["stock", "turboquant", "int8-lm-head", "full-stack"]
+    assert (into / "bench.log").read_text() == (f"# merged from {RUN} (turboquant)\n"
+                                                f"# merged from {RUN} (int8-lm-head, full-stack)\nthird\n")
+    assert "| config | KV cache tokens |" in (into / "served.md").read_text()
+
+
+def _other_gpu() -> list[dict]:
+    return [dict(r, gpu="NVIDIA H100 80GB HBM3 (other)") for r in _rows() if r["config"] == "turboquant"]
+
+
+def _mixed() -> list[dict]:
+    rows = [r for r in _rows() if r["config"] == "turboquant"]
+    return rows[:-1] + [dict(rows[-1], vllm="0.25.1")]
+
+
+@pytest.mark.parametrize("case, says", [
+    ("from-no-json", "cannot read served.json"),
+    ("from-not-list", "not a list of bench_served.py rows"),
+    ("from-not-dicts", "not a list of bench_served.py rows"),
+    ("into-no-json", "cannot read served.json"),
+    ("from-empty", "holds no rows"),
+    ("other-gpu", "merge only folders of one model, vLLM and GPU"),
+    ("mixed-rows", "rows of more than one model, vLLM and GPU"),
+    ("config-twice", "configuration stock is in"),
+    ("config-in-two-froms", "configuration turboquant is in"),
+    ("servers-twice", "servers/stock/ is in"),
+    ("from-is-into", "is INTO itself"),
+])
+def test_merge_refuses_in_one_line_and_leaves_every_folder_as_it_was(tmp_path, capsys, case, says):
+    into = _results(tmp_path / RUN, ["stock", "int8-lm-head"], log="first\n")
+    sr.write_report(into)
+    source = tmp_path / "second" / RUN
+    sources = [source]
+    if case == "from-no-json":
+        _results(source, ["turboquant"]).joinpath("served.json").unlink()
+    elif case == "from-not-list":
+        _results(source, ["turboquant"]).joinpath("served.json").write_text("{}")
+    elif case == "from-not-dicts":
+        _results(source, ["turboquant"]).joinpath("served.json").write_text("[1, 2]")
+    elif case == "into-no-json":
+        (into / "served.json").unlink()
+        _results(source, ["turboquant"])
+    elif case == "from-empty":
+        _results(source, [], rows=[])
+    elif case == "other-gpu":
+        _results(source, ["turboquant"], rows=_other_gpu())
+    elif case == "mixed-rows":
+        _results(source, ["turboquant"], rows=_mixed())
+    elif case == "config-twice":
+        _results(source, ["turboquant", "stock"]).joinpath("servers", "stock").rename(source / "stock-log")
+    elif case == "config-in-two-froms":
+        _results(source, ["turboquant"])
+        sources.append(_results(tmp_path / "third" / RUN, ["full-stack", "turboquant"]))
+    elif case == "servers-twice":
+        _results(source, ["turboquant"])
+        (source / "servers" / "stock").mkdir()  # a log of a configuration INTO has, rows only of another
+    elif case == "from-is-into":
+        sources = [into]
+    wanted = sources[-1] if case != "into-no-json" else into
+    before = {f: _snapshot(f) for f in [into, *sources]}
+    assert bs.main(["merge", str(into), *map(str, sources)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"bench_served.py: {wanted}") and says in captured.err
+    assert captured.err.count("\n") == 1
+    assert {f: _snapshot(f) for f in [into, *sources]} == before
+
+
+def test_a_merge_that_fails_while_writing_is_undone(tmp_path, capsys, monkeypatch):
+    """served.json cannot be written (a full disk): the copied server logs go again and bench.log is
+    put back, so the same merge can be run again once the cause is fixed."""
+    from benchlib import served_merge as sm
+
+    into = _results(tmp_path / RUN, ["stock"], log="first\n")
+    source = _results(tmp_path / "second" / RUN, ["turboquant", "full-stack"])
+    before = _snapshot(into)
+    real = sm.write_atomic
+
+    def full_disk(path: Path, data: bytes | str) -> None:
+        if path.name == "served.json":
+            raise OSError(28, "No space left on device")
+        real(path, data)
+
+    monkeypatch.setattr(sm, "write_atomic", full_disk)
+    assert bs.main(["merge", str(into), str(source)]) == 2
+    err = capsys.readouterr().err
+    assert "merge failed and was undone" in err and "No space left" in err and err.count("\n") == 1
+    assert _snapshot(into) == before
+    monkeypatch.setattr(sm, "write_atomic", real)
+    assert bs.main(["merge", str(into), str(source)]) == 0
+    assert len(json.loads((into / "served.json").read_text())) == 27

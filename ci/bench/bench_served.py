@@ -5,6 +5,7 @@
     python3 ci/bench/bench_served.py wait --out DIR --seconds 540      # a detached run: 0 ended, 3 running
     python3 ci/bench/bench_served.py pack --out DIR --to "$OUT"        # there: one archive per results folder
     python3 ci/bench/bench_served.py unpack ARCHIVE                    # here: into ci/bench/results/
+    python3 ci/bench/bench_served.py merge INTO FROM [FROM ...]        # one run's configurations from two leases
     python3 ci/bench/benchlib/served_report.py DIR/served-<model>-<vllm>-<gpu>     # table and plot again
 
 Why: the mods exist for speed and capacity, and a tiny model served eagerly says nothing about
@@ -57,6 +58,7 @@ sys.path.insert(0, str(REPO / "tools"))  # sparkmods.checkpoint.header: the safe
 
 from benchlib.qwen35_shapes import MODELS, Model, config_json  # noqa: E402
 from benchlib.served_archive import ArchiveError, pack, unpack  # noqa: E402
+from benchlib.served_merge import MergeError, merge  # noqa: E402
 from benchlib.served_report import write_report  # noqa: E402
 from ckptfactory import Spec, main_specs  # noqa: E402
 from e2e_serve import Server, apply_mod, free_port, overlay, server_env  # noqa: E402
@@ -521,6 +523,18 @@ def archive_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def merge_command(args: argparse.Namespace) -> int:
+    """merge: one line per FROM merged; exit 2 with one line, INTO unchanged, for a merge refused."""
+    try:
+        for done in merge(args.into, args.sources):
+            print(f"bench_served.py: merged {done.rows} rows ({', '.join(done.configs)}) from {done.source} "
+                  f"into {args.into}")
+    except MergeError as exc:
+        print(f"bench_served.py: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _Parser(description=__doc__.split("\n\n")[0])
@@ -546,6 +560,10 @@ def main(argv: list[str] | None = None) -> int:
     u = sub.add_parser("unpack", help="an archive of pack into the results folder")
     u.add_argument("archive", type=Path)
     u.add_argument("--results", type=Path, default=REPO / "ci" / "bench" / "results")
+    m = sub.add_parser("merge", help="results folders of one model, vLLM and GPU (a run split over two leases) "
+                                     "into the first: rows, server logs, bench.log, table and plot")
+    m.add_argument("into", type=Path, metavar="INTO", help="the results folder that receives the others")
+    m.add_argument("sources", type=Path, nargs="+", metavar="FROM", help="results folders merged into it, left as they are")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -554,6 +572,8 @@ def main(argv: list[str] | None = None) -> int:
         return wait(args.out, args.seconds)
     if args.cmd in ("pack", "unpack"):
         return archive_command(args)
+    if args.cmd == "merge":
+        return merge_command(args)
     if args.detach:
         return detach(argv[argv.index("run"):], args.out)
     try:
