@@ -24,7 +24,9 @@ forced as on a GPU; the head is small, its sizes of the same integer classes as 
 
 A case names its "mod". turboquant: dtype, head_size, q_heads, kv_heads, block_size,
 max_context, max_num_seqs, speculative_tokens, max_batched_tokens, sm_count, shared_memory (opt-in
-bytes per block: the decode tiles are fitted to it). int8-lm-head:
+bytes per block: the decode tiles are fitted to it), optionally alloc_block (vLLM's allocation
+block, a multiple of block_size: a hybrid model's is larger, and a table row holds whole ones) and
+"warm_pages_only": true (a control: the warm-up sizes the table in pages). int8-lm-head:
 vocab, hidden, dtype (bfloat16 or float16), max_rows. Either: optional "warm": false (skip the
 warm-up) and "specialize": [kernel names] (re-jit those kernels without their
 do_not_specialize, as a control).
@@ -69,7 +71,8 @@ def turboquant_calls(torch: Any, triton: Any, fmt: Any, tq: Any, case: Dict[str,
     spec = fmt.tq_spec(case["dtype"])
     dtype = torch.bfloat16
     head, hq, hkv, bs = case["head_size"], case["q_heads"], case["kv_heads"], case["block_size"]
-    width = triton.cdiv(case["max_context"], bs)
+    alloc = case.get("alloc_block", bs)  # vLLM sizes a row in allocation blocks of whole pages
+    width = triton.cdiv(case["max_context"], alloc) * (alloc // bs)
     seqs, k = case["max_num_seqs"], case["speculative_tokens"]
     tokens = max(case["max_batched_tokens"], seqs * (1 + k))
     qkv = torch.zeros(tokens, (hq + 2 * hkv) * head, dtype=dtype)
@@ -144,8 +147,11 @@ def run_case(torch: Any, triton: Any, modules: Dict[str, Any], case: Dict[str, A
         tq._SM_COUNT["cpu"] = case["sm_count"]
         tq._device_tuning = lambda index: (case["shared_memory"], tq.DEFAULT_DECODE)  # a GPU without a tune file
         rows = case["max_num_seqs"] * (1 + case["speculative_tokens"])
-        args = (fmt.tq_spec(case["dtype"]), case["head_size"], case["q_heads"], case["kv_heads"], case["block_size"],
-                case["max_context"], rows, torch.bfloat16, torch.device("cpu"))
+        bs, context = case["block_size"], case["max_context"]
+        tables = ([triton.cdiv(context, bs) * bs] if case.get("warm_pages_only")
+                  else tq.table_capacities(context, (bs, case.get("alloc_block", bs))))
+        args = (fmt.tq_spec(case["dtype"]), case["head_size"], case["q_heads"], case["kv_heads"], bs, tables, rows,
+                torch.bfloat16, torch.device("cpu"))
         warm_up, calls = (lambda: tq.compile_variants(*args)), turboquant_calls(torch, triton, fmt, tq, case)
     else:
         mod, dtype = modules["int8_lm_head"], getattr(torch, case["dtype"])

@@ -472,26 +472,31 @@ def test_dequant_varlen_reads_from_first_row_for_more_than_16_requests(fmt: Modu
 def test_warm_up_runs_each_decode_variant_once_on_a_scratch_cache(fmt: ModuleType, tq: ModuleType, name: str,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The start-up warm-up needs nothing but the layer's geometry (the GPU compiles; here it runs):
-    one decode per (batch band, split count) over batches 1..max_batch, the 1025-row store, the dequant."""
+    one decode per (decode config, rotate tiling) over batches 1..max_batch for each table capacity
+    (here one short and one long table: both context bands), the 1025-row store, the dequant."""
     decoded, real = [], tq.tq_decode
 
-    def record(query, *args, **kwargs):
-        decoded.append(query.shape[0])
-        return real(query, *args, **kwargs)
+    def record(query, kv_cache, block_table, *args, **kwargs):
+        decoded.append((query.shape[0], block_table.shape[1] * 16))
+        return real(query, kv_cache, block_table, *args, **kwargs)
 
     monkeypatch.setattr(tq, "tq_decode", record)
+    # a long-table config of its own, as head 256 has (head 128's bands share theirs)
+    monkeypatch.setitem(tq.DEFAULT_DECODE, (128, "many", "long", "*"), tq.DecodeConfig(64, 4, 2, 128, 4))
     cpu = torch.device("cpu")
-    tq.warm_up(fmt.tq_spec(name), 128, HQ, HKV, 16, 4096, 40, torch.bfloat16, cpu)
+    spec = fmt.tq_spec(name)
+    tq.warm_up(spec, 128, HQ, HKV, 16, [4096, 16384], 40, torch.bfloat16, cpu)
 
-    def variant(batch: int) -> tuple:
-        splits = tq.num_splits_for(batch, HKV, 4096, cpu, tq.default_decode_config(128, batch, 4096))
-        return batch == 1, tq.triton.next_power_of_2(splits), batch * HQ > 1024
+    def variant(batch: int, tokens: int) -> tuple:
+        return tq.decode_config(spec, 128, HQ // HKV, batch, tokens, cpu), batch * HQ > 1024
 
-    assert [variant(b) for b in decoded] == list(dict.fromkeys(variant(b) for b in range(1, 41)))  # first of each, in order
+    expected = list(dict.fromkeys(variant(b, t) for t in (4096, 16384) for b in range(1, 41)))  # first of each, in order
+    assert [variant(b, t) for b, t in decoded] == expected
+    assert {t for _, t in decoded} == {4096, 16384} and len(expected) >= 3
 
 
 def _warm_up_small(fmt: ModuleType, tq: ModuleType) -> None:
-    tq.warm_up(fmt.tq_spec("turboquant_k8v4"), 128, HQ, HKV, 16, 4096, 3, torch.bfloat16, torch.device("cpu"))
+    tq.warm_up(fmt.tq_spec("turboquant_k8v4"), 128, HQ, HKV, 16, [4096], 3, torch.bfloat16, torch.device("cpu"))
 
 
 def test_warm_up_says_what_it_ran_in_one_line(fmt: ModuleType, tq: ModuleType, monkeypatch: pytest.MonkeyPatch,

@@ -247,11 +247,12 @@ def warm_up_shape(kv_cache_spec: AttentionSpec, vllm_config: VllmConfig) -> dict
     decode row per query token: with speculative tokens, 1 + k rows per request)."""
     model = vllm_config.model_config
     rows_per_request = 1 + (getattr(vllm_config.speculative_config, "num_speculative_tokens", None) or 0)
+    blocks = (kv_cache_spec.block_size, vllm_config.cache_config.block_size or 0)
     return {"spec": _spec(vllm_config.cache_config.cache_dtype), "head_size": kv_cache_spec.head_size,
             "num_q_heads": model.get_num_attention_heads(vllm_config.parallel_config),
             "num_kv_heads": kv_cache_spec.num_kv_heads, "block_size": kv_cache_spec.block_size,
-            "max_context": model.max_model_len, "max_batch": vllm_config.scheduler_config.max_num_seqs * rows_per_request,
-            "dtype": model.dtype}
+            "table_tokens": tqk.table_capacities(model.max_model_len, blocks),
+            "max_batch": vllm_config.scheduler_config.max_num_seqs * rows_per_request, "dtype": model.dtype}
 
 
 class TurboQuantMetadataBuilder(AttentionMetadataBuilder[TurboQuantMetadata]):

@@ -37,7 +37,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import triton
@@ -764,31 +764,38 @@ def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_
         _store_lse(part_lse_ptr, part, row_ok, m_i, l_i)
 
 
+MERGE_ROWS = 16  # splits the merge reads per step
+
+
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_merge_kernel(part_o_ptr, part_lse_ptr, lens_ptr, out_ptr, stride_ob, stride_oh, num_splits,
-                         HQ: tl.constexpr, D: tl.constexpr, SPLITS_P: tl.constexpr, MERGE_ROWS: tl.constexpr,
+                         HQ: tl.constexpr, D: tl.constexpr, MERGE_ROWS: tl.constexpr,
                          BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
     """Merge the splits of one (request, query head) by their log-sum-exp weights, MERGE_ROWS
-    splits' partial outputs per step (one split per step leaves a single request's merge a
-    chain of dependent loads; all splits at once would not fit in registers)."""
+    splits per step with a running maximum (one split per step leaves a single request's merge a
+    chain of dependent loads). Nothing here depends on the split count at compile time: the
+    table's width, hence the count, may differ from what the warm-up saw."""
     req = tl.program_id(0)
     head = tl.program_id(1)
     seq_len = tl.load(lens_ptr + req)
     used, _, _ = _split_range(seq_len, 0, num_splits, BLOCK_N, MIN_CHUNK)
     first = (req * HQ + head) * num_splits
-    s = tl.arange(0, SPLITS_P)
-    lse = tl.load(part_lse_ptr + first + s, mask=s < used, other=float("-inf"))
-    top = tl.max(tl.where(lse > float("-inf"), lse, -1e30), axis=0)
-    total = tl.sum(tl.where(lse > float("-inf"), tl.exp2(lse - top), 0.0), axis=0)
     d = tl.arange(0, D)
     r = tl.arange(0, MERGE_ROWS)
     acc = tl.zeros([D], tl.float32)
+    total = tl.sum(tl.zeros([MERGE_ROWS], tl.float32), axis=0)
+    top = total - 1e30
     for i in range(0, used, MERGE_ROWS):
         rows = i + r
         lse_r = tl.load(part_lse_ptr + first + rows, mask=rows < used, other=float("-inf"))
         live = lse_r > float("-inf")  # a split with no token wrote no output
+        new_top = tl.maximum(top, tl.max(tl.where(live, lse_r, -1e30), axis=0))
+        scale = tl.exp2(top - new_top)
+        weight = tl.where(live, tl.exp2(lse_r - new_top), 0.0)
         part = tl.load(part_o_ptr + (first + rows).to(tl.int64)[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
-        acc += tl.sum(tl.where(live, tl.exp2(lse_r - top), 0.0)[:, None] * part, axis=0)
+        acc = acc * scale + tl.sum(weight[:, None] * part, axis=0)
+        total = total * scale + tl.sum(weight, axis=0)
+        top = new_top
     out = acc / tl.where(total > 0.0, total, 1.0)
     tl.store(out_ptr + req * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
 
@@ -849,8 +856,7 @@ def tq_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Te
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.max_regs} if cfg.max_regs else {}))
     _decode_merge_kernel[(batch, num_q_heads)](
         part_o, part_lse, seq_lens, out, out.stride(0), out.stride(1), splits,
-        HQ=num_q_heads, D=head_size, SPLITS_P=triton.next_power_of_2(splits), MERGE_ROWS=min(16, triton.next_power_of_2(splits)),
-        BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, num_warps=4)
+        HQ=num_q_heads, D=head_size, MERGE_ROWS=MERGE_ROWS, BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, num_warps=4)
     return out
 
 
@@ -926,9 +932,15 @@ def tq_dequant_varlen(kv_cache: torch.Tensor, block_table: torch.Tensor, cu_seql
     return k, v
 
 
+def table_capacities(max_model_len: int, block_sizes: Sequence[int]) -> List[int]:
+    """The capacities a block-table row may have: vLLM sizes it in allocation blocks (for a hybrid
+    model larger than the page a kernel reads, e.g. 304 tokens) and from 0.26 rounds it up to 128
+    tokens for small blocks."""
+    return sorted({-(-max_model_len // b) * b for b in (*block_sizes, 128) if b > 0})
+
 
 def warm_up(spec: fmt.TQSpec, head_size: int, num_q_heads: int, num_kv_heads: int, block_size: int,
-            max_context: int, max_batch: int, dtype: torch.dtype, device: torch.device) -> None:
+            table_tokens: Sequence[int], max_batch: int, dtype: torch.dtype, device: torch.device) -> None:
     """Compile every kernel variant serving will launch (compile_variants) while vLLM starts; one
     log line saying what and how long. Never fatal: a variant that fails here is logged and would
     fail, or never be needed, at serving time. $SPARKMODS_TURBOQUANT_WARMUP=0 switches it off."""
@@ -937,7 +949,7 @@ def warm_up(spec: fmt.TQSpec, head_size: int, num_q_heads: int, num_kv_heads: in
         return
     start = time.monotonic()
     try:
-        batches = compile_variants(spec, head_size, num_q_heads, num_kv_heads, block_size, max_context, max_batch,
+        batches = compile_variants(spec, head_size, num_q_heads, num_kv_heads, block_size, table_tokens, max_batch,
                                    dtype, device)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -950,14 +962,16 @@ def warm_up(spec: fmt.TQSpec, head_size: int, num_q_heads: int, num_kv_heads: in
 
 
 def compile_variants(spec: fmt.TQSpec, head_size: int, num_q_heads: int, num_kv_heads: int, block_size: int,
-                     max_context: int, max_batch: int, dtype: torch.dtype, device: torch.device) -> List[int]:
+                     table_tokens: Sequence[int], max_batch: int, dtype: torch.dtype, device: torch.device) -> List[int]:
     """Run every kernel variant serving will launch on a scratch two-page cache; the decode batch
-    sizes run.
+    sizes run, in order.
 
     CUDA-graph capture compiles the decode of the captured batch sizes only; without this the first
-    long prompt, an eager batch (--enforce-eager, or larger than the captured sizes) or a new
-    split count would compile while a user waits. Decode variants differ by batch band and split
-    count only, so one batch of each distinct pair is run.
+    long prompt or an eager batch (--enforce-eager, or larger than the captured sizes) would
+    compile while a user waits. Decode variants differ by batch band and by the context band of
+    the block table's capacity, so one batch of each distinct pair is run for each capacity in
+    table_tokens (the tokens a table row may address: vLLM rounds it up to its allocation
+    block, which can be larger than the page a kernel reads).
     """
     rows = 1025  # rotate() tiles more than 1024 rows differently
     key = torch.zeros(rows, num_kv_heads, head_size, dtype=dtype, device=device)
@@ -967,19 +981,17 @@ def compile_variants(spec: fmt.TQSpec, head_size: int, num_q_heads: int, num_kv_
     tq_store(key, key, cache, slots, spec)
     cu = torch.tensor([0, 2], dtype=torch.int32, device=device)
     tq_dequant_varlen(cache, torch.zeros(1, 2, dtype=torch.int32, device=device), cu, spec, head_size, dtype, total_k=2)
-    width = triton.cdiv(max_context, block_size)
-    capacity = width * block_size  # what tq_decode reads from the table's shape
     group = num_q_heads // num_kv_heads
     seen = set()
     batches = []
-    for batch in range(1, max_batch + 1):
-        cfg = decode_config(spec, head_size, group, batch, capacity, device)
-        variant = (cfg, triton.next_power_of_2(num_splits_for(batch, num_kv_heads, capacity, device, cfg)),
-                   batch * num_q_heads > 1024)
-        if variant not in seen:
-            seen.add(variant)
-            batches.append(batch)
-            tq_decode(torch.zeros(batch, num_q_heads, head_size, dtype=dtype, device=device), cache,
-                      torch.zeros(batch, width, dtype=torch.int32, device=device),
-                      torch.ones(batch, dtype=torch.int32, device=device), 1.0, spec)
+    for tokens in table_tokens:
+        width = triton.cdiv(tokens, block_size)
+        for batch in range(1, max_batch + 1):
+            variant = (decode_config(spec, head_size, group, batch, width * block_size, device), batch * num_q_heads > 1024)
+            if variant not in seen:
+                seen.add(variant)
+                batches.append(batch)
+                tq_decode(torch.zeros(batch, num_q_heads, head_size, dtype=dtype, device=device), cache,
+                          torch.zeros(batch, width, dtype=torch.int32, device=device),
+                          torch.ones(batch, dtype=torch.int32, device=device), 1.0, spec)
     return batches
