@@ -217,6 +217,65 @@ def test_run_cell_reports_a_refused_request():
     assert rate is None and note.startswith("HTTP 400")
 
 
+def test_a_steady_cell_is_the_median_of_its_windows_and_keeps_each(monkeypatch):
+    """One stalled window (the first) moves the median by nothing; its rate is kept beside the others."""
+    calls = []
+
+    def run_cell(port, cell, gen, seed):
+        calls.append(seed)
+        return {0: (60.0, 0.2, None), 1: (100.0, 0.1, None), 2: (98.0, 0.3, None)}[len(calls) - 1]
+
+    monkeypatch.setattr(bs, "run_cell", run_cell)
+    rate, ttft, note, runs = bs.repeated_cell(8000, bs.Cell("steady", 1, 1024, 200), 128, index=4, repeats=3)
+    assert (rate, ttft, note, runs) == (98.0, 0.2, None, [60.0, 100.0, 98.0])
+    assert calls == [4000, 4001, 4002]  # fresh prompts each window, none shared with another cell's
+
+
+def test_a_failed_window_ends_the_cell_with_its_note(monkeypatch):
+    answers = iter([(90.0, 0.1, None), (None, None, "HTTP 400: too long")])
+    monkeypatch.setattr(bs, "run_cell", lambda *a, **k: next(answers))
+    rate, _, note, runs = bs.repeated_cell(8000, bs.Cell("steady", 1, 1024, 200), 128, index=0, repeats=3)
+    assert rate is None and note == "HTTP 400: too long" and runs == [90.0]
+
+
+def test_repeated_windows_against_a_streaming_server_with_one_stall():
+    """Real HTTP: three windows of one cell, the first with a stall; the median is a stall-free window."""
+    class Stall(_FakeVllm):
+        count: ClassVar[list[int]] = []
+
+        def do_POST(self) -> None:
+            self.count.append(1)
+            if len(self.count) == 1:
+                self.STEP = 0.03  # the first window decodes at a third of the rate
+            super().do_POST()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Stall)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        rate, _, note, runs = bs.repeated_cell(server.server_address[1], bs.Cell("steady", 1, 100, 200), 30, 0, 3)
+    finally:
+        server.shutdown()
+    assert note is None and len(runs) == 3
+    assert runs[0] < 0.6 * min(runs[1:]) and rate == sorted(runs)[1] > 0.6 / _FakeVllm.STEP
+
+
+def test_the_table_lists_cells_whose_windows_differ(tmp_path):
+    rows = _rows()
+    for r in rows:
+        if r["phase"] == "steady" and r["tok_s"]:
+            r["tok_s_runs"] = [r["tok_s"]] * 3
+    cell = next(r for r in rows if (r["config"], r["phase"], r["batch"], r["context"]) == ("int8-lm-head", "steady", 1, 1024))
+    cell["tok_s_runs"] = [91.0, 103.0, 103.2]
+    (tmp_path / "served.json").write_text(json.dumps(rows))
+    sr.write_report(tmp_path)
+    md = (tmp_path / "served.md").read_text()
+    assert "Each cell is the median of 3 windows; cells whose windows differ by more than 5%:\n- int8-lm-head 1k x 1: 91.0, 103.0, 103.2 tok/s\n" in md
+    cell["tok_s_runs"] = [102.0, 103.0, 103.2]
+    (tmp_path / "served.json").write_text(json.dumps(rows))
+    sr.write_report(tmp_path)
+    assert "Each cell is the median of 3 windows; in none do they differ by more than 5%." in (tmp_path / "served.md").read_text()
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     need("tokenizers")  # the folders' tokenizer is written with it (transformers brings it)
@@ -364,7 +423,7 @@ def test_a_whole_run_against_a_stand_in_server(tmp_path, monkeypatch):
                                                    "vllm/entrypoints/openai/api_server.py": _FAKE_API_SERVER})
     monkeypatch.setattr(bs, "build_model", lambda model, root, checkpoint: tmp_path)  # folders: tested above
     args = argparse.Namespace(contexts=[64, 128], batches=[1, 2], gen=5, max_cell_tokens=200,
-                              gpu_memory_utilization=0.9)
+                              gpu_memory_utilization=0.9, repeats=2)
     results = tmp_path / "results"
     results.mkdir()
     bench = bs.Bench(MODELS["35b-a3b"], site, tmp_path / "work", results, args, "Stand-in GPU", "0.26.0")
@@ -377,6 +436,10 @@ def test_a_whole_run_against_a_stand_in_server(tmp_path, monkeypatch):
         ("first", 1, 64), ("first", 2, 64), ("steady", 1, 64), ("steady", 2, 64), ("steady", 1, 128), ("steady", 2, 128)]
     measured = [r for r in stock if r["note"] is None]
     assert len(measured) == 5 and all(r["tok_s"] > 0 and r["kv_tokens"] == 2_000_000 for r in measured)
+    # a steady cell is measured --repeats times (its median reported), a first request once
+    assert all(len(r["tok_s_runs"]) == 2 and abs(r["tok_s"] - sum(r["tok_s_runs"]) / 2) <= 0.1
+               for r in measured if r["phase"] == "steady")
+    assert not any("tok_s_runs" in r for r in stock if r["phase"] == "first")
     assert "exceed --max-cell-tokens 200" in stock[-1]["note"] and stock[-1]["tok_s"] is None
     failed = [r for r in rows if r["config"] == "int8-lm-head"]
     assert len(failed) == 6 and all(r["note"].startswith("run.sh of int8-lm-head failed") for r in failed)

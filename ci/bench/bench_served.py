@@ -41,6 +41,7 @@ import random
 import re
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -307,6 +308,22 @@ def run_cell(port: int, cell: Cell, gen: int, seed: int) -> tuple[float | None, 
     return rate, ttft, note
 
 
+def repeated_cell(port: int, cell: Cell, gen: int, index: int,
+                  repeats: int) -> tuple[float | None, float | None, str | None, list[float]]:
+    """run_cell `repeats` times (fresh prompts each time): the median rate and time to first token,
+    and every run's rate. One window is short (128 tokens at batch 1 is under a second), so a
+    single stall in the server moved a cell by 10 %; the median of three is what steady means.
+    A run that fails ends the cell with its note and no rate."""
+    rates, ttfts = [], []
+    for k in range(repeats):
+        rate, ttft, note = run_cell(port, cell, gen, seed=index * 1000 + k)
+        if note is not None or rate is None or ttft is None:
+            return None, ttft, note, rates
+        rates.append(rate)
+        ttfts.append(ttft)
+    return statistics.median(rates), statistics.median(ttfts), None, rates
+
+
 # ---------------------------------------------------------------- servers
 
 def serve_flags(cfg: Config, max_model_len: int, max_seqs: int, memory: float) -> list[str]:
@@ -372,11 +389,13 @@ class Bench:
     vllm: str
     rows: list[dict] = field(default_factory=list)
 
-    def row(self, cfg: str, cell: Cell, tok_s: float | None, kv: int | None, ttft: float | None, note: str | None) -> None:
+    def row(self, cfg: str, cell: Cell, tok_s: float | None, kv: int | None, ttft: float | None, note: str | None,
+            runs: Sequence[float] = ()) -> None:
         self.rows.append({"model": self.model.key, "gpu": self.gpu, "vllm": self.vllm, "config": cfg,
                           "batch": cell.batch, "context": cell.context,
                           "tok_s": None if tok_s is None else round(tok_s, 1), "kv_tokens": kv,
-                          "first_tok_s": None if ttft is None else round(ttft, 3), "phase": cell.phase, "note": note})
+                          "first_tok_s": None if ttft is None else round(ttft, 3), "phase": cell.phase, "note": note,
+                          **({"tok_s_runs": [round(r, 1) for r in runs]} if len(runs) > 1 else {})})
         tmp = self.results / "served.json.tmp"
         tmp.write_text(json.dumps(self.rows, indent=1) + "\n")
         os.replace(tmp, self.results / "served.json")
@@ -430,11 +449,11 @@ class Bench:
                     self.row(cfg.name, cell, None, kv, None, cell.skip)
                     continue
                 before = _preemptions(server)
-                rate, ttft, note = run_cell(server.port, cell, a.gen, seed=n)
+                rate, ttft, note, runs = repeated_cell(server.port, cell, a.gen, n, a.repeats if cell.phase == "steady" else 1)
                 preempted = _preemptions(server) - before
                 if preempted and note is None:
                     note = f"{preempted:.0f} preemptions: the cell did not fit"
-                self.row(cfg.name, cell, rate, kv, ttft, note)
+                self.row(cfg.name, cell, rate, kv, ttft, note, runs)
         finally:
             server.stop()
             shutil.rmtree(self.out / "overlays" / cfg.name, ignore_errors=True)
@@ -547,6 +566,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--contexts", type=_ints, default=[1024, 32768, 131072], help="prompt tokens (default 1024,32768,131072)")
     r.add_argument("--batches", type=_ints, default=[1, 8, 32], help="concurrent requests (default 1,8,32)")
     r.add_argument("--gen", type=int, default=128, help="tokens every request decodes inside the window (default 128)")
+    r.add_argument("--repeats", type=int, default=3, choices=range(1, 10), metavar="N",
+                   help="windows per steady cell, the median reported (default 3)")
     r.add_argument("--max-cell-tokens", type=int, default=1_100_000, help="skip cells with more prompt tokens (default 1100000)")
     r.add_argument("--gpu-memory-utilization", type=float, default=0.90)
     r.add_argument("--detach", action="store_true", help="run in the background; poll with `wait`")

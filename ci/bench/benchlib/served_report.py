@@ -4,7 +4,8 @@
     python3 ci/bench/benchlib/served_report.py ci/bench/results/served-<model>-<vllm>-<gpu>
 
 served.json is the list of rows bench_served.py writes ({"model", "gpu", "vllm", "config", "batch",
-"context", "tok_s", "kv_tokens", "first_tok_s", "phase", "note"}). The Markdown holds decode tok/s
+"context", "tok_s", "kv_tokens", "first_tok_s", "phase", "note"}, and "tok_s_runs", each window's rate, where a
+cell was measured more than once). The Markdown holds decode tok/s
 per context and batch with each configuration's ratio to stock, KV capacity and time to first
 token, and the first requests after start next to the steady rate, with the warm-up lines the mods
 logged at start (servers/<config>/server.log: whether their kernels compiled before the first
@@ -23,6 +24,7 @@ from xml.sax.saxutils import escape
 
 COLOURS = ("#4d4d4d", "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
 KEYS = ("model", "gpu", "vllm", "config", "batch", "context", "tok_s", "kv_tokens", "first_tok_s")
+SPREAD = 1.05  # windows of one cell further apart than this are listed under the table
 # What a mod logs of its start-up warm-up (done, skipped or failed), without vLLM's log prefix.
 WARMUP_LINE = re.compile(r"sparkmods [\w-]+: warm-up .*")
 
@@ -95,6 +97,14 @@ def markdown(rows: Sequence[dict], warmups: "dict[str, list[str]] | None" = None
             out.append(f"| {_context(context)} | {batch} | " + " | ".join(cells) + " |")
     skipped = sorted({r["note"] for r in steady.values() if r["tok_s"] is None and (r.get("note") or "").startswith("skipped")})
     out += [""] + [f"- {note}" for note in skipped] if skipped else []
+    repeated = [r for r in steady.values() if len(r.get("tok_s_runs") or ()) > 1]
+    if repeated:
+        spread = [r for r in repeated if max(r["tok_s_runs"]) > SPREAD * min(r["tok_s_runs"])]
+        said = f"Each cell is the median of {len(repeated[0]['tok_s_runs'])} windows; "
+        apart = f"differ by more than {SPREAD - 1:.0%}"
+        out += ["", said + (f"cells whose windows {apart}:" if spread else f"in none do they {apart}.")]
+        out += [f"- {r['config']} {_context(r['context'])} x {r['batch']}: "
+                f"{', '.join(f'{v:.1f}' for v in r['tok_s_runs'])} tok/s" for r in spread]
     out += ["", "| config | KV cache tokens | " + " | ".join(f"first token at {_context(c)}, batch 1 (s)" for c in contexts) + " |",
             "|---|---:|" + "---:|" * len(contexts)]
     for config in configs:
