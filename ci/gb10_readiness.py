@@ -133,13 +133,11 @@ def tq_jobs(fmt: ModuleType, tq: ModuleType, target: str) -> List[Job]:
                          {"H": 2, "D": head, "BLOCK_SIZE": PAGE, "BLOCK_T": 16, **layout},
                          {"cache_ptr": "u8", "bt_ptr": "i32", "cu_ptr": "i32", "centroid_ptr": "fp32", "k_ptr": keys, "v_ptr": "bf16"},
                          ("page_stride",), {"num_warps": 4}, None))
-        for splits in (1 << i for i in range(9)):
-            cfg = tq.default_decode_config(head)
-            jobs.append(("tq", "_decode_merge_kernel", f"merge head {head} splits<={splits}",
-                         {"HQ": Q_HEADS, "D": head, "SPLITS_P": splits, "MERGE_ROWS": min(16, splits), "BLOCK_N": cfg.block_n,
-                          "MIN_CHUNK": cfg.min_chunk},
-                         {"part_o_ptr": "fp32", "part_lse_ptr": "fp32", "lens_ptr": "i32", "out_ptr": "bf16"},
-                         ("stride_ob", "stride_oh"), {"num_warps": 4}, None))
+        cfg = tq.default_decode_config(head)
+        jobs.append(("tq", "_decode_merge_kernel", f"merge head {head}",
+                     {"HQ": Q_HEADS, "D": head, "MERGE_ROWS": tq.MERGE_ROWS, "BLOCK_N": cfg.block_n, "MIN_CHUNK": cfg.min_chunk},
+                     {"part_o_ptr": "fp32", "part_lse_ptr": "fp32", "lens_ptr": "i32", "out_ptr": "bf16"},
+                     ("stride_ob", "stride_oh"), {"num_warps": 4}, None))
         for block_r in (16, 64):
             jobs.append(("tq", "_rotate_kernel", f"rotate head {head} rows {block_r}",
                          {"D": head, "BLOCK_R": block_r, "BLOCK_C": min(64, head), "BLOCK_K": min(32, head)},
