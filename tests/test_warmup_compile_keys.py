@@ -87,8 +87,8 @@ def test_without_warm_up_serving_compiles_every_kernel(results: List[Dict[str, A
 
 
 def test_a_merge_kernel_that_specialises_its_split_count_compiles_late(results: List[Dict[str, Any]]) -> None:
-    """What the GPU end-to-end run caught on vLLM 0.26.0 before the merge kernel stopped
-    specialising num_splits: the first split count of another integer class than the warm-up's."""
+    """The control that specialisation is seen: a merge kernel that specialises num_splits compiles
+    at the first split count of another integer class than the warm-up's."""
     assert results[len(CASES) + 1]["late"] == ["_decode_merge_kernel at the decode of 17 requests"]
 
 

@@ -312,7 +312,7 @@ def repeated_cell(port: int, cell: Cell, gen: int, index: int,
                   repeats: int) -> tuple[float | None, float | None, str | None, list[float]]:
     """run_cell `repeats` times (fresh prompts each time): the median rate and time to first token,
     and every run's rate. One window is short (128 tokens at batch 1 is under a second), so a
-    single stall in the server moved a cell by 10 %; the median of three is what steady means.
+    single stall in the server can move a cell; the median is what steady means.
     A run that fails ends the cell with its note and no rate."""
     rates, ttfts = [], []
     for k in range(repeats):
