@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Sequence, Tuple
 
 import pytest
 
@@ -495,8 +495,28 @@ def test_warm_up_runs_each_decode_variant_once_on_a_scratch_cache(fmt: ModuleTyp
     assert {t for _, t in decoded} == {4096, 16384} and len(expected) >= 3
 
 
-def _warm_up_small(fmt: ModuleType, tq: ModuleType) -> None:
-    tq.warm_up(fmt.tq_spec("turboquant_k8v4"), 128, HQ, HKV, 16, [4096], 3, torch.bfloat16, torch.device("cpu"))
+def _warm_up_small(fmt: ModuleType, tq: ModuleType, table_tokens: Sequence[int] = (4096,), fresh: bool = True) -> None:
+    """One warm-up of a small shape; fresh: as the first in a new process (nothing warmed before)."""
+    if fresh:
+        tq._WARMED.clear()
+    tq.warm_up(fmt.tq_spec("turboquant_k8v4"), 128, HQ, HKV, 16, list(table_tokens), 3, torch.bfloat16, torch.device("cpu"))
+
+
+def test_a_shape_warmed_once_in_a_process_is_not_warmed_again(fmt: ModuleType, tq: ModuleType,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM builds a layer group's metadata builder twice: the second build compiles and logs nothing;
+    another shape (a wider table) is warmed."""
+    monkeypatch.delenv(tq.ENV_WARMUP, raising=False)
+    calls = []
+    real = tq.compile_variants
+    monkeypatch.setattr(tq, "compile_variants", lambda *args: calls.append(args[5]) or real(*args))
+    with caplog.at_level("INFO", logger=tq.logger.name):
+        _warm_up_small(fmt, tq)
+        _warm_up_small(fmt, tq, fresh=False)
+        _warm_up_small(fmt, tq, (4096, 20000), fresh=False)
+    assert calls == [[4096], [4096, 20000]]
+    assert len([r for r in caplog.records if "warm-up ran" in r.getMessage()]) == 2
 
 
 def test_warm_up_says_what_it_ran_in_one_line(fmt: ModuleType, tq: ModuleType, monkeypatch: pytest.MonkeyPatch,

@@ -158,7 +158,7 @@ def load_upstream(site: Path) -> Upstream:
 # ---------------------------------------------------------------------------------------------
 
 
-def _int_list(text: str) -> List[int]:
+def int_list(text: str) -> List[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
@@ -168,21 +168,23 @@ def _int_list(text: str) -> List[int]:
     return values
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are InputError (one line, exit 2), not its own exit."""
+
     def error(self, message: str) -> None:
         raise InputError(message)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """Parse and check the command line; InputError (exit 2) names what is wrong and what to do."""
-    p = _Parser(prog="bench_turboquant.py", description=__doc__.split("\n")[0])
+    p = Parser(prog="bench_turboquant.py", description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, help="folder for turboquant_bench.json/.md (required unless --apply-defaults)")
     p.add_argument("--apply-defaults", type=Path, metavar="JSON", help="write the sweep's DEFAULT_DECODE lines from this results file into tq_triton.py")
     p.add_argument("--upstream-site", type=Path, help="site-packages (or tree) with vLLM 0.21.x")
     p.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes, no timings")
     p.add_argument("--sweep", action="store_true", help="also time tile configurations of our decode")
-    p.add_argument("--contexts", type=_int_list, help="context lengths (default 4096,32768,131072)")
-    p.add_argument("--batches", type=_int_list, help="batch sizes (default 1,8)")
+    p.add_argument("--contexts", type=int_list, help="context lengths (default 4096,32768,131072)")
+    p.add_argument("--batches", type=int_list, help="batch sizes (default 1,8)")
     p.add_argument("--dtypes", help="comma-separated TurboQuant dtypes (default: all four)")
     p.add_argument("--head-size", type=int, help="default 256 (Qwen3.5), 128 with --smoke")
     p.add_argument("--kv-heads", type=int, default=2)

@@ -37,7 +37,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 import triton
@@ -93,9 +93,9 @@ class DecodeConfig:
 DEFAULT_DECODE: Dict[Tuple[int, str, str, str], DecodeConfig] = {
     (256, "1", "long", "*"): DecodeConfig(128, 4, 2, 128, 2, 0, 8),
     (256, "1", "short", "*"): DecodeConfig(128, 4, 2, 128, 2, 0, 8),
-    (256, "many", "long", "*"): DecodeConfig(64, 2, 3, 128, 4, 0, 8),
+    (256, "many", "long", "*"): DecodeConfig(64, 4, 2, 128, 4, 0, 8),
     (256, "many", "short", "*"): DecodeConfig(64, 8, 2, 256, 4, 0, 4),
-    (256, "*", "*", "*"): DecodeConfig(64, 2, 3, 128, 4, 0, 8),
+    (256, "*", "*", "*"): DecodeConfig(64, 4, 2, 128, 4, 0, 8),
     (128, "1", "long", "*"): DecodeConfig(128, 4, 2, 128, 2, 0, 4),
     (128, "1", "short", "*"): DecodeConfig(128, 4, 2, 128, 2, 0, 4),
     (128, "many", "long", "*"): DecodeConfig(128, 4, 2, 256, 4, 0, 4),
@@ -710,6 +710,10 @@ def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_
     in (the words reach that layout through shared memory, 2-4 bits per element instead of 16;
     3-bit codes are first made whole by _nibble_codes) and accumulates into its own [GP, D / F]
     sum; output column d = F w + f is written at the end.
+    The value sums are a small difference of two large ones (probability x scale x code, and
+    probability x zero point), so a running sum carried inside tl.dot, whose matrix units add
+    without rounding to nearest, loses digits that the difference amplifies as a split grows
+    long; each tile's product is added to it in fp32 instead.
     Codebook keys: see _codebook_scores (KEY_LUT: 3-bit codes looked up by KEY3_LUT_ASM, on a
     GPU only). num_splits is not specialised (it changes with the batch size; one compiled
     kernel serves every batch)."""
@@ -751,8 +755,8 @@ def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_
             pv = (p * _load_half(region + OFF_VS, pos, valid)[None, :]).to(tl.float16)
             low, high = _value_planes(region + OFF_VC + pos * VALUE_CODE_BYTES, valid, D, VALUE_BITS, VF, VW)
             new = ()
-            for f in tl.static_range(VF):
-                new = new + (tl.dot(pv, _value_field(low, high, f, VALUE_BITS), accs[f] * alpha[:, None]),)
+            for f in tl.static_range(VF):  # the tile's sum is added in fp32 outside the dot (see below)
+                new = new + (accs[f] * alpha[:, None] + tl.dot(pv, _value_field(low, high, f, VALUE_BITS)),)
             accs = new
             acc_zero, l_i = _zero_and_mass(acc_zero, l_i, alpha, p, region + OFF_VZ, pos, valid)
         inv_l = 1.0 / tl.where(l_i > 0.0, l_i, 1.0)
@@ -934,9 +938,12 @@ def tq_dequant_varlen(kv_cache: torch.Tensor, block_table: torch.Tensor, cu_seql
 
 def table_capacities(max_model_len: int, block_sizes: Sequence[int]) -> List[int]:
     """The capacities a block-table row may have: vLLM sizes it in allocation blocks (for a hybrid
-    model larger than the page a kernel reads, e.g. 304 tokens) and from 0.26 rounds it up to 128
+    model larger than the page a kernel reads, e.g. 304 tokens), and 0.21-0.26 round it up to 128
     tokens for small blocks."""
     return sorted({-(-max_model_len // b) * b for b in (*block_sizes, 128) if b > 0})
+
+
+_WARMED: Set[Tuple[Any, ...]] = set()  # shapes this process has warmed up
 
 
 def warm_up(spec: fmt.TQSpec, head_size: int, num_q_heads: int, num_kv_heads: int, block_size: int,
@@ -946,6 +953,9 @@ def warm_up(spec: fmt.TQSpec, head_size: int, num_q_heads: int, num_kv_heads: in
     fail, or never be needed, at serving time. $SPARKMODS_TURBOQUANT_WARMUP=0 switches it off."""
     if os.environ.get(ENV_WARMUP, "1").strip().lower() in ("0", "false", "off", "no"):
         logger.info("sparkmods turboquant: warm-up switched off (%s); kernels compile on first use", ENV_WARMUP)
+        return
+    shape = (spec.name, head_size, num_q_heads, num_kv_heads, block_size, tuple(table_tokens), max_batch, dtype, str(device))
+    if shape in _WARMED:  # vLLM builds a layer group's metadata builder more than once
         return
     start = time.monotonic()
     try:
@@ -959,6 +969,7 @@ def warm_up(spec: fmt.TQSpec, head_size: int, num_q_heads: int, num_kv_heads: in
         return
     logger.info("sparkmods turboquant: warm-up ran the store, the prefill and %d decode variants (batch sizes %s) "
                 "in %.1f s", len(batches), ",".join(map(str, batches)), time.monotonic() - start)
+    _WARMED.add(shape)
 
 
 def compile_variants(spec: fmt.TQSpec, head_size: int, num_q_heads: int, num_kv_heads: int, block_size: int,
