@@ -26,8 +26,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_turboquant import InputError, int_list, Parser, load_modules, markdown_table, median_us  # noqa: E402
-from benchlib.qwen35_shapes import MODELS  # noqa: E402
+from bench_turboquant import InputError, Parser, int_list, load_modules, markdown_table, median_us
+from benchlib.qwen35_shapes import MODELS
 
 KV_HEADS = 2
 HEAD = 256
@@ -173,8 +173,7 @@ class Layer:
 def profile(step: Callable[[], Any], steps: int = 20) -> List[Dict[str, Any]]:
     """Kernels of `steps` calls of step (after one unprofiled call) and their GPU time per step."""
     import torch
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
+    from torch.profiler import ProfilerActivity, profile as torch_profile
 
     step()
     torch.cuda.synchronize()
