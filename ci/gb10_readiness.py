@@ -135,13 +135,16 @@ def tq_jobs(fmt: ModuleType, tq: ModuleType, target: str) -> List[Job]:
                          ("page_stride",), {"num_warps": 4}, None))
         cfg = tq.default_decode_config(head)
         jobs.append(("tq", "_decode_merge_kernel", f"merge head {head}",
-                     {"HQ": Q_HEADS, "D": head, "MERGE_ROWS": tq.MERGE_ROWS, "BLOCK_N": cfg.block_n, "MIN_CHUNK": cfg.min_chunk},
+                     {"HQ": Q_HEADS, "D": head, "MERGE_ROWS": tq.MERGE_ROWS, "MERGE_COLS": min(tq.MERGE_COLS, head),
+                      "BLOCK_N": cfg.block_n, "MIN_CHUNK": cfg.min_chunk},
                      {"part_o_ptr": "fp32", "part_lse_ptr": "fp32", "lens_ptr": "i32", "out_ptr": "bf16"},
                      ("stride_ob", "stride_oh"), {"num_warps": 4}, None))
-        for block_r in (16, 64):
-            jobs.append(("tq", "_rotate_kernel", f"rotate head {head} rows {block_r}",
-                         {"D": head, "BLOCK_R": block_r, "BLOCK_C": min(64, head), "BLOCK_K": min(32, head)},
-                         {"x_ptr": "bf16", "r_ptr": "fp32", "out_ptr": "fp32"}, ("stride_x",), {"num_warps": 4}, None))
+        jobs.append(("tq", "_rotate_kernel", f"rotate head {head} rows 64",
+                     {"D": head, "BLOCK_R": 64, "BLOCK_C": min(64, head), "BLOCK_K": min(32, head)},
+                     {"x_ptr": "bf16", "r_ptr": "fp32", "out_ptr": "fp32"}, ("stride_x",), {"num_warps": 4}, None))
+        jobs.append(("tq", "_rotate_few_kernel", f"rotate head {head} few rows",
+                     {"D": head, "BLOCK_C": tq.rotate_few_columns(head), "ROWS_PER": tq.ROTATE_ROWS_PER},
+                     {"x_ptr": "bf16", "r_ptr": "fp32", "out_ptr": "fp32"}, ("stride_x",), {"num_warps": 4}, None))
     return jobs
 
 

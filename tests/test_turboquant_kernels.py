@@ -413,7 +413,10 @@ def test_rotate_is_float32_matmul_for_strided_inputs_and_any_row_count(fmt: Modu
     rot = fmt.rotation(d, "cpu").T.contiguous()
     gen = torch.Generator().manual_seed(d)
     padded = torch.randn(5, 3, d + 16, generator=gen).to(torch.bfloat16)[..., :d]  # stride(1) = d + 16
-    for x in (padded, padded[:1, :1], torch.randn(1030, d, generator=gen)):
+    few, many = tq.ROTATE_FEW_ROWS, tq.ROTATE_FEW_ROWS + 1  # the last row count of one kernel, the first of the other
+    assert not tq.rotate_tiling(few) and tq.rotate_tiling(many)
+    for x in (padded, padded[:1, :1], torch.randn(few, d, generator=gen), torch.randn(many, d, generator=gen),
+              torch.randn(1030, d, generator=gen)):
         got = tq.rotate(x, rot)
         assert got.dtype == torch.float32 and got.shape == x.shape
         assert rel(got, torch.matmul(x.float(), rot)) < 1e-6
@@ -473,14 +476,21 @@ def test_warm_up_runs_each_decode_variant_once_on_a_scratch_cache(fmt: ModuleTyp
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The start-up warm-up needs nothing but the layer's geometry (the GPU compiles; here it runs):
     one decode per (decode config, rotate tiling) over batches 1..max_batch for each table capacity
-    (here one short and one long table: both context bands), the 1025-row store, the dequant."""
-    decoded, real = [], tq.tq_decode
+    (here one short and one long table: both context bands), a store with each rotate kernel (one
+    token, a prefill's many), the dequant."""
+    decoded, stored_rows, real, real_store = [], [], tq.tq_decode, tq.tq_store
 
     def record(query, kv_cache, block_table, *args, **kwargs):
         decoded.append((query.shape[0], block_table.shape[1] * 16))
         return real(query, kv_cache, block_table, *args, **kwargs)
 
+    def record_store(key, *args, **kwargs):
+        stored_rows.append(key.shape[0] * key.shape[1])
+        return real_store(key, *args, **kwargs)
+
     monkeypatch.setattr(tq, "tq_decode", record)
+    monkeypatch.setattr(tq, "tq_store", record_store)
+    monkeypatch.setattr(tq, "_WARMED", set())
     # a long-table config of its own, as head 256 has (head 128's bands share theirs)
     monkeypatch.setitem(tq.DEFAULT_DECODE, (128, "many", "long", "*"), tq.DecodeConfig(64, 4, 2, 128, 4))
     cpu = torch.device("cpu")
@@ -488,11 +498,12 @@ def test_warm_up_runs_each_decode_variant_once_on_a_scratch_cache(fmt: ModuleTyp
     tq.warm_up(spec, 128, HQ, HKV, 16, [4096, 16384], 40, torch.bfloat16, cpu)
 
     def variant(batch: int, tokens: int) -> tuple:
-        return tq.decode_config(spec, 128, HQ // HKV, batch, tokens, cpu), batch * HQ > 1024
+        return tq.decode_config(spec, 128, HQ // HKV, batch, tokens, cpu), tq.rotate_tiling(batch * HQ)
 
     expected = list(dict.fromkeys(variant(b, t) for t in (4096, 16384) for b in range(1, 41)))  # first of each, in order
     assert [variant(b, t) for b, t in decoded] == expected
     assert {t for _, t in decoded} == {4096, 16384} and len(expected) >= 3
+    assert [tq.rotate_tiling(rows) for rows in stored_rows] == [False, True]
 
 
 def _warm_up_small(fmt: ModuleType, tq: ModuleType, table_tokens: Sequence[int] = (4096,), fresh: bool = True) -> None:
@@ -665,6 +676,16 @@ def test_bench_sweep_bands_rows_by_the_table_they_were_timed_with(tq: ModuleType
     assert (summary["best"], summary["default_us"]) == (narrow, 7.0)
     old = [{k: v for k, v in r.items() if k != "table_tokens"} for r in rows]  # results from before: cut tables
     assert BENCH.default_table(tq, 256, old) == {(256, "many", "short", "*"): narrow}
+
+
+def test_bench_bf16_yardstick_is_attention_with_our_merge(tq: ModuleType) -> None:
+    """The bench's bf16 split-KV kernel, merged by tq.merge_splits, is plain attention (several splits)."""
+    gen = torch.Generator().manual_seed(11)
+    q4, k4, v4 = (torch.randn(*shape, generator=gen).to(torch.bfloat16) for shape in ((2, 2, 4, 64), (2, 2, 300, 64), (2, 2, 300, 64)))
+    got = BENCH.load_bf16_yardstick().bf16_decoder(tq, q4, k4, v4, 0.125, True)()
+    k, v = k4.double().repeat_interleave(4, dim=1), v4.double().repeat_interleave(4, dim=1)
+    want = torch.softmax(q4.double().reshape(2, 8, 1, 64) @ k.transpose(-1, -2) * 0.125, dim=-1) @ v
+    assert got.shape == (2, 8, 64) and rel(got.double(), want.reshape(2, 8, 64)) < 1e-2
 
 
 def test_bench_smoke_run_end_to_end(tmp_path: Path) -> None:

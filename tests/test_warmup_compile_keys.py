@@ -52,6 +52,9 @@ def _case(dtype: str, shape: str, server: tuple) -> Dict[str, Any]:
 # table row holds 2128 tokens for --max-model-len 2048), and one whose rounding crosses the context band
 HYBRID = {**CONTROL, "max_context": 2048, "max_num_seqs": 16, "alloc_block": 304}
 HYBRID_BAND = {**HYBRID, "max_context": 16300}
+# a merge kernel that specialises its split count: on 48 SMs the warm-up's batches (1, 2) have 48
+# splits (divisible by 16), batch 4 the first count of another class (24)
+SPECIALISED = {**CONTROL, "max_num_seqs": 16, "sm_count": 48, "specialize": ["_decode_merge_kernel"]}
 CASES = [*(_case(*c) for c in itertools.product(DTYPES, SHAPES, SERVERS)), HYBRID, HYBRID_BAND]
 HEADS = [{"mod": "int8-lm-head", "vocab": 4096, "hidden": 2048, "dtype": "bfloat16", "max_rows": 400},
          {"mod": "int8-lm-head", "vocab": 4096, "hidden": 3072, "dtype": "float16", "max_rows": 200}]
@@ -59,7 +62,7 @@ HEADS = [{"mod": "int8-lm-head", "vocab": 4096, "hidden": 2048, "dtype": "bfloat
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> List[Dict[str, Any]]:
-    cases = [*CASES, {**CONTROL, "warm": False}, {**CONTROL, "specialize": ["_decode_merge_kernel"]},
+    cases = [*CASES, {**CONTROL, "warm": False}, SPECIALISED,
              *HEADS, {**HEADS[0], "warm": False, "max_rows": 200}, {**HYBRID_BAND, "warm_pages_only": True}]
     path = tmp_path_factory.mktemp("keys") / "cases.json"
     path.write_text(json.dumps(cases))
@@ -82,14 +85,14 @@ def test_nothing_compiles_after_warm_up(results: List[Dict[str, Any]], index: in
 def test_without_warm_up_serving_compiles_every_kernel(results: List[Dict[str, Any]]) -> None:
     """The control that the recorder sees launches: the same server unwarmed compiles each kernel late."""
     late = results[len(CASES)]["late"]
-    assert {entry.split()[0] for entry in late} == {"_store_kernel", "_rotate_kernel", "_dequant_kernel",
+    assert {entry.split()[0] for entry in late} == {"_store_kernel", "_rotate_kernel", "_rotate_few_kernel", "_dequant_kernel",
                                                     "_decode_split_kernel", "_decode_merge_kernel"}
 
 
 def test_a_merge_kernel_that_specialises_its_split_count_compiles_late(results: List[Dict[str, Any]]) -> None:
     """The control that specialisation is seen: a merge kernel that specialises num_splits compiles
     at the first split count of another integer class than the warm-up's."""
-    assert results[len(CASES) + 1]["late"] == ["_decode_merge_kernel at the decode of 17 requests"]
+    assert results[len(CASES) + 1]["late"] == ["_decode_merge_kernel at the decode of 4 requests"]
 
 
 @pytest.mark.parametrize("index", range(len(HEADS)), ids=[f"{h['dtype']}-hidden{h['hidden']}" for h in HEADS])

@@ -84,10 +84,7 @@ def bf16_decoder(tq: ModuleType, q4: Any, k4: Any, v4: Any, scale: float, interp
         _bf16_split_kernel[(splits, hkv, batch)](q4, k4, v4, part_o, part_lse, length, splits, scale * 1.4426950408889634,
                                                  G=group, GP=max(16, triton.next_power_of_2(group)), D=d, BLOCK_N=cfg.block_n,
                                                  MIN_CHUNK=cfg.min_chunk, WIDEN=int(interpreted), num_warps=4, num_stages=3)
-        tq._decode_merge_kernel[(batch, hkv * group)](part_o, part_lse, lens, out, out.stride(0), out.stride(1), splits,
-                                                      HQ=hkv * group, D=d, SPLITS_P=triton.next_power_of_2(splits),
-                                                      MERGE_ROWS=min(16, triton.next_power_of_2(splits)), BLOCK_N=cfg.block_n,
-                                                      MIN_CHUNK=cfg.min_chunk, num_warps=4)
+        tq.merge_splits(part_o, part_lse, lens, out, splits, cfg)
         return out
 
     return run

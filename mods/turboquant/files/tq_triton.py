@@ -412,12 +412,42 @@ def _rotate_kernel(x_ptr, r_ptr, out_ptr, rows, stride_x, D: tl.constexpr, BLOCK
     tl.store(out_ptr + r[:, None].to(tl.int64) * D + c[None, :], acc, mask=ok[:, None])
 
 
+@triton.jit(do_not_specialize=["rows"])
+def _rotate_few_kernel(x_ptr, r_ptr, out_ptr, rows, stride_x, D: tl.constexpr, BLOCK_C: tl.constexpr,
+                       ROWS_PER: tl.constexpr):
+    """out = x @ R for a few rows (a decode step's query heads, its tokens' keys): a program holds a
+    [D, BLOCK_C] block of R and takes ROWS_PER rows one after another, each a float32 product and
+    one sum over D. _rotate_kernel's tiles of 16 rows and its chain of matrix steps over D cost more
+    than the arithmetic at this size."""
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    k = tl.arange(0, D)
+    rot = tl.load(r_ptr + k[:, None] * D + c[None, :])
+    for j in tl.static_range(ROWS_PER):
+        row = (tl.program_id(0) * ROWS_PER + j).to(tl.int64)
+        x = tl.load(x_ptr + row * stride_x + k, mask=(k < D) & (row < rows), other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * D + c, tl.sum(x[:, None] * rot, axis=0), mask=(c < D) & (row < rows))
+
+
+ROTATE_FEW_ROWS = 256  # rotate() takes _rotate_few_kernel up to this many rows, _rotate_kernel above
+ROTATE_ROWS_PER = 4
+
+
+def rotate_tiling(rows: int) -> bool:
+    """Which kernel rotate() launches for this many rows (True: the tiled one): a compile variant."""
+    return rows > ROTATE_FEW_ROWS
+
+
+def rotate_few_columns(head_size: int) -> int:
+    """Columns of R a _rotate_few_kernel program holds: a [D, BLOCK_C] block, 64 values a thread."""
+    return min(head_size, max(16, 8192 // head_size))
+
+
 def rotate(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
     """x [..., D] @ rotation [D, D] in float32, shaped like x.
 
     Not torch.matmul: a decode step rotates a handful of rows (a query's heads, one token's keys),
-    where cuBLAS's float32 GEMM took 51 us for 16 x 128 rows on an H100 (head 128) against 11 us
-    for the whole decode attention: most of a batch-1 decode call (ci/bench/results/turboquant-rotate-any-h100.md).
+    where cuBLAS's float32 GEMM costs more than the decode attention itself
+    (ci/bench/results/turboquant-rotate-any-h100.md).
     """
     head_size = x.shape[-1]
     flat = x.reshape(-1, head_size)
@@ -425,12 +455,16 @@ def rotate(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
         flat = flat.contiguous()
     rows = flat.shape[0]
     out = torch.empty(rows, head_size, dtype=torch.float32, device=x.device)
-    if rows:
-        block_r = 16 if rows <= 1024 else 64
+    if rows and rotate_tiling(rows):
         block_c = min(64, head_size)
-        _rotate_kernel[(triton.cdiv(rows, block_r), head_size // block_c)](
-            flat, rotation, out, rows, flat.stride(0), D=head_size, BLOCK_R=block_r, BLOCK_C=block_c,
+        _rotate_kernel[(triton.cdiv(rows, 64), head_size // block_c)](
+            flat, rotation, out, rows, flat.stride(0), D=head_size, BLOCK_R=64, BLOCK_C=block_c,
             BLOCK_K=min(32, head_size), num_warps=4)
+    elif rows:
+        block_c = rotate_few_columns(head_size)
+        _rotate_few_kernel[(triton.cdiv(rows, ROTATE_ROWS_PER), head_size // block_c)](
+            flat, rotation, out, rows, flat.stride(0), D=head_size, BLOCK_C=block_c, ROWS_PER=ROTATE_ROWS_PER,
+            num_warps=4)
     return out.view(*x.shape[:-1], head_size)
 
 
@@ -769,39 +803,54 @@ def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_
 
 
 MERGE_ROWS = 16  # splits the merge reads per step
+MERGE_COLS = 64  # output columns per merge program
 
 
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_merge_kernel(part_o_ptr, part_lse_ptr, lens_ptr, out_ptr, stride_ob, stride_oh, num_splits,
-                         HQ: tl.constexpr, D: tl.constexpr, MERGE_ROWS: tl.constexpr,
+                         HQ: tl.constexpr, D: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_COLS: tl.constexpr,
                          BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
-    """Merge the splits of one (request, query head) by their log-sum-exp weights, MERGE_ROWS
-    splits per step with a running maximum (one split per step leaves a single request's merge a
-    chain of dependent loads). Nothing here depends on the split count at compile time: the
-    table's width, hence the count, may differ from what the warm-up saw."""
+    """Merge the splits of one (request, query head) by their log-sum-exp weights into MERGE_COLS
+    output columns, MERGE_ROWS splits per step with a running maximum. A single request at a long
+    context has over a hundred splits: the columns spread its merge over several programs, and each
+    step's partial outputs are loaded without waiting for its weights (every split below the used
+    count wrote finite values; one that saw no token has weight 0). Nothing here depends on the
+    split count at compile time: the table's width, hence the count, may differ from the warm-up's."""
     req = tl.program_id(0)
     head = tl.program_id(1)
     seq_len = tl.load(lens_ptr + req)
     used, _, _ = _split_range(seq_len, 0, num_splits, BLOCK_N, MIN_CHUNK)
     first = (req * HQ + head) * num_splits
-    d = tl.arange(0, D)
+    d = tl.program_id(2) * MERGE_COLS + tl.arange(0, MERGE_COLS)
     r = tl.arange(0, MERGE_ROWS)
-    acc = tl.zeros([D], tl.float32)
+    acc = tl.zeros([MERGE_COLS], tl.float32)
     total = tl.sum(tl.zeros([MERGE_ROWS], tl.float32), axis=0)
     top = total - 1e30
     for i in range(0, used, MERGE_ROWS):
         rows = i + r
-        lse_r = tl.load(part_lse_ptr + first + rows, mask=rows < used, other=float("-inf"))
-        live = lse_r > float("-inf")  # a split with no token wrote no output
+        inside = rows < used
+        lse_r = tl.load(part_lse_ptr + first + rows, mask=inside, other=float("-inf"))
+        part = tl.load(part_o_ptr + (first + rows).to(tl.int64)[:, None] * D + d[None, :], mask=inside[:, None], other=0.0)
+        live = lse_r > float("-inf")
         new_top = tl.maximum(top, tl.max(tl.where(live, lse_r, -1e30), axis=0))
         scale = tl.exp2(top - new_top)
         weight = tl.where(live, tl.exp2(lse_r - new_top), 0.0)
-        part = tl.load(part_o_ptr + (first + rows).to(tl.int64)[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
         acc = acc * scale + tl.sum(weight[:, None] * part, axis=0)
         total = total * scale + tl.sum(weight, axis=0)
         top = new_top
     out = acc / tl.where(total > 0.0, total, 1.0)
     tl.store(out_ptr + req * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
+
+
+def merge_splits(part_o: torch.Tensor, part_lse: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor, splits: int,
+                 config: DecodeConfig) -> None:
+    """out [B, Hq, D] from the splits' partial outputs [B * Hq * splits, D] and log2-sum-exps, the
+    splits cut by config's rule (block_n, min_chunk) as the split kernel cut them."""
+    batch, num_q_heads, head_size = out.shape
+    cols = min(MERGE_COLS, head_size)
+    _decode_merge_kernel[(batch, num_q_heads, head_size // cols)](
+        part_o, part_lse, seq_lens, out, out.stride(0), out.stride(1), splits, HQ=num_q_heads, D=head_size,
+        MERGE_ROWS=MERGE_ROWS, MERGE_COLS=cols, BLOCK_N=config.block_n, MIN_CHUNK=config.min_chunk, num_warps=4)
 
 
 def key_lookup(spec: fmt.TQSpec, device: torch.device) -> bool:
@@ -858,9 +907,7 @@ def tq_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Te
         VALUE_FIELDS=cfg.value_fields if spec.value_bits == 3 else 4,  # one compiled kernel for 4-bit values
         KEY_LUT=int(key_lookup(spec, query.device)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.max_regs} if cfg.max_regs else {}))
-    _decode_merge_kernel[(batch, num_q_heads)](
-        part_o, part_lse, seq_lens, out, out.stride(0), out.stride(1), splits,
-        HQ=num_q_heads, D=head_size, MERGE_ROWS=MERGE_ROWS, BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, num_warps=4)
+    merge_splits(part_o, part_lse, seq_lens, out, splits, cfg)
     return out
 
 
@@ -984,12 +1031,12 @@ def compile_variants(spec: fmt.TQSpec, head_size: int, num_q_heads: int, num_kv_
     table_tokens (the tokens a table row may address: vLLM rounds it up to its allocation
     block, which can be larger than the page a kernel reads).
     """
-    rows = 1025  # rotate() tiles more than 1024 rows differently
-    key = torch.zeros(rows, num_kv_heads, head_size, dtype=dtype, device=device)
     cache = torch.zeros(fmt.cache_shape(2, block_size, num_kv_heads, head_size, spec), dtype=torch.uint8, device=device)
-    slots = torch.full((rows,), -1, dtype=torch.int64, device=device)
-    slots[:2] = torch.arange(2, device=device)
-    tq_store(key, key, cache, slots, spec)
+    for tokens in (1, ROTATE_FEW_ROWS // num_kv_heads + 1):  # a decode step's keys, a prefill's: both rotate kernels
+        key = torch.zeros(tokens, num_kv_heads, head_size, dtype=dtype, device=device)
+        slots = torch.full((tokens,), -1, dtype=torch.int64, device=device)
+        slots[:2] = torch.arange(min(tokens, 2), device=device)
+        tq_store(key, key, cache, slots, spec)
     cu = torch.tensor([0, 2], dtype=torch.int32, device=device)
     tq_dequant_varlen(cache, torch.zeros(1, 2, dtype=torch.int32, device=device), cu, spec, head_size, dtype, total_k=2)
     group = num_q_heads // num_kv_heads
@@ -998,7 +1045,8 @@ def compile_variants(spec: fmt.TQSpec, head_size: int, num_q_heads: int, num_kv_
     for tokens in table_tokens:
         width = triton.cdiv(tokens, block_size)
         for batch in range(1, max_batch + 1):
-            variant = (decode_config(spec, head_size, group, batch, width * block_size, device), batch * num_q_heads > 1024)
+            variant = (decode_config(spec, head_size, group, batch, width * block_size, device),
+                       rotate_tiling(batch * num_q_heads))
             if variant not in seen:
                 seen.add(variant)
                 batches.append(batch)
