@@ -328,3 +328,22 @@ def test_a_stock_server_that_refused_counts_only_for_vllms_own_refusal(scenario,
         scenarios._stock_refused(report, _Run(name, server), name, scenarios.NO_FP8_PARAM, "stock")
     assert [c["passed"] for c in report.checks] == [passed]
     assert report.data["stock_outcome"] == ("refused to start" if passed else "did not start")
+
+
+def test_device_names_the_gpus_this_run_may_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in nvidia-smi (none here) listing an H100 and two H200s, or what -i selects: a run
+    pinned to GPU 1 names that one; unpinned, each distinct name once."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(textwrap.dedent("""\
+        #!/bin/sh
+        case "$*" in
+          *"-i 1"*) echo "NVIDIA H200" ;;
+          *) printf 'NVIDIA H100 80GB HBM3\\nNVIDIA H200\\nNVIDIA H200\\n' ;;
+        esac
+        """))
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert e2e._device() == "NVIDIA H200"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert e2e._device() == "NVIDIA H100 80GB HBM3, NVIDIA H200"

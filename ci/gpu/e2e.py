@@ -219,11 +219,15 @@ class Run:
 
 
 def _device() -> str:
+    """The GPUs this run may use (CUDA_VISIBLE_DEVICES honoured: a run beside another on a two-GPU
+    machine names its own), each distinct name once."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
     try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=30, check=False).stdout.strip() or "unknown"
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", *(["-i", visible] if visible else [])],
+                             capture_output=True, text=True, timeout=30, check=False).stdout
     except OSError:
         return "unknown (no nvidia-smi)"
+    return ", ".join(dict.fromkeys(line.strip() for line in out.splitlines() if line.strip())) or "unknown"
 
 
 def _vllm_version(site: Path) -> str:
