@@ -63,12 +63,12 @@ def test_kernel_times_are_per_step_device_kernels_largest_first() -> None:
 def test_report_gives_the_ratio_of_the_steps_and_lists_failures() -> None:
     results = {"gpu": "NVIDIA H200", "vllm": "0.26.0", "fa_version": 3, "table_tokens": 135168, "profiles": [],
                "steps": [{"model": "35b-a3b", "batch": 1, "context": 1024, "stock_step": 12.0, "ours_step": 15.0,
-                          "fa_decode": 8.0, "ours_decode": 11.0, "stock_write": 3.0, "ours_store": 4.0},
+                          "fa_decode": 8.0, "ours_decode": 11.0, "stock_write": 3.0, "ours_store": 4.0, "fa2_decode": 9.5},
                          {"model": "35b-a3b", "batch": 8, "context": 1024, "stock_step": 20.0}],
                "failures": ["35b-a3b ours batch 8 context 1024: RuntimeError: boom"]}
     md = STEP.render(results)
-    assert "| 1 | 1024 | 12 | 15 | 0.8 | 8 | 11 | 3 | 4 |" in md
-    assert "| 8 | 1024 | 20 | - | - | - | - | - | - |" in md
+    assert "| 1 | 1024 | 12 | 15 | 0.8 | 8 | 11 | 3 | 4 | 9.5 |" in md
+    assert "| 8 | 1024 | 20 | - | - | - | - | - | - | - |" in md
     assert "## 35b-a3b (16 query heads)" in md
     assert md.rstrip().endswith("- 35b-a3b ours batch 8 context 1024: RuntimeError: boom")
 

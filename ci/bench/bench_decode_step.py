@@ -7,7 +7,9 @@ it, per full-attention layer and decode step, under CUDA-graph replay (as the se
   stock  reshape_and_cache_flash (this step's key and value into the bf16 cache) and vLLM's
          FlashAttention 3 decode, called as vLLM 0.26's FlashAttentionImpl calls it under full CUDA
          graphs (its cache layout, the allocation block as page, scheduler metadata with at most
-         32 splits);
+         32 splits); and the same decode on FlashAttention 2 (its own split choice), which vLLM
+         runs in every bf16 layer once --kv-cache-dtype is a turboquant one (a turboquant
+         server's boundary layers; a GB10 runs FA2 in any case);
   ours   tq_store (rotate, quantise, pack) and tq_decode (rotate the query, split, merge).
 Each is timed alone and as the pair, at the models' attention shapes (query heads from
 benchlib/qwen35_shapes, 2 KV heads, head 256), a block table as wide as --table-tokens (the served
@@ -85,14 +87,16 @@ def render(results: Dict[str, Any]) -> str:
            f"Median microseconds per call under CUDA-graph replay; block table {results['table_tokens']} tokens wide; "
            f"ours {DTYPE}, page {TQ_PAGE}; stock bf16, FlashAttention {results['fa_version']}, page = the model's "
            "attention block, at most 32 splits. Made by `ci/bench/bench_decode_step.py`.", ""]
-    cols = ["batch", "context", "stock step", "ours step", "stock / ours", "fa decode", "ours decode", "stock write", "ours store"]
+    cols = ["batch", "context", "stock step", "ours step", "stock / ours", "fa decode", "ours decode", "stock write", "ours store",
+            "fa2 decode"]
     for model in dict.fromkeys(r["model"] for r in results["steps"]):
         rows = []
         for r in (r for r in results["steps"] if r["model"] == model):
             ratio = round(r["stock_step"] / r["ours_step"], 2) if r.get("stock_step") and r.get("ours_step") else None
             rows.append({"batch": r["batch"], "context": r["context"], "stock step": r.get("stock_step"),
                          "ours step": r.get("ours_step"), "stock / ours": ratio, "fa decode": r.get("fa_decode"),
-                         "ours decode": r.get("ours_decode"), "stock write": r.get("stock_write"), "ours store": r.get("ours_store")})
+                         "ours decode": r.get("ours_decode"), "stock write": r.get("stock_write"), "ours store": r.get("ours_store"),
+                         "fa2 decode": r.get("fa2_decode")})
         out += [f"## {model} ({MODELS[model].shape.num_heads} query heads)", "", markdown_table(rows, cols), ""]
     for prof in results["profiles"]:
         out += [f"### Kernels of one step: {prof['model']}, {prof['side']}, batch {prof['batch']}, context {prof['context']}", "",
@@ -156,7 +160,12 @@ class Layer:
                     seqused_k=x["lens"], max_seqlen_k=context, softmax_scale=self.scale, causal=True, block_table=x["bt"],
                     scheduler_metadata=meta, fa_version=3, num_splits=FA_SPLITS)
 
-        return {"stock_write": write, "fa_decode": decode, "stock_step": lambda: (write(), decode())}
+        def decode_fa2() -> None:  # what a turboquant server's bf16 layers run: vLLM sets FA2 for a turboquant dtype
+            self.fa(q=x["q"], k=self.k_cache, v=self.v_cache, out=x["out"], cu_seqlens_q=cu_q, max_seqlen_q=1,
+                    seqused_k=x["lens"], max_seqlen_k=context, softmax_scale=self.scale, causal=True, block_table=x["bt"],
+                    fa_version=2)
+
+        return {"stock_write": write, "fa_decode": decode, "stock_step": lambda: (write(), decode()), "fa2_decode": decode_fa2}
 
     def ours(self, batch: int, context: int) -> Dict[str, Callable[[], Any]]:
         x = self.inputs(batch, context, TQ_PAGE)
