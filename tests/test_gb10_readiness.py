@@ -61,7 +61,8 @@ def test_no_int8_kernel_and_no_head_256_turboquant_kernel_spills(rows: List[Dict
 
 def test_every_kernel_and_every_dtype_and_head_size_is_covered(rows: List[Dict[str, Any]]) -> None:
     kernels = {"_int8_head_kernel", "_int8_head_split_kernel", "_split_rows_kernel", "_rotate_rows_kernel",
-               "_store_kernel", "_decode_split_kernel", "_decode_merge_kernel", "_rotate_kernel", "_dequant_kernel"}
+               "_store_kernel", "_decode_split_kernel", "_decode_merge_kernel", "_rotate_kernel", "_rotate_few_kernel",
+               "_dequant_kernel"}
     for target in ("sm_121a", "sm_90a"):
         mine = [r for r in rows if r["target"] == target]
         assert {r["kernel"] for r in mine} == kernels
