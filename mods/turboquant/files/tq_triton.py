@@ -747,9 +747,9 @@ def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_
     3-bit codes are first made whole by _nibble_codes) and accumulates into its own [GP, D / F]
     sum; output column d = F w + f is written at the end.
     The value sums are a small difference of two large ones (probability x scale x code, and
-    probability x zero point). Each tile's product is written to be added to the running sum
-    outside tl.dot; on an H200 this did not change the error a long split shows against the
-    reference (ci/bench/README.md), so the source of that error is still open.
+    probability x zero point), so their rounding matters: a long split's output is further from
+    the reference than a short one's, whether the tile's product is added inside tl.dot or, as
+    here, outside it (ci/bench/README.md).
     Codebook keys: see _codebook_scores (KEY_LUT: 3-bit codes looked up by KEY3_LUT_ASM, on a
     GPU only). num_splits is not specialised (it changes with the batch size; one compiled
     kernel serves every batch)."""
