@@ -748,8 +748,8 @@ def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_
     sum; output column d = F w + f is written at the end.
     The value sums are a small difference of two large ones (probability x scale x code, and
     probability x zero point), so their rounding matters: a long split's output is further from
-    the reference than a short one's, whether the tile's product is added inside tl.dot or, as
-    here, outside it (ci/bench/README.md).
+    the reference than a short one's (ci/bench/README.md). The tile's product is written as added
+    outside tl.dot, but Triton folds that add back: the compiled dot accumulates the running sum.
     Codebook keys: see _codebook_scores (KEY_LUT: 3-bit codes looked up by KEY3_LUT_ASM, on a
     GPU only). num_splits is not specialised (it changes with the batch size; one compiled
     kernel serves every batch)."""
