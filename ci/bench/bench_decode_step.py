@@ -6,8 +6,8 @@ The served benchmark measures a whole model; this one isolates what the TurboQua
 it, per full-attention layer and decode step, under CUDA-graph replay (as the server runs decode):
   stock  reshape_and_cache_flash (this step's key and value into the bf16 cache) and vLLM's
          FlashAttention 3 decode, called as vLLM 0.26's FlashAttentionImpl calls it under full CUDA
-         graphs (its cache layout, the allocation block as page, scheduler metadata with at most
-         32 splits); and the same decode on FlashAttention 2 (its own split choice), which vLLM
+         graphs (its cache layout, scheduler metadata with at most 32 splits; the page is the
+         attention block the served logs name, assumed to be what vLLM hands FlashAttention); and the same decode on FlashAttention 2 (its own split choice), which vLLM
          runs in every bf16 layer once --kv-cache-dtype is a turboquant one (a turboquant
          server's boundary layers; a GB10 runs FA2 in any case);
   ours   tq_store (rotate, quantise, pack) and tq_decode (rotate the query, split, merge).
@@ -155,17 +155,17 @@ class Layer:
         def write() -> None:
             self.ops.reshape_and_cache_flash(x["k"], x["v"], self.k_cache, self.v_cache, x["slot"], "auto", one, one)
 
-        def decode() -> None:
+        def decode(version: int) -> None:  # FA2 picks its own splits; FA3 takes vLLM's metadata and cap
+            fa3 = {"scheduler_metadata": meta, "num_splits": FA_SPLITS} if version == 3 else {}
             self.fa(q=x["q"], k=self.k_cache, v=self.v_cache, out=x["out"], cu_seqlens_q=cu_q, max_seqlen_q=1,
                     seqused_k=x["lens"], max_seqlen_k=context, softmax_scale=self.scale, causal=True, block_table=x["bt"],
-                    scheduler_metadata=meta, fa_version=3, num_splits=FA_SPLITS)
+                    fa_version=version, **fa3)
 
-        def decode_fa2() -> None:  # what a turboquant server's bf16 layers run: vLLM sets FA2 for a turboquant dtype
-            self.fa(q=x["q"], k=self.k_cache, v=self.v_cache, out=x["out"], cu_seqlens_q=cu_q, max_seqlen_q=1,
-                    seqused_k=x["lens"], max_seqlen_k=context, softmax_scale=self.scale, causal=True, block_table=x["bt"],
-                    fa_version=2)
+        def step() -> None:
+            write()
+            decode(3)
 
-        return {"stock_write": write, "fa_decode": decode, "stock_step": lambda: (write(), decode()), "fa2_decode": decode_fa2}
+        return {"stock_write": write, "fa_decode": lambda: decode(3), "stock_step": step, "fa2_decode": lambda: decode(2)}
 
     def ours(self, batch: int, context: int) -> Dict[str, Callable[[], Any]]:
         x = self.inputs(batch, context, TQ_PAGE)
@@ -176,7 +176,11 @@ class Layer:
         def decode() -> None:
             self.tq.tq_decode(x["q"], self.cache, x["bt"], x["lens"], self.scale, self.spec, out=x["out"])
 
-        return {"ours_store": store, "ours_decode": decode, "ours_step": lambda: (store(), decode())}
+        def step() -> None:
+            store()
+            decode()
+
+        return {"ours_store": store, "ours_decode": decode, "ours_step": step}
 
 
 def profile(step: Callable[[], Any], steps: int = 20) -> List[Dict[str, Any]]:
