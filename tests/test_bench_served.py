@@ -358,6 +358,18 @@ def test_names_and_bad_input(tmp_path, capsys):
         assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("value, says", [
+    ("8", "'8': give BATCHxCONTEXT, e.g. 8x32768"), ("8x", "give BATCHxCONTEXT"), ("0x1024", "give BATCHxCONTEXT"),
+    ("8x-3", "give BATCHxCONTEXT"), ("64x1024", "--profile 64x1024 exceeds the largest batch or context (32x131072"),
+    ("8x200000", "--profile 8x200000 exceeds")])
+def test_a_bad_profile_cell_is_refused_in_one_line_before_anything_runs(tmp_path, capsys, value, says):
+    assert bs.main(["run", "--model", "35b-a3b", "--vllm-site", str(tmp_path), "--out", str(tmp_path / "o"),
+                    "--profile", value, "--detach"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err
+    assert not (tmp_path / "o").exists()
+
+
 def test_detached_run_outlives_its_caller_and_wait_reports_its_end(tmp_path, capsys):
     out = tmp_path / "out"
     argv = ["run", "--model", "35b-a3b", "--vllm-site", str(tmp_path), "--out", str(out), "--detach"]
@@ -376,7 +388,9 @@ import argparse, json, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 parser = argparse.ArgumentParser()
 parser.add_argument("--port", type=int)
+parser.add_argument("--profiler-config")
 args, _ = parser.parse_known_args()
+profiled = {}
 print("INFO [kv_cache_utils.py] GPU KV cache size: 2,000,000 tokens", flush=True)
 import os
 print("env", {k: os.environ.get(k) for k in ("TRITON_CACHE_DIR", "VLLM_DISABLE_COMPILE_CACHE")}, flush=True)
@@ -392,7 +406,27 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_POST(self):
-        payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path in ("/start_profile", "/stop_profile"):  # vLLM's routes exist only with --profiler-config
+            if not args.profiler_config:
+                self.send_response(404)
+            elif self.path == "/start_profile":
+                profiled["start"] = time.time() * 1e6
+                self.send_response(200)
+            else:  # a trace as torch.profiler writes it: a graph launch per decode step, its kernels
+                import gzip, os
+                folder = json.loads(args.profiler_config)["torch_profiler_dir"]
+                os.makedirs(folder, exist_ok=True)
+                ts = [profiled["start"] + 5000 * n for n in range(int((time.time() * 1e6 - profiled["start"]) // 5000))]
+                events = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": t, "dur": 3} for t in ts]
+                events += [{"ph": "X", "cat": "kernel", "name": "void stand_in_kernel", "ts": t + 100, "dur": 1000} for t in ts]
+                with gzip.open(os.path.join(folder, "w.%d.pt.trace.json.gz" % len(ts)), "wt") as fh:
+                    json.dump({"traceEvents": events}, fh)
+                self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        payload = json.loads(body)
         self.send_response(200)
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
@@ -423,7 +457,7 @@ def test_a_whole_run_against_a_stand_in_server(tmp_path, monkeypatch):
                                                    "vllm/entrypoints/openai/api_server.py": _FAKE_API_SERVER})
     monkeypatch.setattr(bs, "build_model", lambda model, root, checkpoint: tmp_path)  # folders: tested above
     args = argparse.Namespace(contexts=[64, 128], batches=[1, 2], gen=5, max_cell_tokens=200,
-                              gpu_memory_utilization=0.9, repeats=2)
+                              gpu_memory_utilization=0.9, repeats=2, profile=None)
     results = tmp_path / "results"
     results.mkdir()
     bench = bs.Bench(MODELS["35b-a3b"], site, tmp_path / "work", results, args, "Stand-in GPU", "0.26.0")
@@ -448,6 +482,37 @@ def test_a_whole_run_against_a_stand_in_server(tmp_path, monkeypatch):
     assert "GPU KV cache size" in log
     # every configuration's server shares the run's Triton cache (vLLM's own compile cache off)
     assert f"env {{'TRITON_CACHE_DIR': '{tmp_path / 'work' / 'triton-cache'}', 'VLLM_DISABLE_COMPILE_CACHE': '1'}}" in log
+
+
+def test_a_profiled_run_keeps_each_servers_decode_step_and_reports_it(tmp_path, monkeypatch, capsys):
+    """--profile: the server gets vLLM's profiler flags, the cell runs again after the grid with its
+    decode profiled, the step lands in servers/<config>/profile.json (the trace removed) and in
+    served.md; a server without the profiler routes leaves no profile and says why."""
+    import argparse
+
+    site = make_site(tmp_path / "site", "0.26.0", {"vllm/entrypoints/__init__.py": "", "vllm/entrypoints/openai/__init__.py": "",
+                                                   "vllm/entrypoints/openai/api_server.py": _FAKE_API_SERVER})
+    monkeypatch.setattr(bs, "build_model", lambda model, root, checkpoint: tmp_path)
+    monkeypatch.setattr(bs, "PROFILE_TOKENS", 400)  # the stand-in decodes a token per 5 ms: room for the profile
+    args = argparse.Namespace(contexts=[64], batches=[1, 2], gen=5, max_cell_tokens=1000, gpu_memory_utilization=0.9,
+                              repeats=1, profile=(2, 64))
+    results = tmp_path / "results"
+    results.mkdir()
+    bench = bs.Bench(MODELS["35b-a3b"], site, tmp_path / "work", results, args, "Stand-in GPU", "0.26.0")
+    bench.config(bs.CONFIGS["stock"])
+    profile = json.loads((results / "servers" / "stock" / "profile.json").read_text())
+    assert profile["batch"] == 2 and profile["context"] == 64 and profile["steps"] >= 50
+    assert profile["kernels"] == [{"kernel": "stand_in_kernel", "calls": 1.0, "us": 1000.0}]
+    assert 4900 < profile["step_us"] < 5100
+    assert list((tmp_path / "work" / "traces" / "stock").iterdir()) == []
+    assert "| `stand_in_kernel` | 1000.0 (1) |" in (results / "served.md").read_text()
+    assert "stock profile batch 2 context 64: servers/stock/profile.json" in capsys.readouterr().out
+
+    monkeypatch.setattr(bs, "profiler_flags", lambda trace_dir: [])  # a server started without them
+    (results / "servers" / "stock" / "profile.json").unlink()
+    bench.config(bs.CONFIGS["stock"])
+    assert not (results / "servers" / "stock" / "profile.json").exists()
+    assert "stock profile batch 2 context 64: profiler: HTTPError: HTTP Error 404" in capsys.readouterr().out
 
 
 def _served_out(tmp_path: Path) -> Path:

@@ -6,12 +6,11 @@ The served benchmark measures a whole model; this one isolates what the TurboQua
 it, per full-attention layer and decode step, under CUDA-graph replay (as the server runs decode):
   stock  reshape_and_cache_flash (this step's key and value into the bf16 cache) and vLLM's
          FlashAttention 3 decode, called as vLLM 0.26's FlashAttentionImpl calls it under full CUDA
-         graphs (its cache layout, scheduler metadata with at most 32 splits; the page is the
-         attention block the served logs name, assumed to be what vLLM hands FlashAttention); and the same decode on FlashAttention 2 (its own split choice), which vLLM
-         runs in every bf16 layer once --kv-cache-dtype is a turboquant one (a turboquant
-         server's boundary layers; a GB10 runs FA2 in any case);
+         graphs (its default NHD cache layout, scheduler metadata with at most 32 splits); and the
+         same decode on FlashAttention 2 (its own split choice: what a GB10 runs, FA3 needing 9.x);
   ours   tq_store (rotate, quantise, pack) and tq_decode (rotate the query, split, merge).
-Each is timed alone and as the pair, at the models' attention shapes (query heads from
+Both on the page their served logs name (STOCK_PAGE, TQ_PAGE). Each is timed alone and as the pair,
+at the models' attention shapes (query heads from
 benchlib/qwen35_shapes, 2 KV heads, head 256), a block table as wide as --table-tokens (the served
 --max-model-len: both pick their split counts from it), and every batch x context; then one
 profiled step of each names its kernels and their GPU time. Writes DIR/decode_step.json and .md.
@@ -33,9 +32,12 @@ from benchlib.qwen35_shapes import MODELS
 
 KV_HEADS = 2
 HEAD = 256
-TQ_PAGE = 16  # the kernel page vLLM gives the TurboQuant backend (MultipleOf(16))
 FA_SPLITS = 32  # vLLM's flash_attn_max_num_splits_for_cuda_graph default
-STOCK_PAGE = {"35b-a3b": 1056, "122b-a10b": 2096}  # stock's attention block (served logs: DeltaNet page match)
+# The attention block each served log names (its page matched to the DeltaNet state page), bf16 and
+# turboquant_k3v4_nc. vLLM hands a backend that block as its kernel page when the backend takes
+# it (v1/worker/utils.py select_common_block_size): both take multiples of 16.
+STOCK_PAGE = {"35b-a3b": 1056, "122b-a10b": 2096}
+TQ_PAGE = {"35b-a3b": 4672, "122b-a10b": 9280}
 DTYPE = "turboquant_k3v4_nc"
 
 
@@ -85,8 +87,10 @@ def render(results: Dict[str, Any]) -> str:
     of the pairs (stock / ours: above 1 ours is faster), then each profiled step's kernels."""
     out = [f"# One attention layer's decode step: {results['gpu']}, vLLM {results['vllm']}", "",
            f"Median microseconds per call under CUDA-graph replay; block table {results['table_tokens']} tokens wide; "
-           f"ours {DTYPE}, page {TQ_PAGE}; stock bf16, FlashAttention {results['fa_version']}, page = the model's "
-           "attention block, at most 32 splits. Made by `ci/bench/bench_decode_step.py`.", ""]
+           f"ours {DTYPE}; stock bf16 in vLLM's default (NHD) layout, FlashAttention {results['fa_version']}, at most 32 "
+           "splits; each on the page its served log names (tokens: "
+           + "; ".join(f"{m} stock {STOCK_PAGE[m]}, ours {TQ_PAGE[m]}" for m in STOCK_PAGE)
+           + "). Made by `ci/bench/bench_decode_step.py`.", ""]
     cols = ["batch", "context", "stock step", "ours step", "stock / ours", "fa decode", "ours decode", "stock write", "ours store",
             "fa2 decode"]
     for model in dict.fromkeys(r["model"] for r in results["steps"]):
@@ -122,13 +126,16 @@ class Layer:
         self.gen = torch.Generator().manual_seed(7)
         tokens = max(args.batches) * max(args.contexts)
         stock_pages = max(args.batches) * -(-max(args.contexts) // self.page) + 1
-        self.kv = torch.randn(stock_pages, KV_HEADS, self.page, 2 * HEAD, dtype=torch.bfloat16, device="cuda")
-        self.k_cache, self.v_cache = self.kv.transpose(1, 2).split(HEAD, dim=-1)  # vLLM 0.26's FA layout
-        tq_pages = tokens // TQ_PAGE + max(args.batches) + 1
-        self.cache = torch.zeros(fmt.cache_shape(tq_pages, TQ_PAGE, KV_HEADS, HEAD, self.spec), dtype=torch.uint8, device="cuda")
+        # vLLM 0.26's FlashAttention cache in memory order (blocks, block tokens, KV heads, K|V), the
+        # NHD layout its impl reads after transposing the logical (blocks, heads, tokens, 2 D) view
+        self.kv = torch.randn(stock_pages, self.page, KV_HEADS, 2 * HEAD, dtype=torch.bfloat16, device="cuda")
+        self.k_cache, self.v_cache = self.kv.split(HEAD, dim=-1)
+        self.tq_page = TQ_PAGE[model]
+        tq_pages = tokens // self.tq_page + max(args.batches) + 1
+        self.cache = torch.zeros(fmt.cache_shape(tq_pages, self.tq_page, KV_HEADS, HEAD, self.spec), dtype=torch.uint8, device="cuda")
         step = 16384
-        for start in range(0, tq_pages * TQ_PAGE, step):  # every slot holds a real quantised token
-            n = min(step, tq_pages * TQ_PAGE - start)
+        for start in range(0, tq_pages * self.tq_page, step):  # every slot holds a real quantised token
+            n = min(step, tq_pages * self.tq_page - start)
             kv = torch.randn(2, n, KV_HEADS, HEAD, dtype=torch.bfloat16, device="cuda")
             tq.tq_store(kv[0], kv[1], self.cache, torch.arange(start, start + n, device="cuda"), self.spec)
         self.scale = HEAD ** -0.5
@@ -168,7 +175,7 @@ class Layer:
         return {"stock_write": write, "fa_decode": lambda: decode(3), "stock_step": step, "fa2_decode": lambda: decode(2)}
 
     def ours(self, batch: int, context: int) -> Dict[str, Callable[[], Any]]:
-        x = self.inputs(batch, context, TQ_PAGE)
+        x = self.inputs(batch, context, self.tq_page)
 
         def store() -> None:
             self.tq.tq_store(x["k"], x["v"], self.cache, x["slot"], self.spec)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Full-size served speed: what each mod does to a Qwen3.5-35B-A3B or 122B-A10B served by vLLM.
 
-    python3 ci/bench/bench_served.py run --model 35b-a3b --vllm-site SITE --out DIR [--detach]
+    python3 ci/bench/bench_served.py run --model 35b-a3b --vllm-site SITE --out DIR [--profile 8x32768] [--detach]
     python3 ci/bench/bench_served.py wait --out DIR --seconds 540      # a detached run: 0 ended, 3 running
     python3 ci/bench/bench_served.py pack --out DIR --to "$OUT"        # there: one archive per results folder
     python3 ci/bench/bench_served.py unpack ARCHIVE                    # here: into ci/bench/results/
@@ -27,6 +27,10 @@ first token. A cell whose prompts exceed --max-cell-tokens (prefill time) or who
 fit the KV cache is a row that says so. Rows go to OUT/served-<model>-<vllm>-<gpu>/served.json as
 they are measured, with served.md and served.svg (benchlib/served_report.py) and every server's log.
 
+With --profile BATCHxCONTEXT each server also takes vLLM's torch-profiler flags, and after its grid
+that cell runs once more with PROFILE_S of its decode profiled: servers/<config>/profile.json holds
+the step's kernels (benchlib/served_profile.py) and served.md lists them side by side.
+
 A run takes longer than one 10-minute call to the GPU machine: `--detach` starts it in its own
 session (it outlives the call while the machine is held) and returns; `wait` polls it.
 """
@@ -46,6 +50,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -60,6 +65,7 @@ sys.path.insert(0, str(REPO / "tools"))  # sparkmods.checkpoint.header: the safe
 from benchlib.qwen35_shapes import MODELS, Model, config_json  # noqa: E402
 from benchlib.served_archive import ArchiveError, pack, unpack  # noqa: E402
 from benchlib.served_merge import MergeError, merge  # noqa: E402
+from benchlib.served_profile import PROFILE_S, ProfileError, profiler_flags, write_profile  # noqa: E402
 from benchlib.served_report import write_report  # noqa: E402
 from ckptfactory import Spec, main_specs  # noqa: E402
 from e2e_serve import Server, apply_mod, free_port, overlay, server_env  # noqa: E402
@@ -76,6 +82,7 @@ HEADROOM = 4096  # max-model-len beyond the longest prompt: decode room while th
 BATCHED_TOKENS = 8192  # --max-num-batched-tokens, the public recipes' value
 KV_FIT = 0.9  # share of the reported KV tokens a cell may plan to use (DeltaNet state pages share the pool)
 CELL_TIMEOUT_S = 900.0
+PROFILE_TOKENS = 1024  # decode room for a profiled cell beyond its window's (start, PROFILE_S, the trace's export)
 START_DEADLINE_S = 1200.0
 KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 PREEMPTIONS = re.compile(r"^vllm:num_preemptions(?:_total)?(?:\{[^}]*\})? ([0-9.e+]+)$", re.M)
@@ -275,19 +282,32 @@ def prompt(length: int, rng: random.Random) -> list[int]:
     return [rng.randrange(1, FIRST_SPECIAL_ID) for _ in range(length)]
 
 
-def run_cell(port: int, cell: Cell, gen: int, seed: int) -> tuple[float | None, float | None, str | None]:
-    """Stream cell.batch requests at once; close them once each decoded `gen` tokens inside the window."""
+def _open_streams(port: int, batch: int, context: int, max_tokens: int, seed: int
+                  ) -> tuple[list[Stream], list[threading.Thread], threading.Event]:
+    """Start `batch` streamed requests of `context` random prompt tokens at once."""
     rng = random.Random(seed)
-    streams = [Stream() for _ in range(cell.batch)]
+    streams = [Stream() for _ in range(batch)]
     stop = threading.Event()
     threads = []
     for s in streams:
-        payload = {"model": SERVED_NAME, "prompt": prompt(cell.context, rng), "max_tokens": cell.max_tokens,
+        payload = {"model": SERVED_NAME, "prompt": prompt(context, rng), "max_tokens": max_tokens,
                    "temperature": 0.0, "ignore_eos": True, "stream": True,
                    "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
         threads.append(threading.Thread(target=_stream, args=(port, payload, s, stop), daemon=True))
     for t in threads:
         t.start()
+    return streams, threads, stop
+
+
+def _close_streams(threads: Sequence[threading.Thread], stop: threading.Event) -> None:
+    stop.set()
+    for t in threads:
+        t.join(timeout=30)
+
+
+def run_cell(port: int, cell: Cell, gen: int, seed: int) -> tuple[float | None, float | None, str | None]:
+    """Stream cell.batch requests at once; close them once each decoded `gen` tokens inside the window."""
+    streams, threads, stop = _open_streams(port, cell.batch, cell.context, cell.max_tokens, seed)
     deadline = time.monotonic() + CELL_TIMEOUT_S
     while time.monotonic() < deadline and not all(s.ended for s in streams):
         if all(s.samples for s in streams):
@@ -295,9 +315,7 @@ def run_cell(port: int, cell: Cell, gen: int, seed: int) -> tuple[float | None, 
             if all(s.samples[-1][1] - _count_at(s.samples, start) >= gen for s in streams):
                 break
         time.sleep(0.02)
-    stop.set()
-    for t in threads:
-        t.join(timeout=30)
+    _close_streams(threads, stop)
     errors = [s.error for s in streams if s.error]
     rate, ttft = window_rate(streams)
     note = errors[0] if errors else None
@@ -306,6 +324,41 @@ def run_cell(port: int, cell: Cell, gen: int, seed: int) -> tuple[float | None, 
     elif note is None and rate is None:
         note = "no window where every request decoded (a request ended before the last prefill)"
     return rate, ttft, note
+
+
+def _post(port: int, path: str, timeout: float) -> None:
+    """POST with no body (vLLM's /start_profile and /stop_profile answer 200 and nothing else)."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=b"", method="POST")
+    with urllib.request.urlopen(request, timeout=timeout):
+        pass
+
+
+def profile_cell(port: int, cell: Cell, trace_dir: Path, into: Path, seed: int) -> str | None:
+    """Profile PROFILE_S of decode while every request of `cell` decodes, into `into`
+    (served_profile.write_profile); None, or why there is no profile."""
+    streams, threads, stop = _open_streams(port, cell.batch, cell.context, cell.max_tokens, seed)
+    try:
+        deadline = time.monotonic() + CELL_TIMEOUT_S
+        while not all(s.samples for s in streams):
+            if any(s.ended for s in streams) or time.monotonic() > deadline:
+                return next((s.error for s in streams if s.error), None) or "a request ended before every one decoded"
+            time.sleep(0.02)
+        time.sleep(0.2)  # past the last prefill's step
+        try:
+            _post(port, "/start_profile", 120)
+            time.sleep(PROFILE_S)
+            _post(port, "/stop_profile", 600)
+        except (OSError, http.client.HTTPException) as exc:
+            return f"profiler: {type(exc).__name__}: {exc}"
+        if any(s.ended for s in streams):
+            return "a request ended while it was profiled: the profile holds steps that were not decodes"
+        try:
+            write_profile(trace_dir, into, {"batch": cell.batch, "context": cell.context})
+        except ProfileError as exc:
+            return str(exc)
+        return None
+    finally:
+        _close_streams(threads, stop)
 
 
 def repeated_cell(port: int, cell: Cell, gen: int, index: int,
@@ -425,6 +478,8 @@ class Bench:
         command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                    "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
                    *serve_flags(cfg, max(a.contexts) + HEADROOM, max(a.batches), a.gpu_memory_utilization)]
+        if a.profile:
+            command += profiler_flags(self.trace_dir(cfg))
         server = Server(cfg.name, command, {**server_env(paths, os.environ), **compile_env(self.out)}, log, port)
         server.start()
         if not server.wait_healthy(START_DEADLINE_S):
@@ -432,6 +487,21 @@ class Bench:
             tail = server.log_text().strip().splitlines() or ["no output"]
             return None, f"server did not start: {tail[-1][:200]}"
         return server, None
+
+    def trace_dir(self, cfg: Config) -> Path:
+        """Where cfg's server writes profiler traces: beside the results, never packed."""
+        return self.out / "traces" / cfg.name
+
+    def profile(self, cfg: Config, server: Server) -> None:
+        """The --profile cell once more, its decode profiled into servers/<config>/profile.json."""
+        a = self.args
+        batch, context = a.profile
+        max_model_len = max(a.contexts) + HEADROOM
+        cell = Cell("profile", batch, context, min(max_tokens(batch, context, a.gen, max_model_len) + PROFILE_TOKENS,
+                                                   max_model_len - context))
+        why = profile_cell(server.port, cell, self.trace_dir(cfg), self.results / "servers" / cfg.name / "profile.json", seed=999)
+        print(f"{cfg.name} profile batch {batch} context {context}: {why or 'servers/' + cfg.name + '/profile.json'}",
+              flush=True)
 
     def config(self, cfg: Config) -> None:
         a = self.args
@@ -454,6 +524,8 @@ class Bench:
                 if preempted and note is None:
                     note = f"{preempted:.0f} preemptions: the cell did not fit"
                 self.row(cfg.name, cell, rate, kv, ttft, note, runs)
+            if a.profile:
+                self.profile(cfg, server)
         finally:
             server.stop()
             shutil.rmtree(self.out / "overlays" / cfg.name, ignore_errors=True)
@@ -481,6 +553,13 @@ def _ints(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: give positive whole numbers separated by commas")
     return values
+
+
+def _cell_arg(text: str) -> tuple[int, int]:
+    batch, sep, context = text.partition("x")
+    if not sep or not batch.isdigit() or not context.isdigit() or int(batch) < 1 or int(context) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give BATCHxCONTEXT, e.g. 8x32768")
+    return int(batch), int(context)
 
 
 def _configs(text: str) -> list[Config]:
@@ -570,6 +649,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="windows per steady cell, the median reported (default 3)")
     r.add_argument("--max-cell-tokens", type=int, default=1_100_000, help="skip cells with more prompt tokens (default 1100000)")
     r.add_argument("--gpu-memory-utilization", type=float, default=0.90)
+    r.add_argument("--profile", type=_cell_arg, metavar="BATCHxCONTEXT",
+                   help="after each configuration's grid, profile this cell's decode steps (servers/<config>/profile.json)")
     r.add_argument("--detach", action="store_true", help="run in the background; poll with `wait`")
     w = sub.add_parser("wait", help="wait for a detached run")
     w.add_argument("--out", type=Path, required=True)
@@ -595,6 +676,11 @@ def main(argv: list[str] | None = None) -> int:
         return archive_command(args)
     if args.cmd == "merge":
         return merge_command(args)
+    if args.profile and (args.profile[0] > max(args.batches) or args.profile[1] > max(args.contexts)):
+        print(f"bench_served.py: --profile {args.profile[0]}x{args.profile[1]} exceeds the largest batch or context "
+              f"({max(args.batches)}x{max(args.contexts)}: what the server is started for); profile a cell within them",
+              file=sys.stderr)
+        return 2
     if args.detach:
         return detach(argv[argv.index("run"):], args.out)
     try:

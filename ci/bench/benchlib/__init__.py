@@ -8,5 +8,6 @@ A benchmark run as `python3 ci/bench/NAME.py` has ci/bench on its path and impor
 - `int8_lm_head_hidden`: hidden states shaped like a real final-norm output
 - `int8_lm_head_report`: tables, plot and README block from an int8-lm-head sweep
 - `served_report`: table and plot of a served benchmark
+- `served_profile`: a served decode step's kernels, from vLLM's torch-profiler trace
 - `tq_bf16_decode`: the bf16 KV-cache decode yardstick of the TurboQuant benchmark
 """

@@ -22,6 +22,10 @@ from pathlib import Path
 from typing import Iterable, Sequence
 from xml.sax.saxutils import escape
 
+if not __package__:  # run as a script: the benchmarks' folder, where benchlib is found
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchlib import served_profile
+
 COLOURS = ("#4d4d4d", "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
 KEYS = ("model", "gpu", "vllm", "config", "batch", "context", "tok_s", "kv_tokens", "first_tok_s")
 SPREAD = 1.05  # windows of one cell further apart than this are listed under the table
@@ -78,9 +82,23 @@ def warmup_lines(results: Path, configs: Iterable[str]) -> dict[str, list[str]]:
     return found
 
 
-def markdown(rows: Sequence[dict], warmups: "dict[str, list[str]] | None" = None) -> str:
+def profiles(results: Path, configs: Iterable[str]) -> dict[str, dict]:
+    """Each configuration's profiled decode step (servers/<config>/profile.json), where one was taken."""
+    found = {}
+    for config in configs:
+        path = results / "servers" / config / "profile.json"
+        if path.is_file():
+            try:
+                found[config] = json.loads(path.read_text(encoding="utf-8"))
+            except ValueError as exc:
+                raise ReportError(f"{path}: not JSON ({exc}); run bench_served.py --profile again") from None
+    return found
+
+
+def markdown(rows: Sequence[dict], warmups: "dict[str, list[str]] | None" = None,
+             steps: "dict[str, dict] | None" = None) -> str:
     """served.md: decode rate grid, KV capacity and time to first token, first requests vs steady,
-    and each configuration's warm-up lines (warmup_lines) when given."""
+    each configuration's warm-up lines (warmup_lines) and profiled decode step (profiles) when given."""
     first = rows[0]
     configs = _configs(rows)
     steady = _steady(rows)
@@ -126,7 +144,9 @@ def markdown(rows: Sequence[dict], warmups: "dict[str, list[str]] | None" = None
                 "| config | warm-up |", "|---|---|"]
         out += [f"| {config} | {'<br>'.join(f'`{line}`' for line in warmups.get(config, [])) or 'none logged'} |"
                 for config in configs]
-    return "\n".join(out) + "\n"
+    if steps:
+        out += [""] + served_profile.markdown(steps)
+    return "\n".join(out).rstrip("\n") + "\n"
 
 
 def svg(rows: Sequence[dict], panel_w: int = 260, panel_h: int = 220) -> str:
@@ -177,7 +197,9 @@ def write_report(results: Path) -> list[Path]:
     rows = load(results)
     if not rows:
         raise ReportError(f"{results / 'served.json'}: no rows yet")
-    (results / "served.md").write_text(markdown(rows, warmup_lines(results, _configs(rows))), encoding="utf-8")
+    configs = _configs(rows)
+    (results / "served.md").write_text(markdown(rows, warmup_lines(results, configs), profiles(results, configs)),
+                                       encoding="utf-8")
     (results / "served.svg").write_text(svg(rows), encoding="utf-8")
     return [results / "served.md", results / "served.svg"]
 
