@@ -358,6 +358,21 @@ def test_names_and_bad_input(tmp_path, capsys):
         assert not (tmp_path / "o").exists()
 
 
+def test_gpu_fields_are_read_from_the_gpu_the_run_is_pinned_to(tmp_path, monkeypatch):
+    """Two runs side by side on a two-GPU machine: each waits for its own GPU's memory to be free
+    and names its own GPU (a stand-in nvidia-smi; none here)."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text('#!/bin/sh\ncase "$*" in\n  *"-i 1"*) echo 3 ;;\n  *) printf "70000\\n3\\n" ;;\nesac\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert bs._gpu("memory.used") == "3"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert bs._gpu("memory.used") == "70000"  # unpinned: the first GPU
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert bs._gpu("name") == ""
+
+
 @pytest.mark.parametrize("value, says", [
     ("8", "'8': give BATCHxCONTEXT, e.g. 8x32768"), ("8x", "give BATCHxCONTEXT"), ("0x1024", "give BATCHxCONTEXT"),
     ("8x-3", "give BATCHxCONTEXT"), ("64x1024", "--profile 64x1024 exceeds the largest batch or context (32x131072"),

@@ -347,3 +347,5 @@ def test_device_names_the_gpus_this_run_may_use(tmp_path: Path, monkeypatch: pyt
     assert e2e._device() == "NVIDIA H200"
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert e2e._device() == "NVIDIA H100 80GB HBM3, NVIDIA H200"
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert e2e._device() == "unknown (no nvidia-smi)"

@@ -68,6 +68,7 @@ from benchlib.served_merge import MergeError, merge  # noqa: E402
 from benchlib.served_profile import PROFILE_S, ProfileError, profiler_flags, write_profile  # noqa: E402
 from benchlib.served_report import write_report  # noqa: E402
 from ckptfactory import Spec, main_specs  # noqa: E402
+from e2e_parallel import smi_fields  # noqa: E402
 from e2e_serve import Server, apply_mod, free_port, overlay, server_env  # noqa: E402
 from sparkmods.checkpoint.header import HeaderEntry, encode_header  # noqa: E402
 
@@ -407,13 +408,8 @@ def _preemptions(server: Server) -> float:
 
 
 def _gpu(query: str) -> str:
-    """One nvidia-smi field of the first GPU; "" where there is none (or no nvidia-smi)."""
-    try:
-        done = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, check=False, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else ""
+    """One nvidia-smi field of this run's (first) GPU; "" where there is none (or no nvidia-smi)."""
+    return next(iter(smi_fields(query) or []), "")
 
 
 def gpu_slug(name: str) -> str:

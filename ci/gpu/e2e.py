@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "tools"))  # sparkmods.verify: metrics and log par
 
 from e2e_checks import Report, rotated_absmax, summary_lines  # noqa: E402
 from e2e_nodes import NodeServer, node_server  # noqa: E402
-from e2e_parallel import Parallel, RayHead, gpus_visible, importable  # noqa: E402
+from e2e_parallel import Parallel, RayHead, gpus_visible, importable, smi_fields  # noqa: E402
 from e2e_scenarios import SCENARIOS, chat, greedy  # noqa: E402
 from e2e_serve import ServeError, Server, apply_mod, free_port, overlay, server_command, server_env  # noqa: E402
 
@@ -219,15 +219,12 @@ class Run:
 
 
 def _device() -> str:
-    """The GPUs this run may use (CUDA_VISIBLE_DEVICES honoured: a run beside another on a two-GPU
-    machine names its own), each distinct name once."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", *(["-i", visible] if visible else [])],
-                             capture_output=True, text=True, timeout=30, check=False).stdout
-    except OSError:
+    """The GPUs this run may use (a run beside another on a two-GPU machine names its own), each
+    distinct name once."""
+    names = smi_fields("name")
+    if names is None:
         return "unknown (no nvidia-smi)"
-    return ", ".join(dict.fromkeys(line.strip() for line in out.splitlines() if line.strip())) or "unknown"
+    return ", ".join(dict.fromkeys(names)) or "unknown"
 
 
 def _vllm_version(site: Path) -> str:

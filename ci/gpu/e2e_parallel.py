@@ -129,6 +129,18 @@ def importable(python: str, site: Path, module: str) -> bool:
     return subprocess.run([python, "-c", f"import {module}"], env=env, capture_output=True, check=False).returncode == 0
 
 
+def smi_fields(field: str) -> list[str] | None:
+    """One nvidia-smi field of each GPU this process may use (CUDA_VISIBLE_DEVICES honoured: a run
+    beside another on a two-GPU machine reads its own GPU); None where there is no nvidia-smi."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    try:
+        done = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits",
+                               *(["-i", visible] if visible else [])], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return [line.strip() for line in done.stdout.splitlines() if line.strip()] if done.returncode == 0 else []
+
+
 def gpus_visible(python: str = sys.executable) -> int:
     """CUDA devices torch sees in a fresh interpreter (0 where torch or CUDA is missing)."""
     done = subprocess.run([python, "-c", "import torch; print(torch.cuda.device_count())"],
