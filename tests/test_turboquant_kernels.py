@@ -580,6 +580,7 @@ def test_bench_arguments_have_gpu_and_smoke_defaults() -> None:
     assert (args.head_size, args.kv_heads, args.q_heads, args.contexts, args.batches) == (256, 2, 32, [4096, 32768, 131072], [1, 8])
     smoke = BENCH.parse_args(["--out", "x", "--smoke", "--contexts", "5,9"])
     assert (smoke.head_size, smoke.q_heads, smoke.contexts) == (128, 4, [5, 9])
+    assert not args.cold_l2 and BENCH.parse_args(["--out", "x", "--cold-l2"]).cold_l2  # back to back unless asked
 
 
 @pytest.mark.parametrize("argv,message", [

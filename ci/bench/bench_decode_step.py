@@ -9,7 +9,9 @@ it, per full-attention layer and decode step, under CUDA-graph replay (as the se
          graphs (its default NHD cache layout, scheduler metadata with at most 32 splits); and the
          same decode on FlashAttention 2 (its own split choice: what a GB10 runs, FA3 needing 9.x);
   ours   tq_store (rotate, quantise, pack) and tq_decode (rotate the query, split, merge).
-Both on the page their served logs name (STOCK_PAGE, TQ_PAGE). Each is timed alone and as the pair,
+Both on the page their served logs name (STOCK_PAGE, TQ_PAGE), and with the L2 cache flushed before
+every timed replay (a served step reads each layer's cache once, after the other layers' weights
+went through L2). Each is timed alone and as the pair,
 at the models' attention shapes (query heads from
 benchlib/qwen35_shapes, 2 KV heads, head 256), a block table as wide as --table-tokens (the served
 --max-model-len: both pick their split counts from it), and every batch x context; then one
@@ -86,7 +88,7 @@ def render(results: Dict[str, Any]) -> str:
     """The Markdown report: per model, one row per batch x context with each timing and the ratio
     of the pairs (stock / ours: above 1 ours is faster), then each profiled step's kernels."""
     out = [f"# One attention layer's decode step: {results['gpu']}, vLLM {results['vllm']}", "",
-           f"Median microseconds per call under CUDA-graph replay; block table {results['table_tokens']} tokens wide; "
+           f"Median microseconds per call under CUDA-graph replay, L2 flushed before each; block table {results['table_tokens']} tokens wide; "
            f"ours {DTYPE}; stock bf16 in vLLM's default (NHD) layout, FlashAttention {results['fa_version']}, at most 32 "
            "splits; each on the page its served log names (tokens: "
            + "; ".join(f"{m} stock {STOCK_PAGE[m]}, ours {TQ_PAGE[m]}" for m in STOCK_PAGE)
@@ -220,7 +222,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                     try:
                         fns = calls(batch, context)
                         for name, fn in fns.items():
-                            us, _ = median_us(fn, False)
+                            us, _ = median_us(fn, False, cold=True)
                             row[name] = None if us is None else round(us, 2)
                         if batch in (min(args.batches), max(args.batches)) and context in (min(args.contexts), max(args.contexts)):
                             results["profiles"].append({"model": model, "side": side, "batch": batch, "context": context,
