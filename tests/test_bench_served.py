@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import threading
 import time
@@ -358,6 +359,22 @@ def test_names_and_bad_input(tmp_path, capsys):
         assert not (tmp_path / "o").exists()
 
 
+def test_clocks_are_sampled_from_nvidia_smi_and_none_without_it(tmp_path, monkeypatch):
+    smi = tmp_path / "nvidia-smi"
+    count = tmp_path / "n"  # the first two samples a cold GPU, then a loaded one
+    smi.write_text(f'#!/bin/sh\nn=$(cat {count} 2>/dev/null || echo 0); echo $((n+1)) > {count}\n'
+                   'if [ "$n" -lt 2 ]; then echo "1980, 300.0"; else echo "1500, 650.0"; fi\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    clocks = bs.sample_clocks(0.5)
+    assert clocks is not None and clocks["samples"] >= 3
+    assert clocks["sm_mhz"] == 1500.0 and clocks["power_w"] == 650.0  # the median, not the first samples
+    smi.write_text("#!/bin/sh\necho '[N/A], [N/A]'\n")
+    assert bs.sample_clocks(0.2) is None
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert bs.sample_clocks(0.2) is None
+
+
 def test_gpu_fields_are_read_from_the_gpu_the_run_is_pinned_to(tmp_path, monkeypatch):
     """Two runs side by side on a two-GPU machine: each waits for its own GPU's memory to be free
     and names its own GPU (a stand-in nvidia-smi; none here)."""
@@ -509,6 +526,11 @@ def test_a_profiled_run_keeps_each_servers_decode_step_and_reports_it(tmp_path, 
                                                    "vllm/entrypoints/openai/api_server.py": _FAKE_API_SERVER})
     monkeypatch.setattr(bs, "build_model", lambda model, root, checkpoint: tmp_path)
     monkeypatch.setattr(bs, "PROFILE_TOKENS", 400)  # the stand-in decodes a token per 5 ms: room for the profile
+    smi = tmp_path / "bin" / "nvidia-smi"  # a stand-in: a loaded GPU's clock and power, no memory in use
+    smi.parent.mkdir()
+    smi.write_text('#!/bin/sh\ncase "$*" in\n  *clocks.sm*) echo "1755, 612.54" ;;\n  *) echo 0 ;;\nesac\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}:{os.environ['PATH']}")
     args = argparse.Namespace(contexts=[64], batches=[1, 2], gen=5, max_cell_tokens=1000, gpu_memory_utilization=0.9,
                               repeats=1, profile=(2, 64))
     results = tmp_path / "results"
@@ -519,8 +541,10 @@ def test_a_profiled_run_keeps_each_servers_decode_step_and_reports_it(tmp_path, 
     assert profile["batch"] == 2 and profile["context"] == 64 and profile["steps"] >= 50
     assert profile["kernels"] == [{"kernel": "stand_in_kernel", "calls": 1.0, "us": 1000.0}]
     assert 4900 < profile["step_us"] < 5100
+    assert profile["clocks"]["sm_mhz"] == 1755.0 and profile["clocks"]["power_w"] == 612.5 and profile["clocks"]["samples"] > 1
     assert list((tmp_path / "work" / "traces" / "stock").iterdir()) == []
     assert "| `stand_in_kernel` | 1000.0 (1) |" in (results / "served.md").read_text()
+    assert "| 1755.0 | 612.5 |" in (results / "served.md").read_text()
     assert "stock profile batch 2 context 64: servers/stock/profile.json" in capsys.readouterr().out
 
     monkeypatch.setattr(bs, "profiler_flags", lambda trace_dir: [])  # a server started without them

@@ -93,12 +93,13 @@ def test_write_profile_keeps_the_step_and_removes_the_traces(tmp_path):
 
 def test_profiles_side_by_side():
     stock = {"batch": 8, "context": 32768, "steps": 90, "step_us": 5761.0, "kernel_us": 5500.0,
+             "clocks": {"sm_mhz": 1755.0, "power_w": 612.5, "samples": 9},
              "kernels": [{"kernel": "flash|fwd", "calls": 10.0, "us": 960.0}, {"kernel": "moe", "calls": 40.0, "us": 2000.0}]}
     ours = {"batch": 8, "context": 32768, "steps": 85, "step_us": 6155.0, "kernel_us": 5900.0,
             "kernels": [{"kernel": "_decode_split_kernel", "calls": 10.0, "us": 1240.0}, {"kernel": "moe", "calls": 40.0, "us": 2010.0}]}
     lines = sp.markdown({"stock": stock, "turboquant": ours}, rows=2)
-    assert "| stock | 8 | 32768 | 90 | 5761.0 | 5500.0 |" in lines
-    assert "| turboquant | 8 | 32768 | 85 | 6155.0 | 5900.0 |" in lines
+    assert "| stock | 8 | 32768 | 90 | 5761.0 | 5500.0 | 1755.0 | 612.5 |" in lines
+    assert "| turboquant | 8 | 32768 | 85 | 6155.0 | 5900.0 |  |  |" in lines  # not sampled: blank
     assert "| `moe` | 2000.0 (40) | 2010.0 (40) |" in lines
     assert "| `_decode_split_kernel` |  | 1240.0 (10) |" in lines
     assert not any("flash" in line for line in lines)  # the third longest, past rows=2

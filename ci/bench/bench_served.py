@@ -334,9 +334,30 @@ def _post(port: int, path: str, timeout: float) -> None:
         pass
 
 
+def sample_clocks(seconds: float) -> dict[str, float] | None:
+    """Median SM clock (MHz) and power draw (W) of this run's GPU over `seconds`, by nvidia-smi
+    (a decode bound by its instructions slows with the clock a loaded GPU settles at); None where
+    nvidia-smi answers nothing."""
+    mhz: list[float] = []
+    watts: list[float] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        fields = (smi_fields("clocks.sm,power.draw") or [""])[0].split(",")
+        try:
+            sm, power = float(fields[0]), float(fields[1])
+        except (ValueError, IndexError):
+            break
+        mhz.append(sm)
+        watts.append(power)
+    if not mhz:
+        return None
+    return {"sm_mhz": statistics.median(mhz), "power_w": round(statistics.median(watts), 1), "samples": len(mhz)}
+
+
 def profile_cell(port: int, cell: Cell, trace_dir: Path, into: Path, seed: int) -> str | None:
     """Profile PROFILE_S of decode while every request of `cell` decodes, into `into`
-    (served_profile.write_profile); None, or why there is no profile."""
+    (served_profile.write_profile), with the GPU's clock over the PROFILE_S before it (the
+    profiler's own work would change it); None, or why there is no profile."""
     streams, threads, stop = _open_streams(port, cell.batch, cell.context, cell.max_tokens, seed)
     try:
         deadline = time.monotonic() + CELL_TIMEOUT_S
@@ -345,6 +366,7 @@ def profile_cell(port: int, cell: Cell, trace_dir: Path, into: Path, seed: int) 
                 return next((s.error for s in streams if s.error), None) or "a request ended before every one decoded"
             time.sleep(0.02)
         time.sleep(0.2)  # past the last prefill's step
+        clocks = sample_clocks(PROFILE_S)
         try:
             _post(port, "/start_profile", 120)
             time.sleep(PROFILE_S)
@@ -354,7 +376,7 @@ def profile_cell(port: int, cell: Cell, trace_dir: Path, into: Path, seed: int) 
         if any(s.ended for s in streams):
             return "a request ended while it was profiled: the profile holds steps that were not decodes"
         try:
-            write_profile(trace_dir, into, {"batch": cell.batch, "context": cell.context})
+            write_profile(trace_dir, into, {"batch": cell.batch, "context": cell.context, **({"clocks": clocks} if clocks else {})})
         except ProfileError as exc:
             return str(exc)
         return None

@@ -100,17 +100,20 @@ def write_profile(trace_dir: Path, into: Path, cell: dict[str, int]) -> dict[str
 
 
 def markdown(profiles: dict[str, dict[str, Any]], rows: int = 20) -> list[str]:
-    """Lines of the report's section: per configuration the step's host and kernel time, then the
-    longest kernels side by side (microseconds per step; blank where a configuration has none)."""
+    """Lines of the report's section: per configuration the step's host and kernel time and the
+    GPU's clock and power just before it was profiled (blank where not sampled), then the longest
+    kernels side by side (microseconds per step; blank where a configuration has none)."""
     if not profiles:
         return []
     configs = list(profiles)
     cells = {(c, p["batch"], p["context"]) for c, p in profiles.items()}
     out = ["## Kernels of one decode step (vLLM's torch profiler, while every request decodes)", ""]
-    out += ["| config | batch | context | steps | host us per step | kernel us per step |",
-            "|---|---:|---:|---:|---:|---:|"]
-    out += [f"| {c} | {b} | {x} | {profiles[c]['steps']} | {profiles[c]['step_us']} | {profiles[c]['kernel_us']} |"
-            for c, b, x in sorted(cells, key=lambda t: configs.index(t[0]))]
+    out += ["| config | batch | context | steps | host us per step | kernel us per step | SM MHz | W |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for c, b, x in sorted(cells, key=lambda t: configs.index(t[0])):
+        clocks = profiles[c].get("clocks") or {}
+        out.append(f"| {c} | {b} | {x} | {profiles[c]['steps']} | {profiles[c]['step_us']} | {profiles[c]['kernel_us']} | "
+                   f"{clocks.get('sm_mhz', '')} | {clocks.get('power_w', '')} |")
     names: dict[str, float] = {}
     for p in profiles.values():
         for k in p["kernels"]:
