@@ -1,6 +1,6 @@
 """One attention layer's decode step as vLLM serves it: stock's bf16 cache against TurboQuant's.
 
-    PYTHONPATH=VLLM_SITE python3 ci/bench/bench_decode_step.py --out DIR [--models 35b-a3b,122b-a10b]
+    PYTHONPATH=VLLM_SITE python3 ci/bench/bench_decode_step.py --out DIR [--models 35b-a3b,122b-a10b] [--heat-ms 20]
 
 The served benchmark measures a whole model; this one isolates what the TurboQuant mod changes in
 it, per full-attention layer and decode step, under CUDA-graph replay (as the server runs decode):
@@ -11,7 +11,9 @@ it, per full-attention layer and decode step, under CUDA-graph replay (as the se
   ours   tq_store (rotate, quantise, pack) and tq_decode (rotate the query, split, merge).
 Both on the page their served logs name (STOCK_PAGE, TQ_PAGE), and with the L2 cache flushed before
 every timed replay (a served step reads each layer's cache once, after the other layers' weights
-went through L2). Each is timed alone and as the pair,
+went through L2); with --heat-ms, after that long of bf16 GEMMs too (a served step's other layers
+hold the GPU at a loaded clock; an instruction-bound kernel slows with it, a memory-bound one
+hardly), the SM clock read after each timing. Each is timed alone and as the pair,
 at the models' attention shapes (query heads from
 benchlib/qwen35_shapes, 2 KV heads, head 256), a block table as wide as --table-tokens (the served
 --max-model-len: both pick their split counts from it), and every batch x context; then one
@@ -23,14 +25,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))  # e2e_parallel: nvidia-smi of this run's GPU
 
 from bench_turboquant import InputError, Parser, int_list, load_modules, markdown_table, median_us
 from benchlib.qwen35_shapes import MODELS
+from e2e_parallel import smi_fields
 
 KV_HEADS = 2
 HEAD = 256
@@ -50,7 +55,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--contexts", type=int_list, default=[1024, 32768, 131072])
     p.add_argument("--batches", type=int_list, default=[1, 8, 32])
     p.add_argument("--table-tokens", type=int, default=135168, help="block-table width in tokens (--max-model-len)")
+    p.add_argument("--heat-ms", type=float, default=0.0, help="bf16 GEMMs for this long before every timed replay "
+                   "(the GPU at a loaded clock, as inside a served step; default 0: an idle GPU's clock)")
     args = p.parse_args(list(argv))
+    if args.heat_ms < 0 or args.heat_ms > 1000:
+        raise InputError(f"--heat-ms {args.heat_ms:g}: give 0 to 1000 milliseconds")
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in args.models if m not in MODELS]
     if unknown or not args.models:
@@ -92,7 +101,9 @@ def render(results: Dict[str, Any]) -> str:
            f"ours {DTYPE}; stock bf16 in vLLM's default (NHD) layout, FlashAttention {results['fa_version']}, at most 32 "
            "splits; each on the page its served log names (tokens: "
            + "; ".join(f"{m} stock {STOCK_PAGE[m]}, ours {TQ_PAGE[m]}" for m in STOCK_PAGE)
-           + "). Made by `ci/bench/bench_decode_step.py`.", ""]
+           + ")" + (f"; {results['heat_ms']:g} ms of bf16 GEMM before each replay" if results.get("heat_ms") else "")
+           + (f"; SM clock after the timings: median {results['sm_mhz']:g} MHz" if results.get("sm_mhz") else "")
+           + ". Made by `ci/bench/bench_decode_step.py`.", ""]
     cols = ["batch", "context", "stock step", "ours step", "stock / ours", "fa decode", "ours decode", "stock write", "ours store",
             "fa2 decode"]
     for model in dict.fromkeys(r["model"] for r in results["steps"]):
@@ -206,13 +217,22 @@ def profile(step: Callable[[], Any], steps: int = 20) -> List[Dict[str, Any]]:
     return kernel_times(prof.key_averages(), steps)
 
 
+def sm_mhz() -> List[float]:
+    """This run's GPU's SM clock now (nvidia-smi), or nothing where it says no number."""
+    try:
+        return [float(v) for v in (smi_fields("clocks.sm") or [])[:1]]
+    except ValueError:
+        return []
+
+
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     import torch
     import vllm
 
     fmt, tq = load_modules(interpret=False)
     results: Dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "vllm": vllm.__version__, "fa_version": 3,
-                               "table_tokens": args.table_tokens, "steps": [], "profiles": [], "failures": []}
+                               "table_tokens": args.table_tokens, "heat_ms": args.heat_ms, "steps": [], "profiles": [], "failures": []}
+    clocks: List[float] = []  # SM MHz right after each timing
     for model in args.models:
         layer = Layer(model, args, fmt, tq)
         for batch in args.batches:
@@ -222,8 +242,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                     try:
                         fns = calls(batch, context)
                         for name, fn in fns.items():
-                            us, _ = median_us(fn, False, cold=True)
+                            us, _ = median_us(fn, False, cold=True, heat_ms=args.heat_ms)
                             row[name] = None if us is None else round(us, 2)
+                            clocks.extend(sm_mhz())
                         if batch in (min(args.batches), max(args.batches)) and context in (min(args.contexts), max(args.contexts)):
                             results["profiles"].append({"model": model, "side": side, "batch": batch, "context": context,
                                                         "kernels": profile(fns[f"{side}_step"])})
@@ -233,6 +254,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                 print(f"{model} b{batch} ctx {context}: {row}", flush=True)
         del layer
         torch.cuda.empty_cache()
+    results["sm_mhz"] = statistics.median(clocks) if clocks else None
     return results
 
 
