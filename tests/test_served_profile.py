@@ -89,6 +89,11 @@ def test_write_profile_keeps_the_step_and_removes_the_traces(tmp_path):
     assert list(traces.iterdir()) == [] and not (tmp_path / "profile.tmp").exists()
     with pytest.raises(sp.ProfileError):  # nothing left to read: no stale trace is read twice
         sp.write_profile(traces, into, {"batch": 8, "context": 32768})
+    (traces / "stale.pt.trace.json").write_text("{}")
+    (traces / "sub").mkdir()
+    sp.clear_traces(traces)
+    assert [p.name for p in traces.iterdir()] == ["sub"]  # files only
+    sp.clear_traces(tmp_path / "absent")  # nothing to clear: no error
 
 
 def test_profiles_side_by_side():

@@ -65,7 +65,7 @@ sys.path.insert(0, str(REPO / "tools"))  # sparkmods.checkpoint.header: the safe
 from benchlib.qwen35_shapes import MODELS, Model, config_json  # noqa: E402
 from benchlib.served_archive import ArchiveError, pack, unpack  # noqa: E402
 from benchlib.served_merge import MergeError, merge  # noqa: E402
-from benchlib.served_profile import PROFILE_S, ProfileError, profiler_flags, write_profile  # noqa: E402
+from benchlib.served_profile import PROFILE_S, ProfileError, clear_traces, profiler_flags, write_profile  # noqa: E402
 from benchlib.served_report import write_report  # noqa: E402
 from ckptfactory import Spec, main_specs  # noqa: E402
 from e2e_parallel import smi_fields  # noqa: E402
@@ -367,6 +367,7 @@ def profile_cell(port: int, cell: Cell, trace_dir: Path, into: Path, seed: int) 
             time.sleep(0.02)
         time.sleep(0.2)  # past the last prefill's step
         clocks = sample_clocks(PROFILE_S)
+        clear_traces(trace_dir)
         try:
             _post(port, "/start_profile", 120)
             time.sleep(PROFILE_S)

@@ -85,7 +85,16 @@ def step_kernels(events: Sequence[dict[str, Any]], source: str = "trace", top: i
             "kernels": kernels[:top]}
 
 
-def write_profile(trace_dir: Path, into: Path, cell: dict[str, int]) -> dict[str, Any]:
+def clear_traces(trace_dir: Path) -> None:
+    """Remove the trace files of trace_dir (a run killed between a trace and its profile.json may
+    have left one), so the next profile reads only what its own /stop_profile wrote."""
+    if trace_dir.is_dir():
+        for path in trace_dir.iterdir():
+            if path.is_file():
+                path.unlink()
+
+
+def write_profile(trace_dir: Path, into: Path, cell: dict[str, Any]) -> dict[str, Any]:
     """Read the newest trace of trace_dir into `into` (profile.json: the cell and its step), then
     delete the trace files (they run to tens of megabytes; the step is what is kept)."""
     trace = newest_trace(trace_dir)
@@ -93,9 +102,7 @@ def write_profile(trace_dir: Path, into: Path, cell: dict[str, int]) -> dict[str
     tmp = into.with_suffix(".tmp")
     tmp.write_text(json.dumps(profile, indent=1) + "\n")
     tmp.replace(into)
-    for path in trace_dir.iterdir():
-        if path.is_file():
-            path.unlink()
+    clear_traces(trace_dir)
     return profile
 
 
