@@ -20,8 +20,10 @@ specialised as 16-aligned, as the real tensors are.
     python3 ci/gb10_readiness.py --json FILE                              # rows only (the test)
 
 Each row: target, kernel, config, shared bytes (Triton's launch check compares them with the
-device's opt-in limit), registers and spill bytes (ptxas -v), the mod's byte model for it, and
-the problems found. Exit 1 when any row has a problem. Nothing is cached between runs: Triton's
+device's opt-in limit), registers and spill bytes (ptxas -v), the mod's byte model for it, for
+the TurboQuant decode the SASS instructions of its tile loop (sm_90a only: the nvdisasm of
+Triton's wheel, CUDA 12.8, does not read sm_121a; the decode is bound by issuing them on an H200,
+so fewer is faster there), and the problems found. Exit 1 when any row has a problem. Nothing is cached between runs: Triton's
 cache goes to a fresh temporary folder.
 """
 
@@ -187,8 +189,63 @@ def compile_job(target: str, job: Job) -> Dict[str, Any]:
                spill_stores=int(spills.group(1)) if spills else None, spill_loads=int(spills.group(2)) if spills else None)
     if "PRMT" in label:
         row["prmt"] = "prmt.b32" in compiled.asm["ptx"]
+    if kernel == "_decode_split_kernel":
+        row.update(loop_mix(disassemble(compiled.asm["cubin"])))
     row["problems"] = problems(row, limit)
     return row
+
+
+def disassemble(cubin: bytes) -> str:
+    """SASS of a cubin by the nvdisasm Triton's wheel ships ("" where it has none)."""
+    import subprocess
+
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        try:
+            done = subprocess.run([str(tool), "-c", str(path)], capture_output=True, text=True, timeout=120, check=False)
+        except OSError:
+            return ""
+    return done.stdout if done.returncode == 0 else ""
+
+
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
+_SASS_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+_SASS_BRANCH = re.compile(r"\bBRA\s+`\((\.L_x_\d+)\)")
+
+
+def loop_mix(sass: str) -> Dict[str, Any]:
+    """Instructions of the longest loop in a kernel's SASS (the span of its longest backward
+    branch) and its three commonest opcodes: the decode's per-tile work, a proxy for its speed
+    where the decode is bound by issuing instructions rather than by memory."""
+    labels: Dict[str, int] = {}
+    pending: List[str] = []
+    code: List[Tuple[int, str, str]] = []
+    for line in sass.splitlines():
+        label = _SASS_LABEL.match(line)
+        if label:
+            pending.append(label.group(1))
+            continue
+        found = _SASS_LINE.search(line)
+        if found:
+            address = int(found.group(1), 16)
+            labels.update({name: address for name in pending})
+            pending = []
+            code.append((address, found.group(2), line))
+    spans = [(labels[b.group(1)], address) for address, _, line in code
+             if (b := _SASS_BRANCH.search(line)) and labels.get(b.group(1), address) < address]
+    if not spans:
+        return {"loop_instructions": None, "loop_ops": None}
+    first, last = max(spans, key=lambda span: span[1] - span[0])
+    ops: Dict[str, int] = {}
+    for address, op, _ in code:
+        if first <= address <= last:
+            ops[op] = ops.get(op, 0) + 1
+    common = sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+    return {"loop_instructions": sum(ops.values()), "loop_ops": ", ".join(f"{op} {n}" for op, n in common)}
 
 
 def problems(row: Dict[str, Any], limit: int) -> List[str]:
@@ -256,15 +313,18 @@ def markdown(rows: List[Dict[str, Any]], seconds: float, triton_version: str) ->
              "Checked by `tests/test_gb10_readiness.py`.", "",
              f"Limits: sm_121a (GB10) {SM121_SHARED} bytes of shared memory per block, sm_90a (H100) {SM90_SHARED}. "
              "`model` is the mod's byte model of the config (the fitting rule lowers a config until it plus "
-             f"{SCRATCH_RESERVE} bytes fits the device); `-` where the kernel's tile is fixed.", "",
+             f"{SCRATCH_RESERVE} bytes fits the device); `-` where the kernel's tile is fixed. `loop`: the SASS "
+             "instructions of the TurboQuant decode's tile loop and its commonest opcodes (sm_90a: Triton's nvdisasm "
+             "does not read sm_121a).", "",
              f"{len(rows)} compiles, {sum(1 for r in rows if r['problems'])} with problems, "
              f"{len(spilling(rows))} spilling registers (sm_121a: {len(spilling([r for r in rows if r['target'] == 'sm_121a']))}).", "",
-             "| target | mod | kernel | config | shared bytes | model | registers | spills (st/ld) | problems |",
-             "|---|---|---|---|---:|---:|---:|---:|---|"]
+             "| target | mod | kernel | config | shared bytes | model | registers | spills (st/ld) | loop (SASS) | problems |",
+             "|---|---|---|---|---:|---:|---:|---:|---|---|"]
     for r in rows:
+        loop = f"{r['loop_instructions']} ({r['loop_ops']})" if r.get("loop_instructions") else "-"
         lines.append(f"| {r['target']} | {r['mod']} | `{r['kernel']}` | {r['config']} | {r.get('shared', '-')} | "
                      f"{r['model_bytes'] if r['model_bytes'] is not None else '-'} | {r.get('registers', '-')} | "
-                     f"{r.get('spill_stores', '-')}/{r.get('spill_loads', '-')} | {'; '.join(r['problems']) or 'none'} |")
+                     f"{r.get('spill_stores', '-')}/{r.get('spill_loads', '-')} | {loop} | {'; '.join(r['problems']) or 'none'} |")
     return "\n".join(lines) + "\n"
 
 

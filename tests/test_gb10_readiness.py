@@ -93,7 +93,8 @@ def test_an_h100_config_that_does_not_fit_the_gb10_is_lowered_there(rows: List[D
 
 def test_the_committed_table_is_this_run(rows: List[Dict[str, Any]]) -> None:
     committed = json.loads(RESULTS.read_text())
-    keep = ("target", "kernel", "config", "shared", "registers", "spill_stores", "spill_loads", "model_bytes", "problems")
+    keep = ("target", "kernel", "config", "shared", "registers", "spill_stores", "spill_loads", "model_bytes", "loop_instructions",
+            "problems")
     assert [{k: r.get(k) for k in keep} for r in committed["rows"]] == [{k: r.get(k) for k in keep} for r in rows], \
         f"{RESULTS} is stale: run {committed['command']}"
 
@@ -111,3 +112,38 @@ def test_the_workers_loading_the_int8_module_at_once_never_see_half_a_file(tmp_p
     second = loader.load_kernel_module(tmp_path)
     assert all((tmp_path / name).stat().st_ino != ino for name, ino in inodes.items())
     assert hasattr(first, "int8_matmul") and hasattr(second, "int8_matmul")
+
+
+def test_the_decode_loop_is_counted_on_sm_90a(rows: List[Dict[str, Any]]) -> None:
+    decode = [r for r in rows if r["kernel"] == "_decode_split_kernel" and r["target"] == "sm_90a"]
+    assert decode and all(r["loop_instructions"] and r["loop_instructions"] > 100 for r in decode)
+    assert all(re.fullmatch(r"[A-Z0-9_]+ \d+(, [A-Z0-9_]+ \d+){2}", r["loop_ops"]) for r in decode)
+    assert not any(r.get("loop_instructions") for r in rows if r["kernel"] != "_decode_split_kernel")
+
+
+SASS = """
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/                   MOV R2, 0x1 ;
+.L_x_0:
+        /*0020*/                   PRMT R3, R4, 0x5140, R5 ;
+        /*0030*/                   PRMT R6, R4, 0x7362, R5 ;
+        /*0040*/               @P0 IMAD.MOV.U32 R7, RZ, RZ, R3 ;
+.L_x_1:
+        /*0050*/                   HMMA.16816.F32 R8, R10, R12, R8 ;
+        /*0060*/              @!P1 BRA `(.L_x_1) ;
+        /*0070*/               @P2 BRA `(.L_x_0) ;
+        /*0080*/                   BRA `(.L_x_2) ;
+.L_x_2:
+        /*0090*/                   EXIT ;
+"""
+
+
+def test_loop_mix_counts_the_longest_backward_branch_and_its_commonest_opcodes() -> None:
+    sys.path.insert(0, str(REPO / "ci"))
+    import gb10_readiness
+
+    assert gb10_readiness.loop_mix(SASS) == {"loop_instructions": 6, "loop_ops": "BRA 2, PRMT 2, HMMA 1"}
+    assert gb10_readiness.loop_mix(SASS.replace("@P2 BRA `(.L_x_0)", "NOP")) == {"loop_instructions": 2,
+                                                                                 "loop_ops": "BRA 1, HMMA 1"}
+    assert gb10_readiness.loop_mix("") == {"loop_instructions": None, "loop_ops": None}
+
