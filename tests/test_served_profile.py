@@ -66,6 +66,16 @@ def test_traces_are_read_plain_or_gzipped_and_bad_ones_refused_naming_the_file(t
             sp.read_trace(tmp_path / name)
 
 
+def test_a_trace_that_inflates_past_the_bound_is_refused(tmp_path, monkeypatch):
+    with gzip.open(tmp_path / "big.json.gz", "wt") as fh:
+        json.dump({"traceEvents": _trace([0.0, 10.0], [("k", 1.0, 2.0)] * 200)}, fh)
+    monkeypatch.setattr(sp, "MAX_TRACE_BYTES", 1000)
+    with pytest.raises(sp.ProfileError, match="over 1000 bytes once inflated; profile a shorter span"):
+        sp.read_trace(tmp_path / "big.json.gz")
+    monkeypatch.setattr(sp, "MAX_TRACE_BYTES", 1 << 20)
+    assert len(sp.read_trace(tmp_path / "big.json.gz")) == 204
+
+
 def test_the_newest_trace_is_read_and_an_empty_folder_refused(tmp_path):
     with pytest.raises(sp.ProfileError, match=f"^{tmp_path / 'none'}: no trace file"):
         sp.newest_trace(tmp_path / "none")

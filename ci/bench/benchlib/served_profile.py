@@ -21,6 +21,7 @@ from typing import Any, Sequence
 PROFILE_S = 0.5  # decode time profiled per configuration
 KERNEL_CHARS = 60  # kernel names are cut to this (templates make them pages long)
 TOP = 40  # kernels kept per configuration, the longest first
+MAX_TRACE_BYTES = 2 << 30  # a trace is read whole; half a second of decode writes tens of MB
 
 
 class ProfileError(Exception):
@@ -44,11 +45,14 @@ def newest_trace(trace_dir: Path) -> Path:
 
 
 def read_trace(path: Path) -> list[dict[str, Any]]:
-    """The trace's events (gzip or plain JSON)."""
+    """The trace's events (gzip or plain JSON), at most MAX_TRACE_BYTES of it once inflated."""
     try:
         opener = gzip.open if path.name.endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8") as fh:
-            trace = json.load(fh)
+        with opener(path, "rb") as fh:
+            text = fh.read(MAX_TRACE_BYTES + 1)
+        if len(text) > MAX_TRACE_BYTES:
+            raise ProfileError(f"{path}: over {MAX_TRACE_BYTES} bytes once inflated; profile a shorter span (PROFILE_S)")
+        trace = json.loads(text)
     except (OSError, ValueError, EOFError) as exc:
         raise ProfileError(f"{path}: not a readable trace ({exc})") from None
     events = trace.get("traceEvents") if isinstance(trace, dict) else None
