@@ -38,6 +38,7 @@ import json
 import multiprocessing
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -197,8 +198,6 @@ def compile_job(target: str, job: Job) -> Dict[str, Any]:
 
 def disassemble(cubin: bytes) -> str:
     """SASS of a cubin by the nvdisasm Triton's wheel ships ("" where it has none)."""
-    import subprocess
-
     import triton
 
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"

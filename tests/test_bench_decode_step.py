@@ -78,15 +78,6 @@ def test_report_gives_the_ratio_of_the_steps_and_lists_failures() -> None:
     assert "; 20 ms of bf16 GEMM before each replay; SM clock after the timings: median 1755 MHz." in heated
 
 
-def test_the_sm_clock_is_read_from_nvidia_smi_or_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(STEP, "smi_fields", lambda field: ["1755"] if field == "clocks.sm" else None)
-    assert STEP.sm_mhz() == [1755.0]
-    monkeypatch.setattr(STEP, "smi_fields", lambda field: ["[N/A]"])
-    assert STEP.sm_mhz() == []
-    monkeypatch.setattr(STEP, "smi_fields", lambda field: None)
-    assert STEP.sm_mhz() == []
-
-
 def test_the_script_runs_from_any_folder_for_help() -> None:
     import subprocess
 

@@ -349,3 +349,15 @@ def test_device_names_the_gpus_this_run_may_use(tmp_path: Path, monkeypatch: pyt
     assert e2e._device() == "NVIDIA H100 80GB HBM3, NVIDIA H200"
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     assert e2e._device() == "unknown (no nvidia-smi)"
+
+
+@pytest.mark.parametrize("answer, fields, read", [
+    ("1755, 612.54", "clocks.sm,power.draw", [1755.0, 612.54]), ("1980", "clocks.sm", [1980.0]),
+    ("[N/A], 612.5", "clocks.sm,power.draw", None), ("1755", "clocks.sm,power.draw", None), ("", "clocks.sm", None)])
+def test_smi_numbers_are_the_first_gpus_numeric_fields_or_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               answer: str, fields: str, read: list | None) -> None:
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nprintf '{answer}\\n{answer}\\n'\n")  # two GPUs: the first one is read
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert parallel.smi_numbers(fields) == read

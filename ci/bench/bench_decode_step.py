@@ -11,9 +11,8 @@ it, per full-attention layer and decode step, under CUDA-graph replay (as the se
   ours   tq_store (rotate, quantise, pack) and tq_decode (rotate the query, split, merge).
 Both on the page their served logs name (STOCK_PAGE, TQ_PAGE), and with the L2 cache flushed before
 every timed replay (a served step reads each layer's cache once, after the other layers' weights
-went through L2); with --heat-ms, after that long of bf16 GEMMs too (a served step's other layers
-hold the GPU at a loaded clock; an instruction-bound kernel slows with it, a memory-bound one
-hardly), the SM clock read after each timing. Each is timed alone and as the pair,
+went through L2); with --heat-ms, after that long of bf16 GEMMs too (to time them at the clock a
+loaded GPU holds, as the rest of a served step may hold it), the SM clock read after each timing. Each is timed alone and as the pair,
 at the models' attention shapes (query heads from
 benchlib/qwen35_shapes, 2 KV heads, head 256), a block table as wide as --table-tokens (the served
 --max-model-len: both pick their split counts from it), and every batch x context; then one
@@ -35,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))  # e2e_para
 
 from bench_turboquant import InputError, Parser, int_list, load_modules, markdown_table, median_us
 from benchlib.qwen35_shapes import MODELS
-from e2e_parallel import smi_fields
+from e2e_parallel import smi_numbers
 
 KV_HEADS = 2
 HEAD = 256
@@ -217,14 +216,6 @@ def profile(step: Callable[[], Any], steps: int = 20) -> List[Dict[str, Any]]:
     return kernel_times(prof.key_averages(), steps)
 
 
-def sm_mhz() -> List[float]:
-    """This run's GPU's SM clock now (nvidia-smi), or nothing where it says no number."""
-    try:
-        return [float(v) for v in (smi_fields("clocks.sm") or [])[:1]]
-    except ValueError:
-        return []
-
-
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     import torch
     import vllm
@@ -244,7 +235,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                         for name, fn in fns.items():
                             us, _ = median_us(fn, False, cold=True, heat_ms=args.heat_ms)
                             row[name] = None if us is None else round(us, 2)
-                            clocks.extend(sm_mhz())
+                            clocks.extend(smi_numbers("clocks.sm") or [])
                         if batch in (min(args.batches), max(args.batches)) and context in (min(args.contexts), max(args.contexts)):
                             results["profiles"].append({"model": model, "side": side, "batch": batch, "context": context,
                                                         "kernels": profile(fns[f"{side}_step"])})

@@ -68,7 +68,7 @@ from benchlib.served_merge import MergeError, merge  # noqa: E402
 from benchlib.served_profile import PROFILE_S, ProfileError, clear_traces, profiler_flags, write_profile  # noqa: E402
 from benchlib.served_report import write_report  # noqa: E402
 from ckptfactory import Spec, main_specs  # noqa: E402
-from e2e_parallel import smi_fields  # noqa: E402
+from e2e_parallel import smi_fields, smi_numbers  # noqa: E402
 from e2e_serve import Server, apply_mod, free_port, overlay, server_env  # noqa: E402
 from sparkmods.checkpoint.header import HeaderEntry, encode_header  # noqa: E402
 
@@ -336,22 +336,15 @@ def _post(port: int, path: str, timeout: float) -> None:
 
 def sample_clocks(seconds: float) -> dict[str, float] | None:
     """Median SM clock (MHz) and power draw (W) of this run's GPU over `seconds`, by nvidia-smi
-    (a decode bound by its instructions slows with the clock a loaded GPU settles at); None where
-    nvidia-smi answers nothing."""
-    mhz: list[float] = []
-    watts: list[float] = []
+    (what clock the GPU held while the profiled cell decoded); None where nvidia-smi gives none."""
+    readings: list[list[float]] = []
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        fields = (smi_fields("clocks.sm,power.draw") or [""])[0].split(",")
-        try:
-            sm, power = float(fields[0]), float(fields[1])
-        except (ValueError, IndexError):
-            break
-        mhz.append(sm)
-        watts.append(power)
-    if not mhz:
+    while time.monotonic() < end and (reading := smi_numbers("clocks.sm,power.draw")) is not None:
+        readings.append(reading)
+    if not readings:
         return None
-    return {"sm_mhz": statistics.median(mhz), "power_w": round(statistics.median(watts), 1), "samples": len(mhz)}
+    return {"sm_mhz": statistics.median(r[0] for r in readings), "power_w": round(statistics.median(r[1] for r in readings), 1),
+            "samples": len(readings)}
 
 
 def profile_cell(port: int, cell: Cell, trace_dir: Path, into: Path, seed: int) -> str | None:

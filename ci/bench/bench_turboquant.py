@@ -438,10 +438,9 @@ def median_us(fn: Callable[[], Any], smoke: bool, rep: int = 100, cold: bool = F
 def cold_median_us(fn: Callable[[], Any], rep: int, heat_ms: float = 0.0) -> float:
     """Median microseconds of single replays of fn's CUDA graph, each after a write through a
     buffer four times the L2 cache. A served decode step reads each layer's cache once, after the
-    other layers' weights went through L2; replaying one call back to back instead keeps a cache
-    that fits L2 (all of it at 1k, a third of a 35B turboquant cache at 32k x 8) on chip.
-    heat_ms: bf16 matrix products for about that long before each replay, so the GPU runs it at the
-    clock the rest of a served model's step holds it at, not at an idle GPU's boost clock."""
+    other layers' weights went through L2; replaying one call back to back instead keeps whatever
+    part of the cache fits L2 on chip. heat_ms: bf16 matrix products for about that long before each
+    replay, so it runs at a loaded GPU's clock rather than an idle one's boost clock."""
     import torch
 
     props = torch.cuda.get_device_properties(torch.cuda.current_device())

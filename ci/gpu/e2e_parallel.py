@@ -141,6 +141,17 @@ def smi_fields(field: str) -> list[str] | None:
     return [line.strip() for line in done.stdout.splitlines() if line.strip()] if done.returncode == 0 else []
 
 
+def smi_numbers(fields: str) -> list[float] | None:
+    """The numeric nvidia-smi fields (comma-separated, e.g. "clocks.sm,power.draw") of this run's
+    first GPU, read once; None where nvidia-smi answers nothing or a field is not a number."""
+    line = (smi_fields(fields) or [""])[0]
+    try:
+        values = [float(v) for v in line.split(",")]
+    except ValueError:
+        return None
+    return values if len(values) == len(fields.split(",")) else None
+
+
 def gpus_visible(python: str = sys.executable) -> int:
     """CUDA devices torch sees in a fresh interpreter (0 where torch or CUDA is missing)."""
     done = subprocess.run([python, "-c", "import torch; print(torch.cuda.device_count())"],
