@@ -11,7 +11,7 @@ Configs: every DISPATCH entry of the INT8 head after the mod's shared-memory fit
 target, in bf16 and fp16 and with and without a K tail, its row coding and rotation kernels;
 for every TurboQuant dtype and head size (powers of two 16-512): the store kernel, the decode
 with every DEFAULT_DECODE entry a (batch, context) band picks, after fitting (3-bit keys: the
-PRMT lookup, KEY3_LUT_ASM), the split merge at every split count, the query/key rotation and
+PRMT lookup, KEY3_PAIR_ASM; 4-bit values: VALUE4_ASM), the split merge at every split count, the query/key rotation and
 the prefill dequantisation. Scalar arguments that only address memory (G = 16 query heads per
 KV head, 32 query heads, page size 16) take Qwen3.5's values; pointers and strides are
 specialised as 16-aligned, as the real tensors are.
@@ -128,7 +128,7 @@ def tq_jobs(fmt: ModuleType, tq: ModuleType, target: str) -> List[Job]:
                 jobs.append(("tq", "_decode_split_kernel", f"decode {name} head {head} {label}" + (" PRMT" if lut else ""),
                              {"G": GROUP, "GP": max(16, GROUP), "D": head, "BLOCK_SIZE": PAGE, "BLOCK_N": cfg.block_n,
                               "MIN_CHUNK": cfg.min_chunk, "VALUE_FIELDS": cfg.value_fields if spec.value_bits == 3 else 4,
-                              "KEY_LUT": lut, **layout},
+                              "PTX": 1, **layout},
                              {"q_ptr": keys, **cache_ptrs, "centroid_ptr": "fp16", "part_o_ptr": "fp32", "part_lse_ptr": "fp32"},
                              ("stride_qb", "stride_qh", "page_stride"), options,
                              tq.decode_shared_bytes(cfg, spec, head, GROUP)))

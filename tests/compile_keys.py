@@ -163,7 +163,7 @@ def run_case(torch: Any, triton: Any, modules: Dict[str, Any], case: Dict[str, A
 
 def load_modules(torch: Any, workdir: Path) -> Dict[str, Any]:
     """The mods' kernel modules as they install them, making a GPU's choices on CPU tensors:
-    turboquant's files (decode tiles fitted to the case's shared memory, the 3-bit key lookup),
+    turboquant's files (decode tiles fitted to the case's shared memory, its inline assembly),
     int8-lm-head's from its patch (its Triton path, its warm-up)."""
     sys.path[:0] = [str(FILES), str(REPO / "ci" / "bench")]
     import tq_format
@@ -172,10 +172,10 @@ def load_modules(torch: Any, workdir: Path) -> Dict[str, Any]:
     from benchlib.int8_lm_head_kernel import load_kernel_module
 
     gpu = torch.device("cuda", 0)  # a name only: the choices a GPU makes, on CPU tensors
-    decode_config, key_lookup = tq_triton.decode_config, tq_triton.key_lookup
+    decode_config, inline_ptx = tq_triton.decode_config, tq_triton.inline_ptx
     tq_triton.decode_config = lambda spec, head, group, batch, context, device: decode_config(
         spec, head, group, batch, context, gpu)
-    tq_triton.key_lookup = lambda spec, device: key_lookup(spec, gpu)
+    tq_triton.inline_ptx = lambda device: inline_ptx(gpu)
     int8 = load_kernel_module(workdir)
     int8._triton_ok = lambda x2d, weight: True
     int8.WARMUP_DEVICE_TYPES = ("cpu",)

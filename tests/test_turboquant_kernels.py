@@ -341,25 +341,54 @@ def test_value_fields_decode_every_code_exactly(fmt: ModuleType, tq: ModuleType)
                 assert torch.allclose(out[0].float(), expected, atol=1e-3), (name, code, fields)
 
 
-@pytest.mark.slow  # every 3-bit key word, under Triton's interpreter
-def test_key3_lookup_asm_gives_every_word_its_codebook_entries(fmt: ModuleType, tq: ModuleType) -> None:
-    """KEY3_LUT_ASM, run instruction by instruction by a PTX interpreter on every one of the 2^24
-    words it can be given (8 two-bit fields in bits 0-15, their high bits in 16-23), returns the
-    float16 bits of entry (low | high << 2) of each field, from tables lut_words packs: the text
-    the GPU runs, checked where Triton's CPU interpreter cannot run it."""
+def _partner(word: torch.Tensor, bits: int) -> torch.Tensor:
+    """A bijection of bits-bit words that moves every one (an odd multiplier and an offset): the
+    neighbour an inline-asm call of pack=2 gets beside each word, so that every word is seen in
+    both halves of the register next to a different one."""
+    return (word * 0x9E3779 + 0x5A5A5A) & ((1 << bits) - 1)
+
+
+@pytest.mark.slow  # every 3-bit key word, under a PTX interpreter
+def test_key3_pair_asm_gives_every_word_its_codebook_entries(fmt: ModuleType, tq: ModuleType) -> None:
+    """KEY3_PAIR_ASM, run instruction by instruction by a PTX interpreter on every one of the 2^24
+    key words (8 two-bit fields, 8 high bits) in the first half of its register pair, each beside
+    another word in the second half and with noise in the unread bits 16-31 of the high bytes,
+    returns in field f's register the float16 bits of entry (low | high << 2) of field f of both
+    words: the text the GPU runs, checked where Triton's CPU interpreter cannot run it."""
     import ptx_subset
 
     half = fmt.codebook(256, 3)[0].to(torch.float16)
     entries = half.view(torch.int16).to(torch.int64) & 0xFFFF
     assert len(set(entries.tolist())) == 8  # distinct entries: a wrong pick cannot go unseen
-    tables = {f"${9 + i}": torch.tensor(word, dtype=torch.int64) for i, word in enumerate(tq.lut_words(half))}
+    tables = {f"${10 + 2 * i + copy}": torch.tensor(word, dtype=torch.int64)
+              for i, word in enumerate(tq.lut_words(half)) for copy in (0, 1)}
     step = 1 << 21
     for start in range(0, 1 << 24, step):
-        word = torch.arange(start, start + step, dtype=torch.int64)
-        regs = ptx_subset.run(tq.KEY3_LUT_ASM, {"$8": word, **tables})
+        first = torch.arange(start, start + step, dtype=torch.int64)
+        second = _partner(first, 24)
+        low = (first & 0xFFFF) | ((second & 0xFFFF) << 16)
+        high = (first >> 16) | ((second >> 16) << 8) | ((first & 0xFFFF) << 16)  # bits 16-31: noise
+        regs = ptx_subset.run(tq.KEY3_PAIR_ASM, {"$8": low, "$9": high, **tables})
         for f in range(8):
-            code = ((word >> (2 * f)) & 3) | (((word >> (16 + f)) & 1) << 2)
-            assert torch.equal(regs[f"${f}"], entries[code]), (start, f)
+            for word, shift in ((first, 0), (second, 16)):
+                code = ((word >> (2 * f)) & 3) | (((word >> (16 + f)) & 1) << 2)
+                assert torch.equal((regs[f"${f}"] >> shift) & 0xFFFF, entries[code]), (start, f, shift)
+
+
+def test_value4_asm_masks_each_field_of_both_words(tq: ModuleType) -> None:
+    """VALUE4_ASM[f], run by the PTX interpreter on every 16-bit value word in the low half of its
+    register beside another in the high half, gives field f of both words masked in place (the
+    shift by 8 for fields 2 and 3 brings no bit of the high word into the low one): the subnormal
+    _value_field's plain Triton path makes from one word."""
+    import ptx_subset
+
+    first = torch.arange(1 << 16, dtype=torch.int64)
+    second = _partner(first, 16)
+    for f, asm in enumerate(tq.VALUE4_ASM):
+        out = ptx_subset.run(asm, {"$1": first | (second << 16)})["$0"]
+        for word, shift in ((first, 0), (second, 16)):
+            expected = (word if f < 2 else word >> 8) & (0xF << (4 * (f % 2)))
+            assert torch.equal((out >> shift) & 0xFFFF, expected), (f, shift)
 
 
 def test_lut_words_pack_low_and_high_bytes_and_refuse_other_tables(tq: ModuleType) -> None:
@@ -371,11 +400,9 @@ def test_lut_words_pack_low_and_high_bytes_and_refuse_other_tables(tq: ModuleTyp
         tq.lut_words(torch.zeros(8))
 
 
-def test_only_3_bit_codebook_keys_on_a_gpu_use_the_register_lookup(fmt: ModuleType, tq: ModuleType) -> None:
-    cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert tq.key_lookup(fmt.tq_spec("turboquant_k3v4_nc"), cuda) and tq.key_lookup(fmt.tq_spec("turboquant_3bit_nc"), cuda)
-    assert not tq.key_lookup(fmt.tq_spec("turboquant_k3v4_nc"), cpu)
-    assert not tq.key_lookup(fmt.tq_spec("turboquant_4bit_nc"), cuda) and not tq.key_lookup(fmt.tq_spec("turboquant_k8v4"), cuda)
+def test_inline_assembly_runs_on_a_gpu_only(tq: ModuleType) -> None:
+    assert tq.inline_ptx(torch.device("cuda")) and tq.inline_ptx(torch.device("cuda", 1))
+    assert not tq.inline_ptx(torch.device("cpu"))
 
 
 def test_decode_config_refuses_unknown_variants_and_defaults_come_from_the_table(tq: ModuleType) -> None:

@@ -36,7 +36,7 @@ def _config(label: str) -> Callable[[ModuleType], Dict[str, Any]]:
 # name -> function(tq module) returning {attribute: replacement}
 VARIANTS: Dict[str, Callable[[ModuleType], Dict[str, Any]]] = {
     "shipped": lambda tq: {},
-    "gather-keys": lambda tq: {"key_lookup": lambda spec, device: False},  # 3-bit centroids from the table in memory
+    "no-ptx": lambda tq: {"inline_ptx": lambda device: False},  # plain Triton: 3-bit centroids gathered, 16-bit value masks
     **{label: _config(label) for label in ("n64/w2/s3/c128/p4/r0/f8", "n128/w4/s2/c128/p2/r0/f8", "n64/w2/s3/c128/p4/r0/f4")},
 }
 

@@ -12,7 +12,8 @@ device copy rate where bf16 reaches it: ci/bench/results/turboquant-head*-any-h1
   matrix product against query elements (keys) or into output columns (values) F w + f. The
   query is loaded field by field once per program; the output is written in place at the end.
 - Values are affine (code * scale + zero): a field's code bits are masked in place and read as a
-  float16 subnormal, code * 2^(shift - 24) exactly, so a value costs one AND; the probabilities
+  float16 subnormal, code * 2^(shift - 24) exactly, so a value costs one AND (on a GPU, an AND of
+  a 32-bit register decodes a field of two words at once: VALUE4_ASM); the probabilities
   are multiplied by the scale, the weight 2^(24 - shift) is applied to each field's sum once,
   and the zero points add as one weighted sum per row. The masks run on the words after they
   reach tl.dot's operand layout (Triton moves that conversion above elementwise work), so
@@ -22,7 +23,9 @@ device copy rate where bf16 reaches it: ci/bench/results/turboquant-head*-any-h1
 - Keys are never rotated back: the query is rotated once (q @ R.T) and scores are taken against
   the centroids, the per-token length applied to the score. A 4-bit centroid is gathered from a
   float16 table of one L1 sector; 3-bit centroids are looked up in registers on a GPU, 4 per
-  byte permutation (KEY3_LUT_ASM, plain PTX); FP8 keys are converted by the float8 unpack.
+  byte permutation, two words at a time so that each result register already holds the pair
+  of float16s tl.dot's operand wants (KEY3_PAIR_ASM, plain PTX); FP8 keys are converted by the
+  float8 unpack.
 Only portable Triton and PTX that every NVIDIA GPU has are used (tl.dot, plain loads, PRMT; no
 TMA or warp-specialised instructions): the same source runs on SM90 and SM121.
 
@@ -593,34 +596,52 @@ def _col_words(rows, valid, OFFSET: tl.constexpr, REAL: tl.constexpr, COUNT: tl.
 # 3-bit codebook lookup by byte permutation (GPU only)
 # ---------------------------------------------------------------------------------------------
 
-# One key word of 8 three-bit codes (bits 0-15: the 2-bit low fields, field f at bit 2f; bits 16-23:
-# the high bits, field f's at bit 16 + f) in, the 8 codebook entries (fp16 bits) out: 18 plain
-# 32-bit shifts and masks (fewer once ptxas fuses them into LOP3s) spread the high byte to every
-# other bit and merge it with the low fields into two selectors whose nibbles are the codes of
-# the even and of the odd fields; PRMT picks 4 bytes of an 8-byte table by such a selector, so two
-# PRMTs (the entries' low and high bytes) look up 4 codes and two more pair the bytes into fp16s. The gather it replaces costs a shift, a mask,
-# an address and a load per code. $8: the word; $9/$10 and $11/$12: the low and high bytes of
-# entries 0-3 / 4-7 (lut_words). Plain PTX that every NVIDIA architecture since sm_20 has.
-KEY3_LUT_ASM = """{
-.reg .b32 m, t, e, o, l, h, p;
-shr.u32 m, $8, 16;
-shl.b32 t, m, 4; or.b32 m, m, t; and.b32 m, m, 0x0F0F;
-shl.b32 t, m, 2; or.b32 m, m, t; and.b32 m, m, 0x3333;
-shl.b32 t, m, 1; or.b32 m, m, t; and.b32 m, m, 0x5555;
-and.b32 e, $8, 0x3333; shl.b32 t, m, 2; and.b32 t, t, 0x4444; or.b32 e, e, t;
-shr.u32 o, $8, 2; and.b32 o, o, 0x3333; and.b32 t, m, 0x4444; or.b32 o, o, t;
-prmt.b32 l, $9, $10, e; prmt.b32 h, $11, $12, e;
-prmt.b32 p, l, h, 0x5140; mov.b32 {$0, $2}, p;
-prmt.b32 p, l, h, 0x7362; mov.b32 {$4, $6}, p;
-prmt.b32 l, $9, $10, o; prmt.b32 h, $11, $12, o;
-prmt.b32 p, l, h, 0x5140; mov.b32 {$1, $3}, p;
-prmt.b32 p, l, h, 0x7362; mov.b32 {$5, $7}, p;
+# Two key words of 8 three-bit codes each in, their 8 fields' codebook entries (fp16 bits) out,
+# each output register a pair: field f of the first word in its low half, of the second in its
+# high half, as tl.dot's operand holds two neighbouring elements in one register (Triton hands an
+# inline-asm call of pack=2 two neighbours: $8 = the two words' low planes, 16 bits each, 8
+# two-bit fields, field f at bit 2f; $9 = their high-bit bytes in bits 0-15, field f's at bit f;
+# bits 16-31 of $9 are not read). The high bytes are cut into nibbles (one per byte: word 0's
+# fields 0-3, word 1's 0-3, word 0's 4-7, word 1's 4-7) and spread to every other bit; the low
+# planes' bytes are put in the same order (PRMT 0x3120). Then every nibble of two selectors is a
+# whole code: e holds the even fields (0, 2 of both words; 4, 6 in its upper half), o the odd
+# ones. PRMT picks 4 bytes of an 8-byte table by such a selector, so two PRMTs (the entries' low
+# and high bytes) look up 4 codes and two more pair the bytes into the output registers. About
+# 17 instructions a word, where a gather costs a shift, a mask, an address and a load per code.
+# $10/$12 and $14/$16: the low and high bytes of entries 0-3 / 4-7 (lut_words; pack=2 passes
+# each twice, $11, $13, $15, $17 are the copies). Plain PTX that every NVIDIA GPU since sm_20 has.
+KEY3_PAIR_ASM = """{
+.reg .b32 y, z, m, t, lp, e, o, s, l, h;
+shr.u32 y, $9, 4;
+prmt.b32 z, $9, y, 0x5410;
+and.b32 z, z, 0x0F0F0F0F;
+shl.b32 t, z, 2; or.b32 m, z, t; and.b32 m, m, 0x33333333;
+shl.b32 t, m, 1; or.b32 m, m, t; and.b32 m, m, 0x55555555;
+prmt.b32 lp, $8, 0, 0x3120;
+and.b32 e, lp, 0x33333333; shl.b32 t, m, 2; and.b32 t, t, 0x44444444; or.b32 e, e, t;
+shr.u32 o, lp, 2; and.b32 o, o, 0x33333333; and.b32 t, m, 0x44444444; or.b32 o, o, t;
+prmt.b32 l, $10, $12, e; prmt.b32 h, $14, $16, e;
+prmt.b32 $0, l, h, 0x6240; prmt.b32 $2, l, h, 0x7351;
+shr.u32 s, e, 16;
+prmt.b32 l, $10, $12, s; prmt.b32 h, $14, $16, s;
+prmt.b32 $4, l, h, 0x6240; prmt.b32 $6, l, h, 0x7351;
+prmt.b32 l, $10, $12, o; prmt.b32 h, $14, $16, o;
+prmt.b32 $1, l, h, 0x6240; prmt.b32 $3, l, h, 0x7351;
+shr.u32 s, o, 16;
+prmt.b32 l, $10, $12, s; prmt.b32 h, $14, $16, s;
+prmt.b32 $5, l, h, 0x6240; prmt.b32 $7, l, h, 0x7351;
 }"""
-_KEY3_LUT_ASM = tl.constexpr(KEY3_LUT_ASM)  # what a @triton.jit function may read
+_KEY3_PAIR_ASM = tl.constexpr(KEY3_PAIR_ASM)  # what a @triton.jit function may read
+
+# Field f (0-3) of two 4-bit value words (uint16, 4 nibbles; pack=2 puts the two in one register,
+# $1) masked in place for both at once: the float16 subnormals _value_field makes, as a pair.
+VALUE4_ASM = tuple(f"{{.reg .b32 t; shr.u32 t, $1, {8 * (f // 2)}; and.b32 $0, t, {0x000F000F << (4 * (f % 2)):#010x};}}"
+                   for f in range(4))
+_VALUE4_ASM = tl.constexpr(VALUE4_ASM)
 
 
 def lut_words(entries: torch.Tensor) -> Tuple[int, int, int, int]:
-    """The 8 float16 entries as KEY3_LUT_ASM's tables: (low bytes of 0-3, of 4-7, high bytes of
+    """The 8 float16 entries as KEY3_PAIR_ASM's tables: (low bytes of 0-3, of 4-7, high bytes of
     0-3, of 4-7), byte k of a word = entry k (mod 4), each word as a signed 32-bit integer."""
     if entries.dtype != torch.float16 or entries.numel() != 8:
         raise ValueError(f"lut_words needs 8 float16 entries, not {entries.numel()} {entries.dtype}")
@@ -635,10 +656,11 @@ def lut_words(entries: torch.Tensor) -> Tuple[int, int, int, int]:
 
 
 @triton.jit
-def _code3_entries(word, t0, t1, t2, t3):
-    """The 8 table entries (float16) of each word of 8 three-bit codes (KEY3_LUT_ASM's input layout)."""
-    out = tl.inline_asm_elementwise(_KEY3_LUT_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r", [word, t0, t1, t2, t3],
-                                    dtype=(tl.int16,) * 8, is_pure=True, pack=1)
+def _code3_entries(low, high, t0, t1, t2, t3):
+    """The 8 table entries (float16) of each key word of 8 three-bit codes: its low plane (uint16)
+    and high bits (uint8), looked up by KEY3_PAIR_ASM two words at a time."""
+    out = tl.inline_asm_elementwise(_KEY3_PAIR_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r",
+                                    [low, high, t0, t1, t2, t3], dtype=(tl.int16,) * 8, is_pure=True, pack=2)
     return (out[0].to(tl.float16, bitcast=True), out[1].to(tl.float16, bitcast=True),
             out[2].to(tl.float16, bitcast=True), out[3].to(tl.float16, bitcast=True),
             out[4].to(tl.float16, bitcast=True), out[5].to(tl.float16, bitcast=True),
@@ -647,12 +669,12 @@ def _code3_entries(word, t0, t1, t2, t3):
 
 @triton.jit
 def _codebook_scores(qs, key_rows, valid, centroid_ptr, luts, BITS: tl.constexpr, D: tl.constexpr, GP: tl.constexpr,
-                     BLOCK_N: tl.constexpr, KW: tl.constexpr, KEY_LUT: tl.constexpr):
+                     BLOCK_N: tl.constexpr, KW: tl.constexpr, PTX: tl.constexpr):
     """Scores of the query fields qs (qs[f] = query elements 8w + f, [GP, KW]) against codebook
     keys: field f of every key word meets qs[f], so the codes are never reordered. 4 bits: int32
     words of 8 nibbles; 3 bits: int16 words of 8 two-bit fields and a byte of their high bits.
     The centroid of each code is gathered from the float16 table (an 8/16-entry table sits in
-    one L1 sector, so a warp's gather is one wavefront), or, for 3 bits with KEY_LUT, looked up
+    one L1 sector, so a warp's gather is one wavefront), or, for 3 bits with PTX, looked up
     in registers by _code3_entries (luts: its four table words)."""
     W: tl.constexpr = D // 8
     qk = tl.zeros([GP, BLOCK_N], tl.float32)
@@ -660,10 +682,10 @@ def _codebook_scores(qs, key_rows, valid, centroid_ptr, luts, BITS: tl.constexpr
         words = _col_words(key_rows, valid, 0, W, KW, tl.int32)
         for f in tl.static_range(8):
             qk = tl.dot(qs[f], tl.load(centroid_ptr + ((words >> (4 * f)) & 15)), qk)
-    elif KEY_LUT:
-        low = _col_words(key_rows, valid, 0, W, KW, tl.uint16).to(tl.int32)
-        high = _col_words(key_rows, valid, 2 * W, W, KW, tl.uint8).to(tl.int32)
-        keys = _code3_entries(low | (high << 16), luts[0], luts[1], luts[2], luts[3])
+    elif PTX:
+        low = _col_words(key_rows, valid, 0, W, KW, tl.uint16)
+        high = _col_words(key_rows, valid, 2 * W, W, KW, tl.uint8)
+        keys = _code3_entries(low, high, luts[0], luts[1], luts[2], luts[3])
         for f in tl.static_range(8):
             qk = tl.dot(qs[f], keys[f], qk)
     else:
@@ -707,11 +729,15 @@ def _nibble_codes(low, high):
 
 
 @triton.jit
-def _value_field(low, high, F: tl.constexpr, BITS: tl.constexpr):
+def _value_field(low, high, F: tl.constexpr, BITS: tl.constexpr, PTX: tl.constexpr):
     """float16 of field F's code bits masked in place: a subnormal, code * 2^(shift - 24) exactly,
     so decoding a value costs one AND (the weight is applied to the accumulated sum, once).
     Fields in a word's upper byte are shifted down by 8 first (bits 10 and up are exponent bits).
-    3 bits: field F is nibble F // 2 of _nibble_codes' word F % 2."""
+    3 bits: field F is nibble F // 2 of _nibble_codes' word F % 2. 4 bits with PTX: VALUE4_ASM
+    masks two words' field in one 32-bit register (Triton's masks work in 16-bit lanes)."""
+    if BITS == 4 and PTX:
+        return tl.inline_asm_elementwise(_VALUE4_ASM[F], "=r,r", [low], dtype=tl.int16, is_pure=True,
+                                         pack=2).to(tl.float16, bitcast=True)
     if BITS == 4:
         bits = (low if F < 2 else low >> 8) & (0xF << (4 * (F % 2)))
     else:
@@ -738,7 +764,7 @@ def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_
                          KEY_FP8: tl.constexpr, KEY_BITS: tl.constexpr, VALUE_BITS: tl.constexpr,
                          KEY_CODE_BYTES: tl.constexpr, VALUE_CODE_BYTES: tl.constexpr,
                          OFF_VC: tl.constexpr, OFF_KN: tl.constexpr, OFF_VS: tl.constexpr, OFF_VZ: tl.constexpr,
-                         BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr, VALUE_FIELDS: tl.constexpr, KEY_LUT: tl.constexpr):
+                         BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr, VALUE_FIELDS: tl.constexpr, PTX: tl.constexpr):
     """Partial attention of the G query heads of one KV head over one split of one request.
 
     Values: element d is field f = d % F of word d // F (F = VALUE_FIELDS: 4, or 8 for 3-bit
@@ -750,8 +776,8 @@ def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_
     probability x zero point), so their rounding matters: a long split's output is further from
     the reference than a short one's (ci/bench/README.md). The tile's product is written as added
     outside tl.dot, but Triton folds that add back: the compiled dot accumulates the running sum.
-    Codebook keys: see _codebook_scores (KEY_LUT: 3-bit codes looked up by KEY3_LUT_ASM, on a
-    GPU only). num_splits is not specialised (it changes with the batch size; one compiled
+    Codebook keys: see _codebook_scores. PTX: inline assembly (3-bit keys by KEY3_PAIR_ASM, 4-bit
+    values by VALUE4_ASM), on a GPU only. num_splits is not specialised (it changes with the batch size; one compiled
     kernel serves every batch)."""
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -785,14 +811,14 @@ def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_
             if KEY_FP8:
                 qk = _fp8_scores(q, key_rows, valid, qk_scale, D)
             else:
-                qk = _codebook_scores(qs, key_rows, valid, centroid_ptr, (lut0, lut1, lut2, lut3), KEY_BITS, D, GP, BLOCK_N, KW, KEY_LUT)
+                qk = _codebook_scores(qs, key_rows, valid, centroid_ptr, (lut0, lut1, lut2, lut3), KEY_BITS, D, GP, BLOCK_N, KW, PTX)
                 qk = qk * (_load_half(region + OFF_KN, pos, valid) * qk_scale)[None, :]
             m_i, alpha, p = _online_softmax(qk, valid, m_i)
             pv = (p * _load_half(region + OFF_VS, pos, valid)[None, :]).to(tl.float16)
             low, high = _value_planes(region + OFF_VC + pos * VALUE_CODE_BYTES, valid, D, VALUE_BITS, VF, VW)
             new = ()
             for f in tl.static_range(VF):
-                new = new + (accs[f] * alpha[:, None] + tl.dot(pv, _value_field(low, high, f, VALUE_BITS)),)
+                new = new + (accs[f] * alpha[:, None] + tl.dot(pv, _value_field(low, high, f, VALUE_BITS, PTX)),)
             accs = new
             acc_zero, l_i = _zero_and_mass(acc_zero, l_i, alpha, p, region + OFF_VZ, pos, valid)
         inv_l = 1.0 / tl.where(l_i > 0.0, l_i, 1.0)
@@ -855,10 +881,10 @@ def merge_splits(part_o: torch.Tensor, part_lse: torch.Tensor, seq_lens: torch.T
         MERGE_ROWS=MERGE_ROWS, MERGE_COLS=cols, BLOCK_N=config.block_n, MIN_CHUNK=config.min_chunk, num_warps=4)
 
 
-def key_lookup(spec: fmt.TQSpec, device: torch.device) -> bool:
-    """Whether the decode looks 3-bit key codes up with KEY3_LUT_ASM: on a GPU (Triton's CPU
-    interpreter runs no PTX; it gathers from the table, the same numbers)."""
-    return spec.key_bits == 3 and not spec.key_fp8 and device.type == "cuda"
+def inline_ptx(device: torch.device) -> bool:
+    """Whether the decode runs its inline assembly (KEY3_PAIR_ASM, VALUE4_ASM): on a GPU. Triton's
+    CPU interpreter runs no PTX; there the plain Triton paths give the same numbers."""
+    return device.type == "cuda"
 
 
 _SM_COUNT: Dict[str, int] = {}
@@ -907,7 +933,7 @@ def tq_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Te
         G=group, GP=max(16, triton.next_power_of_2(group)), D=head_size, BLOCK_SIZE=block_size,
         BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, **_layout_constants(spec, layout, block_size),
         VALUE_FIELDS=cfg.value_fields if spec.value_bits == 3 else 4,  # one compiled kernel for 4-bit values
-        KEY_LUT=int(key_lookup(spec, query.device)),
+        PTX=int(inline_ptx(query.device)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.max_regs} if cfg.max_regs else {}))
     merge_splits(part_o, part_lse, seq_lens, out, splits, cfg)
     return out
