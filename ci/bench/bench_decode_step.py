@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))  # e2e_parallel: nvidia-smi of this run's GPU
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))  # sparkmods, which e2e_parallel imports
 
 from bench_turboquant import InputError, Parser, int_list, load_modules, markdown_table, median_us
 from benchlib.qwen35_shapes import MODELS
