@@ -11,8 +11,8 @@ Configs: every DISPATCH entry of the INT8 head after the mod's shared-memory fit
 target, in bf16 and fp16 and with and without a K tail, its row coding and rotation kernels;
 for every TurboQuant dtype and head size (powers of two 16-512): the store kernel, the decode
 with every DEFAULT_DECODE entry a (batch, context) band picks, after fitting (3-bit keys: the
-PRMT lookup, KEY3_PAIR_ASM; 4-bit values: VALUE4_ASM), the split merge at every split count, the query/key rotation and
-the prefill dequantisation. Scalar arguments that only address memory (G = 16 query heads per
+PRMT lookup, KEY3_PAIR_ASM; 4-bit values: VALUE4_ASM), the split merge at every split count,
+the query/key rotation and the prefill dequantisation. Scalar arguments that only address memory (G = 16 query heads per
 KV head, 32 query heads, page size 16) take Qwen3.5's values; pointers and strides are
 specialised as 16-aligned, as the real tensors are.
 
@@ -23,8 +23,8 @@ Each row: target, kernel, config, shared bytes (Triton's launch check compares t
 device's opt-in limit), registers and spill bytes (ptxas -v), the mod's byte model for it, for
 the TurboQuant decode the SASS instructions of its tile loop (sm_90a only: the nvdisasm of
 Triton's wheel, CUDA 12.8, does not read sm_121a; the decode is bound by issuing them on an H200,
-so fewer is faster there), and the problems found. Exit 1 when any row has a problem. Nothing is cached between runs: Triton's
-cache goes to a fresh temporary folder.
+so fewer is faster there), and the problems found. Exit 1 when any row has a problem. Nothing is
+cached between runs: Triton's cache goes to a fresh temporary folder.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One attention layer's decode step as vLLM serves it: stock's bf16 cache against TurboQuant's.
 
-    PYTHONPATH=VLLM_SITE python3 ci/bench/bench_decode_step.py --out DIR [--models 35b-a3b,122b-a10b] [--heat-ms 20]
+    PYTHONPATH=VLLM_SITE python3 ci/bench/bench_decode_step.py --out DIR [--models 35b-a3b,122b-a10b]
 
 The served benchmark measures a whole model; this one isolates what the TurboQuant mod changes in
 it, per full-attention layer and decode step, under CUDA-graph replay (as the server runs decode):
@@ -11,9 +11,8 @@ it, per full-attention layer and decode step, under CUDA-graph replay (as the se
   ours   tq_store (rotate, quantise, pack) and tq_decode (rotate the query, split, merge).
 Both on the page their served logs name (STOCK_PAGE, TQ_PAGE), and with the L2 cache flushed before
 every timed replay (a served step reads each layer's cache once, after the other layers' weights
-went through L2); with --heat-ms, after that long of bf16 GEMMs too (to time them at the clock a
-loaded GPU holds, as the rest of a served step may hold it), the SM clock read after each timing. Each is timed alone and as the pair,
-at the models' attention shapes (query heads from
+went through L2); the SM clock is read after each timing. Each is timed alone and as the pair, at
+the models' attention shapes (query heads from
 benchlib/qwen35_shapes, 2 KV heads, head 256), a block table as wide as --table-tokens (the served
 --max-model-len: both pick their split counts from it), and every batch x context; then one
 profiled step of each names its kernels and their GPU time. Writes DIR/decode_step.json and .md.
@@ -55,11 +54,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--contexts", type=int_list, default=[1024, 32768, 131072])
     p.add_argument("--batches", type=int_list, default=[1, 8, 32])
     p.add_argument("--table-tokens", type=int, default=135168, help="block-table width in tokens (--max-model-len)")
-    p.add_argument("--heat-ms", type=float, default=0.0, help="bf16 GEMMs for this long before every timed replay "
-                   "(the GPU at a loaded clock, as inside a served step; default 0: an idle GPU's clock)")
     args = p.parse_args(list(argv))
-    if args.heat_ms < 0 or args.heat_ms > 1000:
-        raise InputError(f"--heat-ms {args.heat_ms:g}: give 0 to 1000 milliseconds")
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in args.models if m not in MODELS]
     if unknown or not args.models:
@@ -101,7 +96,7 @@ def render(results: Dict[str, Any]) -> str:
            f"ours {DTYPE}; stock bf16 in vLLM's default (NHD) layout, FlashAttention {results['fa_version']}, at most 32 "
            "splits; each on the page its served log names (tokens: "
            + "; ".join(f"{m} stock {STOCK_PAGE[m]}, ours {TQ_PAGE[m]}" for m in STOCK_PAGE)
-           + ")" + (f"; {results['heat_ms']:g} ms of bf16 GEMM before each replay" if results.get("heat_ms") else "")
+           + ")"
            + (f"; SM clock after the timings: median {results['sm_mhz']:g} MHz" if results.get("sm_mhz") else "")
            + ". Made by `ci/bench/bench_decode_step.py`.", ""]
     cols = ["batch", "context", "stock step", "ours step", "stock / ours", "fa decode", "ours decode", "stock write", "ours store",
@@ -223,7 +218,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 
     fmt, tq = load_modules(interpret=False)
     results: Dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "vllm": vllm.__version__, "fa_version": 3,
-                               "table_tokens": args.table_tokens, "heat_ms": args.heat_ms, "steps": [], "profiles": [], "failures": []}
+                               "table_tokens": args.table_tokens, "steps": [], "profiles": [], "failures": []}
     clocks: List[float] = []  # SM MHz right after each timing
     for model in args.models:
         layer = Layer(model, args, fmt, tq)
@@ -234,7 +229,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                     try:
                         fns = calls(batch, context)
                         for name, fn in fns.items():
-                            us, _ = median_us(fn, False, cold=True, heat_ms=args.heat_ms)
+                            us, _ = median_us(fn, False, cold=True)
                             row[name] = None if us is None else round(us, 2)
                             clocks.extend(smi_numbers("clocks.sm") or [])
                         if batch in (min(args.batches), max(args.batches)) and context in (min(args.contexts), max(args.contexts)):

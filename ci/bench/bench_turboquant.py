@@ -416,12 +416,11 @@ def kv_bytes(fmt: ModuleType, up: Optional[Upstream], names: Sequence[str], head
     return rows
 
 
-def median_us(fn: Callable[[], Any], smoke: bool, rep: int = 100, cold: bool = False,
-              heat_ms: float = 0.0) -> Tuple[Optional[float], str]:
+def median_us(fn: Callable[[], Any], smoke: bool, rep: int = 100, cold: bool = False) -> Tuple[Optional[float], str]:
     """Median GPU time of fn in microseconds under a CUDA graph (plain do_bench if capture fails);
     rep is the milliseconds spent timing (the sweep uses less). cold: the L2 cache is flushed
-    before every call (cold_median_us, which also takes heat_ms); otherwise calls run back to
-    back, and what fits in L2 stays there between them."""
+    before every call (cold_median_us); otherwise calls run back to back, and what fits in L2
+    stays there between them."""
     if smoke:
         return None, "skipped (smoke)"
     from triton.testing import do_bench, do_bench_cudagraph
@@ -429,23 +428,21 @@ def median_us(fn: Callable[[], Any], smoke: bool, rep: int = 100, cold: bool = F
     fn()
     try:
         if cold:
-            return cold_median_us(fn, rep, heat_ms), "cudagraph, cold L2" + (f", {heat_ms:g} ms of GEMM before each" if heat_ms else "")
+            return cold_median_us(fn, rep), "cudagraph, cold L2"
         return 1e3 * do_bench_cudagraph(fn, rep=rep, return_mode="median"), "cudagraph"
     except Exception as exc:  # noqa: BLE001 - a kernel that cannot be captured is still timed, and said so
         return 1e3 * do_bench(fn, warmup=25, rep=rep, return_mode="median"), f"eager ({type(exc).__name__})"
 
 
-def cold_median_us(fn: Callable[[], Any], rep: int, heat_ms: float = 0.0) -> float:
+def cold_median_us(fn: Callable[[], Any], rep: int) -> float:
     """Median microseconds of single replays of fn's CUDA graph, each after a write through a
     buffer four times the L2 cache. A served decode step reads each layer's cache once, after the
     other layers' weights went through L2; replaying one call back to back instead keeps whatever
-    part of the cache fits L2 on chip. heat_ms: bf16 matrix products for about that long before each
-    replay, so it runs at a loaded GPU's clock rather than an idle one's boost clock."""
+    part of the cache fits L2 on chip."""
     import torch
 
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     flush = torch.empty(4 * max(getattr(props, "L2_cache_size", 0), 32 << 20), dtype=torch.int8, device="cuda")
-    heat = _heater(heat_ms)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
@@ -456,7 +453,6 @@ def cold_median_us(fn: Callable[[], Any], rep: int, heat_ms: float = 0.0) -> flo
             fn()
         times = []
         for _ in range(max(10, min(200, rep // 2))):
-            heat()
             flush.zero_()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -466,30 +462,6 @@ def cold_median_us(fn: Callable[[], Any], rep: int, heat_ms: float = 0.0) -> flo
             times.append(start.elapsed_time(end))
     times.sort()
     return 1e3 * times[len(times) // 2]
-
-
-def _heater(ms: float) -> Callable[[], None]:
-    """A call that keeps the GPU busy with 4096-square bf16 products for about `ms` (none for 0)."""
-    import torch
-
-    if ms <= 0:
-        return lambda: None
-    a = torch.randn(4096, 4096, dtype=torch.bfloat16, device="cuda")
-    out = torch.empty_like(a)
-    torch.mm(a, a, out=out)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        torch.mm(a, a, out=out)
-    end.record()
-    end.synchronize()
-    count = max(1, round(ms / (start.elapsed_time(end) / 10)))
-
-    def heat() -> None:
-        for _ in range(count):
-            torch.mm(a, a, out=out)
-
-    return heat
 
 
 @dataclass
