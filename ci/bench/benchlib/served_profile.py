@@ -21,7 +21,7 @@ from typing import Any, Sequence
 PROFILE_S = 0.5  # decode time profiled per configuration
 KERNEL_CHARS = 60  # kernel names are cut to this (templates make them pages long)
 TOP = 40  # kernels kept per configuration, the longest first
-MAX_TRACE_BYTES = 2 << 30  # a trace is read whole; half a second of decode writes tens of MB
+MAX_TRACE_BYTES = 2 << 30  # a trace is read whole: the bound on what it may inflate to
 
 
 class ProfileError(Exception):
@@ -100,7 +100,7 @@ def clear_traces(trace_dir: Path) -> None:
 
 def write_profile(trace_dir: Path, into: Path, cell: dict[str, Any]) -> dict[str, Any]:
     """Read the newest trace of trace_dir into `into` (profile.json: the cell and its step), then
-    delete the trace files (they run to tens of megabytes; the step is what is kept)."""
+    delete the trace files (they are large; the step is what is kept)."""
     trace = newest_trace(trace_dir)
     profile = {**cell, **step_kernels(read_trace(trace), str(trace))}
     tmp = into.with_suffix(".tmp")
