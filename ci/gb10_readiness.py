@@ -111,12 +111,14 @@ def tq_jobs(fmt: ModuleType, tq: ModuleType, target: str) -> List[Job]:
             layout = tq._layout_constants(spec, fmt.slot_layout(spec, head), PAGE)
             n_mid = (1 << (spec.value_bits if spec.key_fp8 else spec.key_bits)) - 1
             keys = "bf16" if spec.key_fp8 else "fp32"  # codebook keys are rotated into float32 first
-            jobs.append(("tq", "_store_kernel", f"store {name} head {head}",
-                         {"D": head, "BLOCK_SIZE": PAGE, "NORM_CORRECTION": int(spec.norm_correction), "N_MID": n_mid,
-                          "N_MID_P": 1 << (n_mid - 1).bit_length(), "BLOCK_T": 4, **layout},
-                         {"key_ptr": keys, "value_ptr": "bf16", "cache_ptr": "u8", "slot_ptr": "i64", "centroid_ptr": "fp32",
-                          "midpoint_ptr": "fp32"}, ("stride_kt", "stride_kh", "stride_vt", "stride_vh", "page_stride"),
-                         {"num_warps": tq.store_warps(head)}, None))
+            for rows in (1, tq.ROTATE_FEW_ROWS + 1):  # a decode step's tokens, a prefill's
+                tokens = tq.store_tokens(rows)
+                jobs.append(("tq", "_store_kernel", f"store {name} head {head} tokens {tokens}",
+                             {"D": head, "BLOCK_SIZE": PAGE, "NORM_CORRECTION": int(spec.norm_correction), "N_MID": n_mid,
+                              "N_MID_P": 1 << (n_mid - 1).bit_length(), "BLOCK_T": tokens, **layout},
+                             {"key_ptr": keys, "value_ptr": "bf16", "cache_ptr": "u8", "slot_ptr": "i64", "centroid_ptr": "fp32",
+                              "midpoint_ptr": "fp32"}, ("stride_kt", "stride_kh", "stride_vt", "stride_vh", "page_stride"),
+                             {"num_warps": tq.store_warps(head)}, None))
             picked = {}
             for batch, context in BANDS:
                 chosen = tq.default_decode_config(head, batch, context, name)
@@ -137,11 +139,13 @@ def tq_jobs(fmt: ModuleType, tq: ModuleType, target: str) -> List[Job]:
                          {"cache_ptr": "u8", "bt_ptr": "i32", "cu_ptr": "i32", "centroid_ptr": "fp32", "k_ptr": keys, "v_ptr": "bf16"},
                          ("page_stride",), {"num_warps": 4}, None))
         cfg = tq.default_decode_config(head)
-        jobs.append(("tq", "_decode_merge_kernel", f"merge head {head}",
-                     {"HQ": Q_HEADS, "D": head, "MERGE_ROWS": tq.MERGE_ROWS, "MERGE_COLS": min(tq.MERGE_COLS, head),
-                      "BLOCK_N": cfg.block_n, "MIN_CHUNK": cfg.min_chunk},
-                     {"part_o_ptr": "fp32", "part_lse_ptr": "fp32", "lens_ptr": "i32", "out_ptr": "bf16"},
-                     ("stride_ob", "stride_oh"), {"num_warps": 4}, None))
+        for splits in (1, 17, 33):  # each merge_rows
+            rows = tq.merge_rows(splits)
+            jobs.append(("tq", "_decode_merge_kernel", f"merge head {head} rows {rows}",
+                         {"HQ": Q_HEADS, "D": head, "MERGE_ROWS": rows, "MERGE_COLS": min(tq.MERGE_COLS, head),
+                          "BLOCK_N": cfg.block_n, "MIN_CHUNK": cfg.min_chunk},
+                         {"part_o_ptr": "fp32", "part_lse_ptr": "fp32", "lens_ptr": "i32", "out_ptr": "bf16"},
+                         ("stride_ob", "stride_oh"), {"num_warps": 4}, None))
         jobs.append(("tq", "_rotate_kernel", f"rotate head {head} rows 64",
                      {"D": head, "BLOCK_R": 64, "BLOCK_C": min(64, head), "BLOCK_K": min(32, head)},
                      {"x_ptr": "bf16", "r_ptr": "fp32", "out_ptr": "fp32"}, ("stride_x",), {"num_warps": 4}, None))

@@ -236,6 +236,26 @@ def test_store_kernel_writes_the_reference_bytes(fmt: ModuleType, tq: ModuleType
 
 
 @pytest.mark.parametrize("name", DTYPES)
+def test_a_prefills_store_writes_the_same_bytes_as_token_by_token(fmt: ModuleType, tq: ModuleType, name: str) -> None:
+    """A prefill's rows take the store variant of several tokens a program (store_tokens), a decode
+    step's one token a program: the same tokens stored either way give the same cache bytes."""
+    spec = fmt.tq_spec(name)
+    n = tq.ROTATE_FEW_ROWS // HKV + 5
+    assert tq.store_tokens(n * HKV) > 1 and tq.store_tokens(HKV) == 1
+    gen = torch.Generator().manual_seed(n)
+    key, value = (torch.randn(n, HKV, 128, generator=gen).to(torch.bfloat16) for _ in range(2))
+    mapping = torch.randperm(PAGES * BLOCK * 3, generator=gen)[:n]
+    mapping[7] = -1
+    at_once, one_by_one = (torch.zeros(fmt.cache_shape(PAGES * 3, BLOCK, HKV, 128, spec), dtype=torch.uint8) for _ in range(2))
+    tq.tq_store(key, value, at_once, mapping, spec)
+    for t in range(n):
+        tq.tq_store(key[t:t + 1], value[t:t + 1], one_by_one, mapping[t:t + 1], spec)
+    reference = torch.zeros_like(at_once)
+    fmt.ref_store(key, value, reference, mapping, spec)
+    assert torch.equal(at_once, reference) and torch.equal(one_by_one, reference)
+
+
+@pytest.mark.parametrize("name", DTYPES)
 def test_values_are_within_half_a_step(fmt: ModuleType, tq: ModuleType, name: str) -> None:
     case = stored(fmt, tq, name, 128)
     _, v_hat, _, v = _by_slot(fmt, case, 128)
@@ -448,6 +468,29 @@ def test_rotate_is_float32_matmul_for_strided_inputs_and_any_row_count(fmt: Modu
         assert got.dtype == torch.float32 and got.shape == x.shape
         assert rel(got, torch.matmul(x.float(), rot)) < 1e-6
     assert tq.rotate(padded[:0], rot).shape == (0, 3, d)
+
+
+@pytest.mark.parametrize("splits", [5, 20, 40, 100])
+def test_merge_weights_each_used_split_by_its_log_sum_exp(tq: ModuleType, splits: int) -> None:
+    """The merge reads merge_rows(splits) splits a step (16 to 64): every split a request used is
+    weighted by 2^lse (one that saw no token, lse -inf, by 0), the unused ones are never read."""
+    assert tq.merge_rows(splits) == {5: 16, 20: 32, 40: 64, 100: 64}[splits]
+    cfg = tq.DecodeConfig(block_n=32, num_warps=4, num_stages=1, min_chunk=8)  # used: len / 8 splits at most
+    lens = torch.tensor([splits * 8, 25], dtype=torch.int32)  # every split used; 4 used
+    gen = torch.Generator().manual_seed(splits)
+    part_o = torch.randn(2 * HQ * splits, 128, generator=gen)
+    part_lse = torch.randn(2 * HQ * splits, generator=gen) * 4
+    part_lse[1::7] = float("-inf")
+    parts, lses = part_o.view(2, HQ, splits, 128), part_lse.view(2, HQ, splits)
+    want = torch.empty(2, HQ, 128, dtype=torch.float64)
+    for b, used in enumerate((splits, min(splits, 4))):
+        w = torch.exp2(lses[b, :, :used].double() - lses[b, :, :used].double().amax(-1, keepdim=True))
+        want[b] = (w[..., None] * parts[b, :, :used].double()).sum(1) / w.sum(-1, keepdim=True)
+        parts[b, :, used:] = float("nan")
+        lses[b, :, used:] = float("nan")
+    out = torch.empty(2, HQ, 128, dtype=torch.bfloat16)
+    tq.merge_splits(part_o, part_lse, lens, out, splits, cfg)
+    assert rel(out.double(), want) < 1e-2
 
 
 def test_decode_writes_into_out_and_gives_zeros_for_an_empty_request(fmt: ModuleType, tq: ModuleType) -> None:

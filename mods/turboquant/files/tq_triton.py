@@ -356,24 +356,12 @@ def _round_to_e4m3(x):
 # ---------------------------------------------------------------------------------------------
 
 
-@triton.jit(do_not_specialize=["num_tokens"])
-def _store_kernel(key_ptr, value_ptr, cache_ptr, slot_ptr, centroid_ptr, midpoint_ptr, num_tokens,
-                  stride_kt, stride_kh, stride_vt, stride_vh, page_stride,
-                  D: tl.constexpr, BLOCK_SIZE: tl.constexpr, SLOT: tl.constexpr,
-                  KEY_FP8: tl.constexpr, KEY_BITS: tl.constexpr, VALUE_BITS: tl.constexpr,
-                  KEY_CODE_BYTES: tl.constexpr, VALUE_CODE_BYTES: tl.constexpr,
-                  OFF_VC: tl.constexpr, OFF_KN: tl.constexpr, OFF_VS: tl.constexpr, OFF_VZ: tl.constexpr,
-                  NORM_CORRECTION: tl.constexpr, N_MID: tl.constexpr, N_MID_P: tl.constexpr, BLOCK_T: tl.constexpr):
-    """One program per (BLOCK_T tokens, KV head): quantise keys and values into their pages."""
-    head = tl.program_id(1)
-    token = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    slot = tl.load(slot_ptr + token, mask=token < num_tokens, other=-1).to(tl.int64)
-    valid = slot >= 0
-    page = tl.where(valid, slot // BLOCK_SIZE, 0)
-    pos = tl.where(valid, slot % BLOCK_SIZE, 0)
-    region = cache_ptr + page * page_stride + head * (BLOCK_SIZE * SLOT)
-    d = tl.arange(0, D)
-    row = token.to(tl.int64)[:, None]
+@triton.jit
+def _store_keys(key_ptr, region, row, head, pos, valid, d, centroid_ptr, midpoint_ptr, stride_kt, stride_kh,
+                D: tl.constexpr, KEY_FP8: tl.constexpr, KEY_BITS: tl.constexpr, KEY_CODE_BYTES: tl.constexpr,
+                OFF_KN: tl.constexpr, NORM_CORRECTION: tl.constexpr, N_MID: tl.constexpr, N_MID_P: tl.constexpr,
+                BLOCK_T: tl.constexpr):
+    """Keys: FP8 as they are, or codebook codes of the unit vector and its norm."""
     x = tl.load(key_ptr + row * stride_kt + head * stride_kh + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
     key_rows = region + pos * KEY_CODE_BYTES
     if KEY_FP8:
@@ -390,6 +378,13 @@ def _store_kernel(key_ptr, value_ptr, cache_ptr, slot_ptr, centroid_ptr, midpoin
             norm = tl.div_rn(norm, tl.sqrt_rn(tl.sum(c * c, axis=1)))
         _pack_codes(key_rows, valid, codes, KEY_BITS, D, BLOCK_T)
         tl.store((region + OFF_KN).to(tl.pointer_type(tl.float16)) + pos, norm.to(tl.float16), mask=valid)
+
+
+@triton.jit
+def _store_values(value_ptr, region, row, head, pos, valid, d, stride_vt, stride_vh, D: tl.constexpr,
+                  VALUE_BITS: tl.constexpr, VALUE_CODE_BYTES: tl.constexpr, OFF_VC: tl.constexpr, OFF_VS: tl.constexpr,
+                  OFF_VZ: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Values: uniform codes between each token's minimum and maximum, with its scale and zero."""
     v = tl.load(value_ptr + row * stride_vt + head * stride_vh + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
     top = (1 << VALUE_BITS) - 1
     lo = tl.min(v, axis=1)
@@ -400,6 +395,33 @@ def _store_kernel(key_ptr, value_ptr, cache_ptr, slot_ptr, centroid_ptr, midpoin
     _pack_codes(region + OFF_VC + pos * VALUE_CODE_BYTES, valid, vcodes, VALUE_BITS, D, BLOCK_T)
     tl.store((region + OFF_VS).to(tl.pointer_type(tl.float16)) + pos, scale.to(tl.float16), mask=valid)
     tl.store((region + OFF_VZ).to(tl.pointer_type(tl.float16)) + pos, zero, mask=valid)
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def _store_kernel(key_ptr, value_ptr, cache_ptr, slot_ptr, centroid_ptr, midpoint_ptr, num_tokens,
+                  stride_kt, stride_kh, stride_vt, stride_vh, page_stride,
+                  D: tl.constexpr, BLOCK_SIZE: tl.constexpr, SLOT: tl.constexpr,
+                  KEY_FP8: tl.constexpr, KEY_BITS: tl.constexpr, VALUE_BITS: tl.constexpr,
+                  KEY_CODE_BYTES: tl.constexpr, VALUE_CODE_BYTES: tl.constexpr,
+                  OFF_VC: tl.constexpr, OFF_KN: tl.constexpr, OFF_VS: tl.constexpr, OFF_VZ: tl.constexpr,
+                  NORM_CORRECTION: tl.constexpr, N_MID: tl.constexpr, N_MID_P: tl.constexpr, BLOCK_T: tl.constexpr):
+    """One program per (BLOCK_T tokens, KV head, part): part 0 quantises the keys, part 1 the values,
+    so a decode step's few tokens spread over twice the programs and neither waits for the other."""
+    head = tl.program_id(1)
+    token = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    slot = tl.load(slot_ptr + token, mask=token < num_tokens, other=-1).to(tl.int64)
+    valid = slot >= 0
+    page = tl.where(valid, slot // BLOCK_SIZE, 0)
+    pos = tl.where(valid, slot % BLOCK_SIZE, 0)
+    region = cache_ptr + page * page_stride + head * (BLOCK_SIZE * SLOT)
+    d = tl.arange(0, D)
+    row = token.to(tl.int64)[:, None]
+    if tl.program_id(2) == 0:
+        _store_keys(key_ptr, region, row, head, pos, valid, d, centroid_ptr, midpoint_ptr, stride_kt, stride_kh,
+                    D, KEY_FP8, KEY_BITS, KEY_CODE_BYTES, OFF_KN, NORM_CORRECTION, N_MID, N_MID_P, BLOCK_T)
+    else:
+        _store_values(value_ptr, region, row, head, pos, valid, d, stride_vt, stride_vh,
+                      D, VALUE_BITS, VALUE_CODE_BYTES, OFF_VC, OFF_VS, OFF_VZ, BLOCK_T)
 
 
 @triton.jit(do_not_specialize=["rows"])
@@ -489,13 +511,19 @@ def tq_store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
     if keys.stride(-1) != 1 or values.stride(-1) != 1:
         raise ValueError("tq_store needs key and value with a contiguous last dimension")
     n_mid = tab.midpoints.numel()
-    block_t = 4
-    _store_kernel[(triton.cdiv(n, block_t), num_kv_heads)](
+    block_t = store_tokens(n * num_kv_heads)
+    _store_kernel[(triton.cdiv(n, block_t), num_kv_heads, 2)](
         keys, values, kv_cache, slot_mapping, tab.centroids, tab.midpoints, n,
         keys.stride(0), keys.stride(1), values.stride(0), values.stride(1), kv_cache.stride(0),
         D=head_size, BLOCK_SIZE=block_size, NORM_CORRECTION=int(spec.norm_correction),
         N_MID=n_mid, N_MID_P=triton.next_power_of_2(n_mid), BLOCK_T=block_t,
         **_layout_constants(spec, layout, block_size), num_warps=store_warps(head_size))
+
+
+def store_tokens(rows: int) -> int:
+    """Tokens a store program quantises: one for a decode step's few (rows = tokens x KV heads, the
+    rotate kernel's rule), so they spread over many programs; four for a prefill's."""
+    return 4 if rotate_tiling(rows) else 1
 
 
 def store_warps(head_size: int) -> int:
@@ -830,7 +858,6 @@ def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_
         _store_lse(part_lse_ptr, part, row_ok, m_i, l_i)
 
 
-MERGE_ROWS = 16  # splits the merge reads per step
 MERGE_COLS = 64  # output columns per merge program
 
 
@@ -840,10 +867,11 @@ def _decode_merge_kernel(part_o_ptr, part_lse_ptr, lens_ptr, out_ptr, stride_ob,
                          BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
     """Merge the splits of one (request, query head) by their log-sum-exp weights into MERGE_COLS
     output columns, MERGE_ROWS splits per step with a running maximum. A single request at a long
-    context has over a hundred splits: the columns spread its merge over several programs, and each
-    step's partial outputs are loaded without waiting for its weights (every split below the used
-    count wrote finite values; one that saw no token has weight 0). Nothing here depends on the
-    split count at compile time: the table's width, hence the count, may differ from the warm-up's."""
+    context has over a hundred splits: the columns spread its merge over several programs, and
+    each step's partial outputs are loaded without waiting for its weights (every split below the
+    used count wrote finite values; one that saw no token has weight 0). The split count itself is
+    not compiled in, only its merge_rows: the table's width, hence the count, may differ from the
+    warm-up's."""
     req = tl.program_id(0)
     head = tl.program_id(1)
     seq_len = tl.load(lens_ptr + req)
@@ -870,6 +898,12 @@ def _decode_merge_kernel(part_o_ptr, part_lse_ptr, lens_ptr, out_ptr, stride_ob,
     tl.store(out_ptr + req * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
 
 
+def merge_rows(splits: int) -> int:
+    """Splits the merge reads per step: all of them in one step up to 64 (a single request at a long
+    context has over a hundred), at least 16; a compile variant."""
+    return min(64, max(16, triton.next_power_of_2(splits)))
+
+
 def merge_splits(part_o: torch.Tensor, part_lse: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor, splits: int,
                  config: DecodeConfig) -> None:
     """out [B, Hq, D] from the splits' partial outputs [B * Hq * splits, D] and log2-sum-exps, the
@@ -878,7 +912,7 @@ def merge_splits(part_o: torch.Tensor, part_lse: torch.Tensor, seq_lens: torch.T
     cols = min(MERGE_COLS, head_size)
     _decode_merge_kernel[(batch, num_q_heads, head_size // cols)](
         part_o, part_lse, seq_lens, out, out.stride(0), out.stride(1), splits, HQ=num_q_heads, D=head_size,
-        MERGE_ROWS=MERGE_ROWS, MERGE_COLS=cols, BLOCK_N=config.block_n, MIN_CHUNK=config.min_chunk, num_warps=4)
+        MERGE_ROWS=merge_rows(splits), MERGE_COLS=cols, BLOCK_N=config.block_n, MIN_CHUNK=config.min_chunk, num_warps=4)
 
 
 def inline_ptx(device: torch.device) -> bool:
@@ -1054,13 +1088,13 @@ def compile_variants(spec: fmt.TQSpec, head_size: int, num_q_heads: int, num_kv_
 
     CUDA-graph capture compiles the decode of the captured batch sizes only; without this the first
     long prompt or an eager batch (--enforce-eager, or larger than the captured sizes) would
-    compile while a user waits. Decode variants differ by batch band and by the context band of
-    the block table's capacity, so one batch of each distinct pair is run for each capacity in
-    table_tokens (the tokens a table row may address: vLLM rounds it up to its allocation
-    block, which can be larger than the page a kernel reads).
+    compile while a user waits. Decode variants differ by batch band and context band (the decode
+    config), rotate tiling and merge rows (the split count), so one batch of each distinct triple
+    is run for each capacity in table_tokens (the tokens a table row may address: vLLM rounds it
+    up to its allocation block, which can be larger than the page a kernel reads).
     """
     cache = torch.zeros(fmt.cache_shape(2, block_size, num_kv_heads, head_size, spec), dtype=torch.uint8, device=device)
-    for tokens in (1, ROTATE_FEW_ROWS // num_kv_heads + 1):  # a decode step's keys, a prefill's: both rotate kernels
+    for tokens in (1, ROTATE_FEW_ROWS // num_kv_heads + 1):  # a decode step's keys, a prefill's: both rotate and store variants
         key = torch.zeros(tokens, num_kv_heads, head_size, dtype=dtype, device=device)
         slots = torch.full((tokens,), -1, dtype=torch.int64, device=device)
         slots[:2] = torch.arange(min(tokens, 2), device=device)
@@ -1073,8 +1107,9 @@ def compile_variants(spec: fmt.TQSpec, head_size: int, num_q_heads: int, num_kv_
     for tokens in table_tokens:
         width = triton.cdiv(tokens, block_size)
         for batch in range(1, max_batch + 1):
-            variant = (decode_config(spec, head_size, group, batch, width * block_size, device),
-                       rotate_tiling(batch * num_q_heads))
+            cfg = decode_config(spec, head_size, group, batch, width * block_size, device)
+            splits = num_splits_for(batch, num_kv_heads, width * block_size, device, cfg)
+            variant = (cfg, rotate_tiling(batch * num_q_heads), merge_rows(splits))
             if variant not in seen:
                 seen.add(variant)
                 batches.append(batch)
