@@ -60,6 +60,20 @@ def test_table_shows_ratios_to_stock_skips_kv_and_first_requests(tmp_path):
     assert "| turboquant | 5370000 |" in md and "| stock | 1960000 |" in md
     assert "| stock | 8 | 1k | 263.9 | 527.8 | 0.50 |" in md  # first request at half the steady rate
     assert "| int8-lm-head | none logged |" in md  # no server logs here
+    assert "every request of the batch decodes (ratio" in md  # rows that do not record their window
+
+
+def test_the_report_says_how_many_tokens_a_window_decodes(tmp_path):
+    rows = _rows()
+    for r in rows:
+        r["gen"] = 256
+    (tmp_path / "served.json").write_text(json.dumps(rows))
+    sr.write_report(tmp_path)
+    assert "every request of the batch decodes 256 tokens (`--gen`) (ratio to stock)" in (tmp_path / "served.md").read_text()
+    rows[0]["gen"] = 128  # merged from a run with other windows
+    (tmp_path / "served.json").write_text(json.dumps(rows))
+    sr.write_report(tmp_path)
+    assert "decodes 128 or 256 tokens (`--gen`)" in (tmp_path / "served.md").read_text()
 
 
 def test_report_states_each_servers_warm_up_lines(tmp_path):
@@ -502,6 +516,7 @@ def test_a_whole_run_against_a_stand_in_server(tmp_path, monkeypatch):
         ("first", 1, 64), ("first", 2, 64), ("steady", 1, 64), ("steady", 2, 64), ("steady", 1, 128), ("steady", 2, 128)]
     measured = [r for r in stock if r["note"] is None]
     assert len(measured) == 5 and all(r["tok_s"] > 0 and r["kv_tokens"] == 2_000_000 for r in measured)
+    assert {r["gen"] for r in rows} == {5} and "decodes 5 tokens (`--gen`)" in (results / "served.md").read_text()
     # a steady cell is measured --repeats times (its median reported), a first request once
     assert all(len(r["tok_s_runs"]) == 2 and abs(r["tok_s"] - sum(r["tok_s_runs"]) / 2) <= 0.1
                for r in measured if r["phase"] == "steady")

@@ -460,7 +460,7 @@ class Bench:
                           "batch": cell.batch, "context": cell.context,
                           "tok_s": None if tok_s is None else round(tok_s, 1), "kv_tokens": kv,
                           "first_tok_s": None if ttft is None else round(ttft, 3), "phase": cell.phase, "note": note,
-                          **({"tok_s_runs": [round(r, 1) for r in runs]} if len(runs) > 1 else {})})
+                          "gen": self.args.gen, **({"tok_s_runs": [round(r, 1) for r in runs]} if len(runs) > 1 else {})})
         tmp = self.results / "served.json.tmp"
         tmp.write_text(json.dumps(self.rows, indent=1) + "\n")
         os.replace(tmp, self.results / "served.json")

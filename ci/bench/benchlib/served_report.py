@@ -104,8 +104,10 @@ def markdown(rows: Sequence[dict], warmups: "dict[str, list[str]] | None" = None
     steady = _steady(rows)
     contexts = sorted({c for _, c, _ in steady})
     batches = sorted({b for _, _, b in steady})
+    gens = sorted({r["gen"] for r in rows if r.get("gen")})  # rows from before it was recorded have none
+    window = f" {' or '.join(map(str, gens))} tokens (`--gen`)" if gens else ""
     out = [f"# Served decode speed: {first['model']}, vLLM {first['vllm']}, {first['gpu']}", "",
-           "Aggregate decode tok/s while every request of the batch decodes (ratio to stock); "
+           f"Aggregate decode tok/s while every request of the batch decodes{window} (ratio to stock); "
            "`--load-format dummy` weights, CUDA graphs, made by `ci/bench/bench_served.py`.", "",
            "| context | batch | " + " | ".join(configs) + " |", "|---:|---:|" + "---:|" * len(configs)]
     for context in contexts:
