@@ -27,6 +27,8 @@ shown line `...`, which stands for one or more lines the docs leave out.
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import re
 import shutil
@@ -312,3 +314,25 @@ def test_block_prints_what_the_docs_show(block: Block, tmp_path: Path, request: 
     wrong = [f"$ {cmd}\n--- shown:\n{expected}--- printed:\n{actual}" for cmd, expected, actual in results
              if not _matches(expected, actual)]
     assert not wrong, f"{block.name}: the output differs from the docs:\n" + "\n".join(wrong)
+
+
+def test_the_standing_table_is_what_the_linked_rows_say() -> None:
+    """Every ratio in the README's full-size standing table is recomputed from the served.json its
+    row links (steady cells, config over stock, same run), and so is the windows column."""
+    text = (REPO / "README.md").read_text()
+    head = "| model | config | 1k x 1 | 1k x 8 | 1k x 32 | 32k x 1 | 32k x 8 | 128k x 1 | windows | rows |"
+    rows = list(itertools.takewhile(bool, text[text.index(head):].splitlines()[2:]))
+    assert len(rows) == 8
+    cells = [(1024, 1), (1024, 8), (1024, 32), (32768, 1), (32768, 8), (131072, 1)]
+    for row in rows:
+        fields = [f.strip() for f in row.strip("|").split("|")]
+        config, link = fields[1], re.search(r"\((ci/bench/results/[^)]+/served\.md)\)", fields[-1])
+        assert link, row
+        served = json.loads((REPO / link.group(1)).with_name("served.json").read_text())
+        steady = {(r["config"], r["context"], r["batch"]): r for r in served if r.get("phase") == "steady"}
+        for shown, (context, batch) in zip(fields[2:8], cells):
+            ratio = steady[(config, context, batch)]["tok_s"] / steady[("stock", context, batch)]["tok_s"]
+            bar = 0.98 if config in ("hybrid-int4-fp8", "int8-lm-head") else 0.95 if context < 32768 else 1.0
+            assert shown == (f"{ratio:.3f}" if round(ratio, 3) >= bar else f"**{ratio:.3f}**"), (row, context, batch)
+        windows = {len(steady[(config, c, b)].get("tok_s_runs") or [0]) for c, b in cells}
+        assert windows == {int(fields[8])}, row
