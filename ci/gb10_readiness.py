@@ -118,7 +118,7 @@ def tq_jobs(fmt: ModuleType, tq: ModuleType, target: str) -> List[Job]:
                               "N_MID_P": 1 << (n_mid - 1).bit_length(), "BLOCK_T": tokens, **layout},
                              {"key_ptr": keys, "value_ptr": "bf16", "cache_ptr": "u8", "slot_ptr": "i64", "centroid_ptr": "fp32",
                               "midpoint_ptr": "fp32"}, ("stride_kt", "stride_kh", "stride_vt", "stride_vh", "page_stride"),
-                             {"num_warps": tq.store_warps(head)}, None))
+                             {"num_warps": tq.store_warps(head, tokens)}, None))
             picked = {}
             for batch, context in BANDS:
                 chosen = tq.default_decode_config(head, batch, context, name)

@@ -517,7 +517,7 @@ def tq_store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
         keys.stride(0), keys.stride(1), values.stride(0), values.stride(1), kv_cache.stride(0),
         D=head_size, BLOCK_SIZE=block_size, NORM_CORRECTION=int(spec.norm_correction),
         N_MID=n_mid, N_MID_P=triton.next_power_of_2(n_mid), BLOCK_T=block_t,
-        **_layout_constants(spec, layout, block_size), num_warps=store_warps(head_size))
+        **_layout_constants(spec, layout, block_size), num_warps=store_warps(head_size, block_t))
 
 
 def store_tokens(rows: int) -> int:
@@ -526,10 +526,11 @@ def store_tokens(rows: int) -> int:
     return 4 if rotate_tiling(rows) else 1
 
 
-def store_warps(head_size: int) -> int:
-    """Warps of the store kernel: head 512's code search ([tokens, D, codebook midpoints]) over 8,
-    since with 4 the 4-bit store spills registers (ci/bench/results/gb10-readiness-any-cpu/)."""
-    return 4 if head_size <= 256 else 8
+def store_warps(head_size: int, tokens: int) -> int:
+    """Warps of the store kernel: a program's code search ([tokens, D, codebook midpoints]) over 8
+    above 512 elements (a prefill's four tokens at head 256, head 512), since with 4 the 4-bit
+    store spills registers there (ci/bench/results/gb10-readiness-any-cpu/)."""
+    return 4 if head_size * tokens <= 512 else 8
 
 
 # ---------------------------------------------------------------------------------------------
