@@ -759,6 +759,28 @@ def test_bench_bf16_yardstick_is_attention_with_our_merge(tq: ModuleType) -> Non
     assert got.shape == (2, 8, 64) and rel(got.double(), want.reshape(2, 8, 64)) < 1e-2
 
 
+def test_a_source_variant_decodes_as_the_shipped_kernel_and_refuses_a_stale_edit(fmt: ModuleType, tq: ModuleType) -> None:
+    """tq_variants' head-first grid is a copy of tq_triton.py with the split kernel's first two grid
+    axes swapped: the same programs in another launch order, so the same bytes out; an edit that no
+    longer matches the kernel is refused in one line."""
+    spec_ = importlib.util.spec_from_file_location("tq_variants", REPO / "ci" / "bench" / "tq_variants.py")
+    assert spec_ is not None and spec_.loader is not None
+    variants = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(variants)
+    case = stored(fmt, tq, "turboquant_k3v4_nc", 128)
+    query = torch.randn(len(LENS), HQ, 128, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    lens = torch.tensor(LENS, dtype=torch.int32)
+    cfg = tq.DecodeConfig(block_n=32, num_warps=4, num_stages=1, min_chunk=8)
+    shipped = tq.tq_decode(query, case["kernel"], TABLE, lens, 128 ** -0.5, case["spec"], num_splits=3, config=cfg)
+    decode = variants.VARIANTS["head-first-grid"](tq)["tq_decode"]
+    assert decode is not tq.tq_decode
+    assert torch.equal(decode(query, case["kernel"], TABLE, lens, 128 ** -0.5, case["spec"], num_splits=3, config=cfg), shipped)
+    for name, make in variants.VARIANTS.items():  # every variant's edits match the kernel as it is now
+        assert all(hasattr(tq, attr) for attr in make(tq)), name
+    with pytest.raises(variants.EditError, match=r"matches tq_triton\.py 0 times, not once"):
+        variants.edited_module("stale", (("no such text in the kernel", "x"),))
+
+
 def test_bench_smoke_run_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     proc = subprocess.run([sys.executable, str(BENCH_PATH), "--smoke", "--out", str(out), "--contexts", "1,37", "--batches", "2",

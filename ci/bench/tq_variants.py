@@ -4,8 +4,9 @@ and fp8 yardsticks in the same run.
 
     python3 ci/bench/tq_variants.py --out DIR [--heads 256,128] [--dtypes ...] [--contexts ...]
 
-A variant is a name and the module attributes it replaces for its timing (VARIANTS); the
-shipped kernel is "shipped". Writes DIR/tq_variants.json and prints a table (median us per
+A variant is a name and the module attributes it replaces for its timing (VARIANTS): another
+decode config, a code path switched off, or the decode of a copy of tq_triton.py with exact text
+edits (a kernel change timed before it is made); the shipped kernel is "shipped". Writes DIR/tq_variants.json and prints a table (median us per
 call under a CUDA graph). An exploration tool: the committed figures come from
 bench_turboquant.py.
 """
@@ -13,12 +14,16 @@ bench_turboquant.py.
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import json
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -33,11 +38,70 @@ def _config(label: str) -> Callable[[ModuleType], Dict[str, Any]]:
     return make
 
 
+class EditError(Exception):
+    """A source variant's edit no longer matches the mod's tq_triton.py exactly once."""
+
+
+@functools.cache
+def edited_module(name: str, edits: Tuple[Tuple[str, str], ...]) -> ModuleType:
+    """A copy of the mod's tq_triton.py with each `old` replaced by `new` (each must occur exactly
+    once), imported as its own module from a file (Triton reads a kernel's source from its file),
+    for the CPU interpreter when the benchmark's kernels run there."""
+    source = (bench.MOD_FILES / "tq_triton.py").read_text()
+    for old, new in edits:
+        if source.count(old) != 1:
+            raise EditError(f"variant {name}: an edit matches tq_triton.py {source.count(old)} times, not once; "
+                            f"update tq_variants.VARIANTS to the kernel as it is now: {old[:60]!r}")
+        source = source.replace(old, new)
+    folder = Path(tempfile.mkdtemp(prefix="tq-variant-"))
+    path = folder / f"tq_triton_{name.replace('-', '_')}.py"
+    path.write_text(source)
+    import triton
+
+    interpret = bench._interpreted(triton)
+    previous = os.environ.get("TRITON_INTERPRET")
+    if interpret:
+        os.environ["TRITON_INTERPRET"] = "1"
+    sys.path.insert(0, str(bench.MOD_FILES))  # its sibling modules, as load_modules gives them
+    try:
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = module  # dataclasses look their module up while the class is built
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(bench.MOD_FILES))
+        if previous is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
+    return module
+
+
+def _source(name: str, *edits: Tuple[str, str]) -> Callable[[ModuleType], Dict[str, Any]]:
+    """The decode of tq_triton.py with these text edits (edited_module)."""
+    return lambda tq: {"tq_decode": edited_module(name, edits).tq_decode}
+
+
+# the split kernel's grid with the KV head as its fastest axis: a request's working splits of both
+# heads come first in launch order, so they spread over SMs before the splits it leaves idle
+HEAD_FIRST_GRID = (("    split = tl.program_id(0)\n    kv_head = tl.program_id(1)\n",
+                    "    split = tl.program_id(1)\n    kv_head = tl.program_id(0)\n"),
+                   ("    return (req * tl.num_programs(1) * G + q_heads) * num_splits + split",  # the KV heads' count
+                    "    return (req * tl.num_programs(0) * G + q_heads) * num_splits + split"),
+                   ("_decode_split_kernel[(splits, num_kv_heads, batch)](", "_decode_split_kernel[(num_kv_heads, splits, batch)]("))
+
 # name -> function(tq module) returning {attribute: replacement}
 VARIANTS: Dict[str, Callable[[ModuleType], Dict[str, Any]]] = {
     "shipped": lambda tq: {},
     "no-ptx": lambda tq: {"inline_ptx": lambda device: False},  # plain Triton: 3-bit centroids gathered, 16-bit value masks
-    **{label: _config(label) for label in ("n64/w2/s3/c128/p4/r0/f8", "n128/w4/s2/c128/p2/r0/f8", "n64/w2/s3/c128/p4/r0/f4")},
+    **{label: _config(label) for label in ("n64/w2/s3/c128/p4/r0/f8", "n128/w4/s2/c128/p2/r0/f8", "n64/w2/s3/c128/p4/r0/f4",
+                                            "n128/w4/s2/c128/p1/r0/f8")},
+    "head-first-grid": _source("head-first-grid", *HEAD_FIRST_GRID),
+    # and a batch-1 config that leaves splits idle below 128k (one working split per 512 tokens)
+    "head-first-grid-c512": _source("head-first-grid-c512", *HEAD_FIRST_GRID, (
+        '(256, "1", "long", "*"): DecodeConfig(128, 4, 2, 128, 2, 0, 8),',
+        '(256, "1", "long", "*"): DecodeConfig(128, 4, 2, 512, 2, 0, 8),')),
 }
 
 
