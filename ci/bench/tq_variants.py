@@ -43,6 +43,12 @@ class EditError(Exception):
 
 
 @functools.cache
+def _folder() -> "tempfile.TemporaryDirectory[str]":
+    """Where the edited copies live while this process runs (removed at its exit)."""
+    return tempfile.TemporaryDirectory(prefix="tq-variants-")
+
+
+@functools.cache
 def edited_module(name: str, edits: Tuple[Tuple[str, str], ...]) -> ModuleType:
     """A copy of the mod's tq_triton.py with each `old` replaced by `new` (each must occur exactly
     once), imported as its own module from a file (Triton reads a kernel's source from its file),
@@ -53,8 +59,7 @@ def edited_module(name: str, edits: Tuple[Tuple[str, str], ...]) -> ModuleType:
             raise EditError(f"variant {name}: an edit matches tq_triton.py {source.count(old)} times, not once; "
                             f"update tq_variants.VARIANTS to the kernel as it is now: {old[:60]!r}")
         source = source.replace(old, new)
-    folder = Path(tempfile.mkdtemp(prefix="tq-variant-"))
-    path = folder / f"tq_triton_{name.replace('-', '_')}.py"
+    path = Path(_folder().name) / f"tq_triton_{name.replace('-', '_')}.py"
     path.write_text(source)
     import triton
 
