@@ -139,8 +139,7 @@ def tq_jobs(fmt: ModuleType, tq: ModuleType, target: str) -> List[Job]:
                          {"cache_ptr": "u8", "bt_ptr": "i32", "cu_ptr": "i32", "centroid_ptr": "fp32", "k_ptr": keys, "v_ptr": "bf16"},
                          ("page_stride",), {"num_warps": 4}, None))
         cfg = tq.default_decode_config(head)
-        for splits in (1, 17, 33):  # each merge_rows
-            rows = tq.merge_rows(splits)
+        for rows in sorted({tq.merge_rows(splits) for splits in range(1, tq.MAX_SPLITS + 1)}):  # every split count
             jobs.append(("tq", "_decode_merge_kernel", f"merge head {head} rows {rows}",
                          {"HQ": Q_HEADS, "D": head, "MERGE_ROWS": rows, "MERGE_COLS": min(tq.MERGE_COLS, head),
                           "BLOCK_N": cfg.block_n, "MIN_CHUNK": cfg.min_chunk},

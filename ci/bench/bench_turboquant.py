@@ -31,6 +31,7 @@ Exit 0 when every correctness check passes, 1 when one fails, 2 on bad arguments
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -40,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "ci" / "bench"))  # benchlib, also when a test loads this file by path
@@ -73,29 +74,37 @@ def load_modules(interpret: bool) -> Tuple[ModuleType, ModuleType]:
     afterwards, and subprocesses started later do not inherit it. RuntimeError if triton was
     already imported for real kernels in this process.
     """
-    previous = os.environ.get("TRITON_INTERPRET")
-    if interpret:
-        if "triton" in sys.modules and not _interpreted(sys.modules["triton"]):
-            raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set; load the TurboQuant modules first")
-        os.environ["TRITON_INTERPRET"] = "1"
-    sys.path.insert(0, str(MOD_FILES))
-    try:
+    if interpret and "triton" in sys.modules and not _interpreted(sys.modules["triton"]):
+        raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set; load the TurboQuant modules first")
+    with mod_import_window(interpret):
         import tq_format
         import tq_triton
         import triton.experimental.gluon  # noqa: F401  (imported lazily at the first launch otherwise)
 
         load_bf16_yardstick()  # defines Triton kernels too: inside the same TRITON_INTERPRET window
+    if interpret:
+        if not _interpreted(sys.modules["triton"]):
+            raise RuntimeError("tq_triton was imported for real kernels earlier in this process; the CPU interpreter cannot run them")
+        fix_interpreter_scalars()
+    return tq_format, tq_triton
+
+
+@contextlib.contextmanager
+def mod_import_window(interpret: bool) -> Iterator[None]:
+    """The mod folder first on sys.path (its modules import their siblings by name), and
+    TRITON_INTERPRET=1 when interpret, for the imports inside; both as they were afterwards."""
+    previous = os.environ.get("TRITON_INTERPRET")
+    if interpret:
+        os.environ["TRITON_INTERPRET"] = "1"
+    sys.path.insert(0, str(MOD_FILES))
+    try:
+        yield
     finally:
         sys.path.remove(str(MOD_FILES))
         if previous is None:
             os.environ.pop("TRITON_INTERPRET", None)
         else:
             os.environ["TRITON_INTERPRET"] = previous
-    if interpret:
-        if not _interpreted(sys.modules["triton"]):
-            raise RuntimeError("tq_triton was imported for real kernels earlier in this process; the CPU interpreter cannot run them")
-        fix_interpreter_scalars()
-    return tq_format, tq_triton
 
 
 def load_bf16_yardstick() -> ModuleType:

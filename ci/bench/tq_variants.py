@@ -6,9 +6,9 @@ and fp8 yardsticks in the same run.
 
 A variant is a name and the module attributes it replaces for its timing (VARIANTS): another
 decode config, a code path switched off, or the decode of a copy of tq_triton.py with exact text
-edits (a kernel change timed before it is made); the shipped kernel is "shipped". Writes DIR/tq_variants.json and prints a table (median us per
-call under a CUDA graph). An exploration tool: the committed figures come from
-bench_turboquant.py.
+edits (a kernel change timed before it is made); the shipped kernel is "shipped". Writes
+DIR/tq_variants.json and prints a table (median us per call under a CUDA graph). An exploration
+tool: the committed figures come from bench_turboquant.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import argparse
 import functools
 import importlib.util
 import json
-import os
 import sys
 import tempfile
 import time
@@ -63,23 +62,12 @@ def edited_module(name: str, edits: Tuple[Tuple[str, str], ...]) -> ModuleType:
     path.write_text(source)
     import triton
 
-    interpret = bench._interpreted(triton)
-    previous = os.environ.get("TRITON_INTERPRET")
-    if interpret:
-        os.environ["TRITON_INTERPRET"] = "1"
-    sys.path.insert(0, str(bench.MOD_FILES))  # its sibling modules, as load_modules gives them
-    try:
+    with bench.mod_import_window(bench._interpreted(triton)):
         spec = importlib.util.spec_from_file_location(path.stem, path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[path.stem] = module  # dataclasses look their module up while the class is built
         spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(bench.MOD_FILES))
-        if previous is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = previous
     return module
 
 

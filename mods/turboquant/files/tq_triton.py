@@ -528,8 +528,8 @@ def store_tokens(rows: int) -> int:
 
 def store_warps(head_size: int, tokens: int) -> int:
     """Warps of the store kernel: a program's code search ([tokens, D, codebook midpoints]) over 8
-    above 512 elements (a prefill's four tokens at head 256, head 512), since with 4 the 4-bit
-    store spills registers there (ci/bench/results/gb10-readiness-any-cpu/)."""
+    above 512 elements (a prefill's four tokens at head 256 or 512), since with 4 the 4-bit store
+    spills registers there (ci/bench/results/gb10-readiness-any-cpu/)."""
     return 4 if head_size * tokens <= 512 else 8
 
 
@@ -932,11 +932,14 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[key]
 
 
+MAX_SPLITS = 256  # splits of one (request, KV head) at most
+
+
 def num_splits_for(batch: int, num_kv_heads: int, max_context: int, device: torch.device, config: DecodeConfig) -> int:
     """Split count from shapes only: config.programs_per_sm programs per SM at the longest context
     the block table can hold; fewer are used on the device when a request is short (min_chunk)."""
     wanted = triton.cdiv(config.programs_per_sm * _sm_count(device), max(batch * num_kv_heads, 1))
-    return max(1, min(wanted, triton.cdiv(max_context, config.min_chunk), 256))
+    return max(1, min(wanted, triton.cdiv(max_context, config.min_chunk), MAX_SPLITS))
 
 
 def tq_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float,
