@@ -95,6 +95,9 @@ VARIANTS: Dict[str, Callable[[ModuleType], Dict[str, Any]]] = {
     "head-first-grid-c512": _source("head-first-grid-c512", *HEAD_FIRST_GRID, (
         '(256, "1", "long", "*"): DecodeConfig(128, 4, 2, 128, 2, 0, 8),',
         '(256, "1", "long", "*"): DecodeConfig(128, 4, 2, 512, 2, 0, 8),')),
+    "head-first-grid-c256": _source("head-first-grid-c256", *HEAD_FIRST_GRID, (
+        '(256, "1", "long", "*"): DecodeConfig(128, 4, 2, 128, 2, 0, 8),',
+        '(256, "1", "long", "*"): DecodeConfig(128, 4, 2, 256, 2, 0, 8),')),
 }
 
 
