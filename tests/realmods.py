@@ -3,13 +3,13 @@ vLLM, and `sparkmods check` over every release from 0.18.0 with every hunk exact
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
+from scriptload import load_script
 from sparkmods.runtime.udiff import parse_patch
 
 
@@ -19,11 +19,7 @@ def load_patched_module(patch: Path, tmp: Path, name: str) -> ModuleType:
     assert fp.is_new
     path = tmp / f"{name}.py"
     path.write_text("\n".join(line for h in fp.hunks for line in h.new_lines) + "\n", encoding="utf-8")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return load_script(path, name)
 
 
 def assert_all_exact(mod_dir: Path) -> None:

@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from scriptload import load_script
+
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_decode_step", REPO / "ci" / "bench" / "bench_decode_step.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-STEP = _load()
+STEP = load_script(REPO / "ci" / "bench" / "bench_decode_step.py")
 
 
 def test_defaults_are_the_served_cells() -> None:

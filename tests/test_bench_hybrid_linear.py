@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Dict, List
 
 import pytest
 import torch
 
+from scriptload import load_script
+
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_hybrid_linear", REPO / "ci" / "bench" / "bench_hybrid_linear.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-HL = _load()
+HL = load_script(REPO / "ci" / "bench" / "bench_hybrid_linear.py")
 
 
 def test_shapes_are_the_shared_experts_of_the_public_configs() -> None:

@@ -5,12 +5,12 @@ become mod folders."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from scriptload import load_script
 from sparkmods.community.cli import loose_mod
 from sparkmods.community.runsh import read_mod
 from sparkmods.community.sandbox import APPLIED, FAILED, NO_CHANGE, RUN_STATUSES, SITE_DIR, agrees
@@ -18,9 +18,7 @@ from sparkmods.nightly import community_broke
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "ci" / "bench" / "results"
-_spec = importlib.util.spec_from_file_location("bench_community", REPO / "ci" / "bench" / "bench_community.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = load_script(REPO / "ci" / "bench" / "bench_community.py")
 
 
 def test_committed_matrix_holds_statuses_and_counts_only():

@@ -7,22 +7,18 @@ and reassemble halves for real on files written here (the download half needs Py
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import pytest
+
+from scriptload import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _carry():
-    spec = importlib.util.spec_from_file_location("carry", ROOT / "ci" / "gpu" / "carry.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["carry"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "ci" / "gpu" / "carry.py")
 
 
 @pytest.fixture()

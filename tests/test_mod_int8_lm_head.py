@@ -9,7 +9,6 @@ ci/bench/gpu_check_int8_lm_head.py.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from pathlib import Path
 from types import ModuleType
@@ -18,6 +17,7 @@ from typing import List
 import pytest
 
 from extras import need
+from scriptload import load_script
 
 torch = need("torch")
 
@@ -28,17 +28,9 @@ REPO = Path(__file__).resolve().parents[1]
 MOD_DIR = REPO / "mods" / "int8-lm-head"
 
 
-def _load_loader() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("int8_lm_head_kernel", REPO / "ci" / "bench" / "benchlib" / "int8_lm_head_kernel.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def mod(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
-    return _load_loader().load_kernel_module(tmp_path_factory.mktemp("int8"))
+    return load_script(REPO / "ci" / "bench" / "benchlib" / "int8_lm_head_kernel.py").load_kernel_module(tmp_path_factory.mktemp("int8"))
 
 
 # ---- quantization ----

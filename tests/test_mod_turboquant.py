@@ -7,7 +7,6 @@ kernels are tested against the PyTorch reference by the kernel tests of files/tq
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ from typing import Dict, List, Optional, Sequence
 import pytest
 
 from modfactory import make_site
+from scriptload import load_script
 from sparkmods.cli import main
 from sparkmods.launch.flagrules import kv_cache_dtype
 from sparkmods.launch.plan import LaunchOptions, build_plan
@@ -37,10 +37,7 @@ STAND_IN = Path(__file__).resolve().parent / "fixtures" / "launch-cluster.sh"
 
 
 def load_maker(mod_dir: Path = MOD) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("turboquant_make_patches", mod_dir / "make_patches.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(mod_dir / "make_patches.py", "turboquant_make_patches")
 
 
 # ---- manifest ----

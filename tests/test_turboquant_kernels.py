@@ -23,6 +23,7 @@ from typing import Any, Dict, Sequence, Tuple
 import pytest
 
 from extras import INSTALL, need
+from scriptload import load_script
 
 torch = need("torch")
 if importlib.util.find_spec("triton") is None:  # importing it here would define its kernels for the GPU
@@ -34,16 +35,7 @@ HKV, HQ, BLOCK, PAGES = 2, 8, 16, 6
 DTYPES = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")
 
 
-def _load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_turboquant", BENCH_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-BENCH = _load_bench()
+BENCH = load_script(BENCH_PATH)
 # at collection, before any test runs: triton must first be imported with TRITON_INTERPRET=1
 FORMAT, KERNELS = BENCH.load_modules(interpret=True)
 
@@ -763,10 +755,7 @@ def test_a_source_variant_decodes_as_the_shipped_kernel_and_refuses_a_stale_edit
     """tq_variants' head-first grid is a copy of tq_triton.py with the split kernel's first two grid
     axes swapped: the same programs in another launch order, so the same bytes out; an edit that no
     longer matches the kernel is refused in one line."""
-    spec_ = importlib.util.spec_from_file_location("tq_variants", REPO / "ci" / "bench" / "tq_variants.py")
-    assert spec_ is not None and spec_.loader is not None
-    variants = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(variants)
+    variants = load_script(REPO / "ci" / "bench" / "tq_variants.py")
     case = stored(fmt, tq, "turboquant_k3v4_nc", 128)
     query = torch.randn(len(LENS), HQ, 128, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     lens = torch.tensor(LENS, dtype=torch.int32)

@@ -22,7 +22,6 @@ Exit 0 when every case ran, 1 when one failed, 2 on bad arguments.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -34,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))  # sparkm
 
 from bench_turboquant import InputError, Parser, int_list, load_modules, markdown_table, median_us
 from benchlib.qwen35_shapes import MODELS
+from benchlib.report_main import report_main
 from e2e_parallel import smi_numbers
 
 KV_HEADS = 2
@@ -246,17 +246,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    try:
-        args = parse_args(sys.argv[1:] if argv is None else argv)
-    except InputError as exc:
-        print(f"bench_decode_step.py: {exc}", file=sys.stderr)
-        return 2
-    results = run(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "decode_step.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / "decode_step.md").write_text(render(results))
-    print(render(results))
-    return 1 if results["failures"] else 0
+    return report_main("bench_decode_step.py", "decode_step", argv, parse_args, run, render,
+                       lambda results: bool(results["failures"]))
 
 
 if __name__ == "__main__":

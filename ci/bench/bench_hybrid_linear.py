@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_turboquant import InputError, Parser, int_list, markdown_table, median_us
 from benchlib.qwen35_shapes import MODELS
+from benchlib.report_main import report_main
 
 BLOCK = 128  # the block of Qwen's FP8 checkpoints' weight_scale_inv, and of the activations' groups
 KERNELS = ("bf16", "cutlass", "triton", "marlin")
@@ -184,17 +185,8 @@ def render(results: Dict[str, Any]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    try:
-        args = parse_args(sys.argv[1:] if argv is None else argv)
-    except InputError as exc:
-        print(f"bench_hybrid_linear.py: {exc}", file=sys.stderr)
-        return 2
-    results = run(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "hybrid_linear.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / "hybrid_linear.md").write_text(render(results))
-    print(render(results))
-    return 1 if any("error" in r for r in results["rows"]) else 0
+    return report_main("bench_hybrid_linear.py", "hybrid_linear", argv, parse_args, run, render,
+                       lambda results: any("error" in r for r in results["rows"]))
 
 
 if __name__ == "__main__":
