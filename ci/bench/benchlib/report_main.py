@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench_turboquant: InputError
 
 from bench_turboquant import InputError
 
