@@ -194,3 +194,16 @@ def test_the_readme_says_how_many_cells_the_committed_matrix_served():
     served_count, green = said.split(" of ")[0], said.split(" of ")[1].split()[0]
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert f"{served_count} of {green} green cells were served on a GPU" in readme
+
+
+def test_every_committed_run_names_the_fingerprint_of_each_variant_it_applied():
+    """A result without the fingerprint of a variant it applied would vouch for that label whatever
+    its bytes become: e2e.py writes them; older runs carry the bytes at the last commit before them
+    (`fingerprints_from`)."""
+    docs = [json.loads(p.read_text()) for p in sorted((ROOT / served.RESULTS).glob(f"{served.RUN_GLOB}/**/*.json"))]
+    runs = [d for d in docs if isinstance(d, dict) and "scenario" in d and "checks" in d]
+    assert len(runs) >= 50
+    for doc in runs:
+        applied = {m for m, v in (doc.get("variants") or {}).items() if v not in (None, served.UPSTREAM)}
+        assert applied <= set(doc.get("fingerprints") or {}), (doc["scenario"], doc["vllm"], doc.get("device"))
+
