@@ -23,11 +23,15 @@ FINGERPRINTS = served.current_fingerprints(resolve_mods([], None))
 
 def _run(results: Path, folder: str, scenario: str, vllm: str, passed: bool = True, said: str = "Check the log",
          **header) -> Path:
-    """A scenario result as e2e.py writes it; `said`: the last line of the mod's run.sh (None: not run)."""
+    """A scenario result as e2e.py writes it (today's fingerprint of the variant unless given); `said`:
+    the last line of the mod's run.sh (None: not run)."""
     out = results / folder
     out.mkdir(parents=True, exist_ok=True)
     ran = [] if said is None else [{"name": f"mod: run.sh of {scenario} succeeds", "passed": True,
                                     "detail": f"[{scenario}] {said}"}]
+    variant = (header.get("variants") or {}).get(scenario)
+    if "fingerprints" not in header and (scenario, variant) in FINGERPRINTS:  # as e2e.py records them
+        header["fingerprints"] = {scenario: FINGERPRINTS[(scenario, variant)]}
     doc = {"scenario": scenario, "vllm": vllm, "device": "NVIDIA H100 80GB HBM3", **header,
            "checks": ran + [{"name": "a", "passed": True, "detail": ""}, {"name": "b", "passed": passed, "detail": ""}]}
     path = out / f"{scenario}.json"
@@ -89,9 +93,10 @@ def test_what_run_sh_did_must_agree_with_the_variant(results):
 def test_a_run_of_a_variant_since_renamed_marks_no_cell(results):
     """vLLM 0.25.1 served turboquant's old v0.21.0 (vLLM's own kernels); the cell's variant is now
     v0.21.0-kernels (ours), which that run never served."""
-    _run(results, "gpu-e2e-0.25.1-h100", "turboquant", "0.25.1", date="2026-11-25", variants={"turboquant": "v0.21.0"})
+    _run(results, "gpu-e2e-0.25.1-h100", "turboquant", "0.25.1", date="2026-11-25", variants={"turboquant": "v0.21.0"},
+         fingerprints={"turboquant": "f" * 64})  # the bytes of then: no variant has them today
     found = served.index(results, MANIFESTS, FINGERPRINTS)
-    assert [s.variant for s in found[("turboquant", "0.25.1")]] == ["v0.21.0"]
+    assert found == {}
     doc = {"cells": [_cell("turboquant", "0.25.1", "ok-offset", "v0.21.0-kernels")]}
     assert served.attach(doc, found)["cells"][0].get("served") is None
 
@@ -106,6 +111,15 @@ def test_a_run_that_recorded_its_variant_fingerprint_stops_counting_once_the_pat
         "v0.21.0-kernels"]
     edited = {**FINGERPRINTS, ("turboquant", "v0.21.0-kernels"): "0" * 64}
     assert served.index(results, MANIFESTS, edited) == {}
+
+
+def test_a_run_that_recorded_no_fingerprint_is_no_evidence(results):
+    """A label alone cannot say which bytes ran; the upstream claim needs none (nothing was applied)."""
+    _run(results, "gpu-e2e-0.33.0-h100", "mtp-weights", "0.33.0", date="2026-11-27", variants={"mtp-weights": "v0.33.0"},
+         fingerprints={})
+    _run(results, "gpu-e2e-0.33.0-h100", "turboquant", "0.33.0", date="2026-11-27", variants={"turboquant": "upstream"},
+         said="not needed: vLLM includes it since 0.27.0")
+    assert list(served.index(results, MANIFESTS, FINGERPRINTS)) == [("turboquant", "0.33.0")]
 
 
 def test_a_variant_fingerprint_covers_its_own_patches_only(tmp_path):

@@ -7,9 +7,9 @@ a green cell served when such evidence names the same mod, release and variant, 
 changes only when the results or the variant do. What run.sh said in the run must agree (a run
 whose run.sh called the mod not needed proves the upstream claim, not a variant). A result must
 name the variant it ran (`variants`, as run.sh reported it): today's manifest cannot say what ran
-then. A result that also records the variant's fingerprint (`fingerprints`: its patches and
-install sources) stops being evidence once they change; older results are held by the label
-alone. Results older than the `date` field get it from the run's summary.md heading.
+then, nor can a label: a result must also record the variant's fingerprint (`fingerprints`: its
+patches and install sources), and stops being evidence once they change. Results older than the
+`date` field get it from the run's summary.md heading.
 """
 
 from __future__ import annotations
@@ -112,8 +112,8 @@ def _evidence(doc: dict, path: Path, repo: Path, manifests: Mapping[str, Manifes
     if not isinstance(variant, str) or done is None or (done == UPSTREAM) != (variant == UPSTREAM):
         return None  # no variant named, the mod was not applied, or run.sh did not do what the variant says
     recorded = (doc.get("fingerprints") or {}).get(mod)
-    if recorded is not None and recorded != fingerprints.get((mod, variant)):
-        return None  # the variant's patches changed since this run served them
+    if variant != UPSTREAM and (recorded is None or recorded != fingerprints.get((mod, variant))):
+        return None  # no bytes recorded, or the variant's patches changed since this run served them
     date = doc.get("date") or _dates(path.parent / "summary.md").get((version, device), "")
     if not date:
         return None
