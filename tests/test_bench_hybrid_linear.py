@@ -52,10 +52,13 @@ def test_dequantised_scales_each_block_including_the_partial_last_ones() -> None
         assert torch.equal(out[r0:r1, c0:c1], (w[r0:r1, c0:c1] * s).to(torch.bfloat16))
 
 
-def test_fp8_layer_holds_what_vllms_block_kernels_read() -> None:
+def test_fp8_layer_holds_its_own_copies_of_the_weight_and_scales() -> None:
+    """Each kernel processes its own layer (repacking, transposing); the next starts from the checkpoint's."""
     weight = torch.zeros(256, 128, dtype=torch.float8_e4m3fn)
-    layer = HL.fp8_layer(weight, torch.ones(2, 1))
+    scale = torch.ones(2, 1)
+    layer = HL.fp8_layer(weight, scale)
     assert (layer.weight.shape, layer.weight_scale_inv.shape) == ((256, 128), (2, 1))
+    assert layer.weight_scale_inv.data_ptr() != scale.data_ptr()
     assert (layer.output_size_per_partition, layer.input_size_per_partition, layer.logical_widths) == (256, 128, [256])
     assert not layer.weight.requires_grad and layer.weight.data_ptr() != weight.data_ptr()
 

@@ -77,7 +77,7 @@ def _source(name: str, *edits: Tuple[str, str]) -> Callable[[ModuleType], Dict[s
 
 
 # the split kernel's grid with the KV head as its fastest axis: a request's working splits of both
-# heads come first in launch order, so they spread over SMs before the splits it leaves idle
+# heads come first in launch order (timed, not adopted: ci/bench/results/turboquant-head-first-any-h200)
 HEAD_FIRST_GRID = (("    split = tl.program_id(0)\n    kv_head = tl.program_id(1)\n",
                     "    split = tl.program_id(1)\n    kv_head = tl.program_id(0)\n"),
                    ("    return (req * tl.num_programs(1) * G + q_heads) * num_splits + split",  # the KV heads' count

@@ -25,6 +25,7 @@ def report_main(prog: str, stem: str, argv: Optional[Sequence[str]], parse_args:
     results = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / f"{stem}.md").write_text(render(results))
-    print(render(results))
+    report = render(results)
+    (args.out / f"{stem}.md").write_text(report)
+    print(report)
     return 1 if failed(results) else 0
