@@ -1,7 +1,7 @@
 """Probe for test_mod_hybrid_runtime.py, run by the python of a venv where vLLM is installed.
 
 `python tests/mod_hybrid_probe.py JOB.json` reads {"cases": [{"name", "checkpoint",
-"map": [names], "layers": [...]}]} and prints one line `PROBE-REPORT {json}`, per case: what
+"map": [names], "layers": [...], "env": {...}, "load": [...]}]} and prints one line `PROBE-REPORT {json}`, per case: what
 the release's INCConfig, built by vLLM's own
 VllmConfig from the checkpoint (so `maybe_update_config` runs as in `vllm serve`) and given
 the model class's name mapper and fused-module table (vLLM's `configure_quant_config`),
@@ -21,12 +21,19 @@ Layer kinds: merged (MergedColumnParallelLinear: input, outputs), row (RowParall
 input, output), replicated (ReplicatedLinear: input, output), torch (torch.nn.Linear, not
 a vLLM LinearBase), experts (experts, top_k, input, intermediate). The report's "layers"
 list follows the job's.
+
+A case's "env" is set while vLLM builds its config (the mod reads its settings then). Each of
+its "load" layers (merged or row, plus "shards": the checkpoint modules it loads) is built for
+real on the CPU with the INC config, its FP8 weights and scales are loaded from the checkpoint
+through the parameters' own weight loaders, vLLM's post-load step runs, and one forward pass is
+compared with the product computed here from the stored bytes, block by block.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -127,7 +134,76 @@ def _decide(config: Any, spec: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+def _tensors(checkpoint: str, names: List[str]) -> Dict[str, Any]:
+    from safetensors import safe_open
+
+    found: Dict[str, Any] = {}
+    for path in sorted(Path(checkpoint).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as fh:
+            held = set(fh.keys())
+            found.update({name: fh.get_tensor(name) for name in names if name in held})
+    return found
+
+
+def _reference(weight: Any, scale: Any, block: List[int]) -> Any:
+    """float32 weight of stored block-FP8 bytes, one block at a time."""
+    out = weight.float()
+    for i in range(scale.shape[0]):
+        for j in range(scale.shape[1]):
+            out[i * block[0]:(i + 1) * block[0], j * block[1]:(j + 1) * block[1]] *= scale[i, j]
+    return out
+
+
+def _load(config: Any, spec: Dict[str, Any], checkpoint: str) -> Dict[str, Any]:
+    """Build, load, process and run one layer for real; how far its output is from the reference."""
+    import torch
+    from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+
+    if spec["kind"] == "merged":
+        layer = MergedColumnParallelLinear(spec["input"], spec["outputs"], bias=False, quant_config=config,
+                                           params_dtype=torch.bfloat16, prefix=spec["prefix"])
+    else:
+        layer = RowParallelLinear(spec["input"], spec["output"], bias=False, quant_config=config,
+                                  params_dtype=torch.bfloat16, prefix=spec["prefix"])
+    stored = _tensors(checkpoint, [f"{m}.{p}" for m in spec["shards"] for p in ("weight", "weight_scale_inv")])
+    block = list(getattr(config, STATE_ATTR).block)
+    refs = []
+    for shard, module in enumerate(spec["shards"]):
+        weight, scale = stored[f"{module}.weight"], stored[f"{module}.weight_scale_inv"]
+        for name, tensor in (("weight", weight), ("weight_scale_inv", scale)):
+            param = getattr(layer, name)
+            if spec["kind"] == "merged":
+                param.weight_loader(param, tensor, shard)
+            else:
+                param.weight_loader(param, tensor)
+        refs.append(_reference(weight, scale, block))
+    layer.quant_method.process_weights_after_loading(layer)
+    x = torch.randn(3, spec["input"], generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    expected = x.float() @ torch.cat(refs).t()
+    out = layer(x)
+    got = (out[0] if isinstance(out, tuple) else out).float()
+    return {
+        "method": type(layer.quant_method).__name__,
+        "scale_kept": hasattr(layer, "weight_scale_inv"),
+        "weight_dtype": str(layer.weight.dtype) if isinstance(getattr(layer, "weight", None), torch.Tensor) else None,
+        "max_error": float((got - expected).abs().max() / expected.abs().max()),
+    }
+
+
 def _case(case: Dict[str, Any]) -> Dict[str, Any]:
+    saved = {key: os.environ.get(key) for key in case.get("env", {})}
+    os.environ.update(case.get("env", {}))
+    try:
+        return _case_in_env(case)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _case_in_env(case: Dict[str, Any]) -> Dict[str, Any]:
     from vllm.config import DeviceConfig, LoadConfig, ModelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.distributed.parallel_state import model_parallel_is_initialized
@@ -141,7 +217,7 @@ def _case(case: Dict[str, Any]) -> Dict[str, Any]:
         vllm_config = VllmConfig(model_config=model_config, load_config=LoadConfig(),
                                  device_config=DeviceConfig(device="cpu"))
     except Exception as exc:  # noqa: BLE001 - the probe reports any error of vLLM's to the test
-        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0], "log": lines.lines}
+        return {"error": f"{type(exc).__name__}: {exc}", "log": lines.lines}  # whole: pydantic wraps it
     finally:
         logging.getLogger(MOD_LOGGER).removeHandler(lines)
     config = vllm_config.quant_config
@@ -159,7 +235,16 @@ def _case(case: Dict[str, Any]) -> Dict[str, Any]:
         report["state"] = None if state is None else {"layers": sorted(state.layers), "block": list(state.block)}
         for spec in case.get("layers", []):
             report["layers"].append(_decide(config, spec))
+        report["load"] = [_outcome_of_load(config, spec, case["checkpoint"]) for spec in case.get("load", [])]
     return report
+
+
+def _outcome_of_load(config: Any, spec: Dict[str, Any], checkpoint: str) -> Dict[str, Any]:
+    try:
+        return _load(config, spec, checkpoint)
+    except Exception as exc:  # noqa: BLE001 - the probe reports any error of vLLM's to the test
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0] + f" ({Path(where.filename).name}:{where.lineno})"}
 
 
 def main(argv: List[str]) -> int:

@@ -361,3 +361,57 @@ def test_smi_numbers_are_the_first_gpus_numeric_fields_or_none(tmp_path: Path, m
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     assert parallel.smi_numbers(fields) == read
+
+
+class _HybridRun:
+    """A stand-in for e2e.Run in the hybrid scenario: each server's log says what the mod's
+    `scan` logs for the compute path its environment (or `auto`, this GPU's choice) picks."""
+
+    def __init__(self, tmp: Path, auto: str, forced_says: str | None = None) -> None:
+        self.tmp, self.auto, self.forced_says = tmp, auto, forced_says
+        self.servers: dict = {}
+        self.envs: dict = {}
+
+    def model(self, key: str) -> dict:
+        return {"shape": {"num_layers": 4}}
+
+    def serve(self, name, model_key, mods, extra, work, report, expect=(), must_start=True, env=None):
+        import e2e_scenarios as scenarios
+
+        self.envs[name] = dict(env or {})
+        log = self.tmp / f"{name}.log"
+        mode = (env or {}).get(scenarios.HYBRID_COMPUTE_ENV, self.auto)
+        says = self.forced_says if env and self.forced_says is not None else scenarios.HYBRID_SAYS[mode]
+        line = f"sparkmods hybrid-int4-fp8: 12 block-FP8 layers in /m {says} (weight_block_size [128, 128])"
+        if name == "hybrid-stock":
+            log.write_text("ValueError: There is no module or parameter named 'm.weight_scale_inv' in x\n")
+            self.servers[name] = serve.Server(name, [], {}, log, 0, exit_code=1)
+            return None
+        log.write_text(line + "\n" if mods else "")
+        self.servers[name] = serve.Server(name, [], {}, log, 0)
+        return {"expected": [[1, 2]], "tokens": [[1, 2]], "top": [[{"a": -0.1}]], "tokens_per_s": 10.0}
+
+
+@pytest.mark.parametrize("auto, forced", [("bf16", "fp8"), ("fp8", "bf16")])
+def test_hybrid_scenario_serves_the_path_the_gpu_skips(tmp_path: Path, auto: str, forced: str) -> None:
+    """Whichever path `auto` takes on the GPU, the other is served too, forced by the setting, and
+    each is compared with the dequantised reference."""
+    import e2e_scenarios as scenarios
+
+    run = _HybridRun(tmp_path, auto)
+    report = scenarios.hybrid(run)
+    assert run.envs[f"hybrid-mod-{forced}"] == {scenarios.HYBRID_COMPUTE_ENV: forced}
+    assert run.envs["hybrid-mod"] == {} and f"hybrid-mod-{auto}" not in run.envs
+    assert report.data["auto_compute"] == auto
+    names = [c["name"] for c in report.checks]
+    assert f"hybrid + mod ({forced}) greedy tokens equal dequantised reference" in names
+    assert all(c["passed"] for c in report.checks), report.checks
+
+
+def test_hybrid_scenario_fails_a_forced_path_the_log_does_not_confirm(tmp_path: Path) -> None:
+    import e2e_scenarios as scenarios
+
+    run = _HybridRun(tmp_path, "bf16", forced_says=scenarios.HYBRID_SAYS["bf16"])  # fp8 asked, bf16 ran
+    report = scenarios.hybrid(run)
+    failed = [c["name"] for c in report.checks if not c["passed"]]
+    assert failed == [f"mod, {scenarios.HYBRID_COMPUTE_ENV}=fp8 log has {scenarios.HYBRID_SAYS['fp8']!r}"]

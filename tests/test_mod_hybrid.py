@@ -101,6 +101,31 @@ def test_fused_layers_are_named_by_their_shards(hyb: ModuleType) -> None:
     assert hyb.shard_names("m.my_gate_up_proj", packed) == ["m.my_gate_up_proj"]
 
 
+@pytest.mark.parametrize("setting, capability, mode", [
+    (None, (9, 0), "bf16"),          # H100/H200: the FP8 kernels lose to bf16 there
+    ("", (9, 0), "bf16"),
+    (" AUTO ", (9, 0), "bf16"),
+    ("auto", (12, 1), "fp8"),        # DGX Spark (GB10)
+    ("auto", (10, 0), "fp8"),        # not measured: the mod's own path
+    ("auto", (8, 9), "fp8"),
+    ("auto", None, "fp8"),           # no GPU known
+    ("fp8", (9, 0), "fp8"),          # forced either way
+    ("bf16", (12, 1), "bf16"),
+])
+def test_compute_mode_by_setting_and_gpu(hyb: ModuleType, setting: Any, capability: Any, mode: str) -> None:
+    got, why = hyb.compute_mode(setting, capability)
+    assert got == mode
+    assert why.startswith(f"{hyb.COMPUTE_ENV}=")
+    if capability is not None and (setting or "").strip().lower() in ("", "auto"):
+        assert f"compute capability {capability[0]}.{capability[1]}" in why
+
+
+@pytest.mark.parametrize("setting", ["int4", "fp16", "bf16,fp8", "1"])
+def test_compute_mode_refuses_unknown_settings(hyb: ModuleType, setting: str) -> None:
+    with pytest.raises(ValueError, match=r"^sparkmods hybrid-int4-fp8: SPARKMODS_HYBRID_FP8_COMPUTE=.*auto, fp8, bf16"):
+        hyb.compute_mode(setting, (9, 0))
+
+
 @pytest.mark.network
 def test_every_release_gets_an_exact_variant() -> None:
     """sparkmods check over every release >= 0.18.0: each hunk applies at its stated line."""

@@ -33,6 +33,7 @@ pytestmark = pytest.mark.vllm_runtime
 MOD = runtime_mods() / "hybrid-int4-fp8"
 PROBE = Path(__file__).resolve().parent / "mod_hybrid_probe.py"
 SHAPE = replace(cf.Shape(), shared_intermediate=384)  # vLLM's FP8 merged layers need n*128 outputs
+COMPUTE_ENV = "SPARKMODS_HYBRID_FP8_COMPUTE"
 BASE = "language_model.model.layers"  # Qwen3_5MoeForConditionalGeneration's module names
 H, SI = SHAPE.hidden, SHAPE.shared_intermediate
 # Releases whose INC routes INT4 experts to these methods (Marlin, MoE-WNA16 or AutoGPTQ MoE).
@@ -95,6 +96,14 @@ def run_probe(version: str, tmp: Path, checkpoints: Dict[str, Path]) -> Dict[str
     cases = [{"name": name, "checkpoint": str(path), "layers": layers(),
               "map": ["model.language_model.layers.3.mlp.shared_expert.gate_proj.weight"]}
              for name, path in checkpoints.items()]
+    shared = "model.language_model.layers.3.mlp.shared_expert"
+    cases.append({"name": "bf16", "checkpoint": str(checkpoints["hybrid"]), "layers": layers(),
+                  "env": {COMPUTE_ENV: "bf16"}, "load": [
+                      {"prefix": f"{BASE}.3.mlp.shared_expert.gate_up_proj", "kind": "merged", "input": H,
+                       "outputs": [SI, SI], "shards": [f"{shared}.gate_proj", f"{shared}.up_proj"]},
+                      {"prefix": f"{BASE}.3.mlp.shared_expert.down_proj", "kind": "row", "input": SI,
+                       "output": H, "shards": [f"{shared}.down_proj"]}]})
+    cases.append({"name": "bad-setting", "checkpoint": str(checkpoints["hybrid"]), "env": {COMPUTE_ENV: "int4"}})
     return run_job(env, PROBE, cases, tmp, site)
 
 
@@ -164,3 +173,27 @@ def test_plain_int4_checkpoint_is_untouched(report: Dict[str, Any], checkpoints:
     assert case["log"] == [f"sparkmods hybrid-int4-fp8: no block-FP8 layers in {checkpoints['int4']}"]
     got = by_prefix(case, f"{BASE}.3.mlp.shared_expert.gate_up_proj")
     assert got["method"] == got["inc"]["method"] == "UnquantizedLinearMethod", got
+
+
+def test_bf16_setting_loads_fp8_and_computes_its_dequantisation(report: Dict[str, Any]) -> None:
+    case = report["bf16"]
+    assert len(case["log"]) == 1 and "12 block-FP8 layers" in case["log"][0], case["log"]
+    assert f"compute in bf16, dequantised at load ({COMPUTE_ENV}=bf16;" in case["log"][0], case["log"]
+    for prefix, kind in [(f"{BASE}.3.mlp.shared_expert.gate_up_proj", "merged"),
+                         (f"{BASE}.3.mlp.shared_expert.down_proj", "row")]:
+        got = by_prefix(case, prefix, kind)
+        assert got["method"] == "SparkmodsDequantizedFp8LinearMethod" and "error" not in got, got
+    # in_proj_ba is bf16 in the checkpoint: INC's answer stands whatever the setting
+    ba = by_prefix(case, f"{BASE}.0.linear_attn.in_proj_ba")
+    assert ba["method"] == "UnquantizedLinearMethod", ba
+    # loaded through vLLM's own weight loaders (fused shards, partial last blocks), then bf16 only
+    for loaded in case["load"]:
+        assert "error" not in loaded, loaded
+        assert loaded["method"] == "SparkmodsDequantizedFp8LinearMethod" and not loaded["scale_kept"], loaded
+        assert loaded["weight_dtype"] in ("torch.bfloat16", None), loaded  # None: the CPU GEMM repacked it
+        assert loaded["max_error"] < 0.02, loaded  # bf16 rounding of weights and product, not a wrong block
+
+
+def test_unknown_setting_stops_the_config_with_its_name(report: Dict[str, Any]) -> None:
+    error = report["bad-setting"]["error"]
+    assert f"{COMPUTE_ENV}='int4' is not one of auto, fp8, bf16" in error, error

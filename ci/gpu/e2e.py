@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -91,8 +91,9 @@ class Run:
 
     def serve(self, name: str, model_key: str, mods: Sequence[str], extra: Sequence[str],
               work: Callable[[Server], Any], report: Report, expect: Sequence[str] = (),
-              must_start: bool = True) -> Any:
-        """Start server `name`, run `work` on it, capture and verify, stop; work's result or None."""
+              must_start: bool = True, env: Mapping[str, str] | None = None) -> Any:
+        """Start server `name` (env: over the run's environment), run `work` on it, capture and
+        verify, stop; work's result or None."""
         self.model(model_key)
         folder = self.out / "servers" / name
         shutil.rmtree(folder, ignore_errors=True)
@@ -104,7 +105,7 @@ class Run:
             if paths is None:
                 return None
             node_paths.append(paths)
-        server = self.server(name, model_key, node_paths[0], extra, log_path, node_paths[1:])
+        server = self.server(name, model_key, node_paths[0], extra, log_path, node_paths[1:], env)
         self.servers[name] = server
         server.start()
         try:
@@ -148,18 +149,18 @@ class Run:
         return [patched, self.site]
 
     def server(self, name: str, model_key: str, paths: Sequence[Path], extra: Sequence[str], log_path: Path,
-               other_nodes: Sequence[Sequence[Path]] = ()) -> Server:
+               other_nodes: Sequence[Sequence[Path]] = (), env: Mapping[str, str] | None = None) -> Server:
         """Server `name` (not started) on a free port: model, the run's parallel flags, then extra;
-        PYTHONPATH = paths, the run's extra environment (RAY_ADDRESS) over this process's. Over
-        several nodes (e2e_nodes.py) node r > 0 imports other_nodes[r - 1]."""
+        PYTHONPATH = paths, then env over the run's extra environment (RAY_ADDRESS) over this
+        process's. Over several nodes (e2e_nodes.py) node r > 0 imports other_nodes[r - 1]."""
+        base = {**os.environ, **self.extra_env, **(env or {})}
         if self.parallel.nodes > 1:
             return node_server(name, self.python, self.model_dir(model_key), self.parallel, extra,
-                               [paths, *other_nodes], {**os.environ, **self.extra_env}, log_path, self.shared)
+                               [paths, *other_nodes], base, log_path, self.shared)
         port = free_port()
         command = server_command(self.python, self.model_dir(model_key), port, [*self.parallel.flags(), *extra],
                                  self.shared)
-        return Server(name, command,
-                      server_env(paths, {**os.environ, **self.extra_env}), log_path, port)
+        return Server(name, command, server_env(paths, base), log_path, port)
 
     def _capture(self, server: Server, folder: Path) -> None:
         for path, file in (("/v1/models", "models.json"), ("/metrics", "metrics.txt")):

@@ -35,6 +35,8 @@ SPEED_TOKENS = 256
 SPEC_CONFIG = json.dumps({"method": "mtp", "num_speculative_tokens": 2})
 MTP_ERROR = "sparkmods mtp-weights: MTP speculative decoding was requested"
 TQ_DTYPE = "turboquant_k3v4_nc"
+HYBRID_COMPUTE_ENV = "SPARKMODS_HYBRID_FP8_COMPUTE"
+HYBRID_SAYS = {"fp8": "use vLLM's FP8 linear method", "bf16": "compute in bf16, dequantised at load"}
 LOGPROB_TOLERANCE = 1.0  # quantised paths (FP8 activations, TurboQuant KV): see README
 MTP_ACCEPT_MIN, STOCK_ACCEPT_MAX = 0.9, 0.2
 UNLOADED = re.compile(r"were not initialized from checkpoint")  # strict loading (0.21.0)
@@ -97,14 +99,24 @@ def hybrid(run) -> Report:
     ref = run.serve("hybrid-reference", "dequant", [], [], lambda s: greedy(s, ref_m), report)
     mod = run.serve("hybrid-mod", "hybrid", ["hybrid-int4-fp8"], [], lambda s: greedy(s, hyb_m), report,
                     expect=["hybrid-int4-fp8"])
+    layers = 3 * hyb_m["shape"]["num_layers"]  # gate, up and down of every shared expert
+    said = lines_with(run.servers["hybrid-mod"].log_text(), f"{layers} block-FP8 layers")
+    auto = "bf16" if said and HYBRID_SAYS["bf16"] in said[-1] else "fp8"
+    other = "fp8" if auto == "bf16" else "bf16"  # the compute path this GPU's automatic choice skips
+    forced = run.serve(f"hybrid-mod-{other}", "hybrid", ["hybrid-int4-fp8"], [], lambda s: greedy(s, hyb_m),
+                       report, expect=["hybrid-int4-fp8"], env={HYBRID_COMPUTE_ENV: other})
     stock = run.serve("hybrid-stock", "hybrid", [], [], lambda s: greedy(s, hyb_m), report, must_start=False)
     if ref is None or mod is None:
         return report
     report.check("reference (dequantised bf16) follows the peaked map", *follows(ref["expected"], ref["tokens"]))
-    _said(report, run.servers["hybrid-mod"], "mod", "sparkmods hybrid-int4-fp8: ")
-    layers = 3 * hyb_m["shape"]["num_layers"]  # gate, up and down of every shared expert
-    _said(report, run.servers["hybrid-mod"], "mod", f"{layers} block-FP8 layers")
-    report.data["logprob_gap"] = _compare(report, "hybrid + mod", mod, ref, "dequantised reference", LOGPROB_TOLERANCE)
+    _said(report, run.servers["hybrid-mod"], "mod", f"sparkmods hybrid-int4-fp8: {layers} block-FP8 layers")
+    report.data["auto_compute"] = auto
+    report.data["logprob_gap"] = _compare(report, f"hybrid + mod ({auto})", mod, ref, "dequantised reference",
+                                          LOGPROB_TOLERANCE)
+    if forced is not None:
+        _said(report, run.servers[f"hybrid-mod-{other}"], f"mod, {HYBRID_COMPUTE_ENV}={other}", HYBRID_SAYS[other])
+        report.data[f"logprob_gap_{other}"] = _compare(report, f"hybrid + mod ({other})", forced, ref,
+                                                       "dequantised reference", LOGPROB_TOLERANCE)
     if stock is None:
         _stock_refused(report, run, "hybrid-stock", NO_FP8_PARAM, "stock vLLM cannot serve the hybrid checkpoint")
     else:
@@ -112,6 +124,7 @@ def hybrid(run) -> Report:
         report.data["stock_matches_reference"] = same
         report.check("stock vLLM on the hybrid checkpoint (FP8 bytes read as bf16) diverges", not same, detail)
     report.data["tokens_per_s"] = {"reference": ref["tokens_per_s"], "hybrid+mod": mod["tokens_per_s"],
+                                   f"hybrid+mod {other}": forced and forced["tokens_per_s"],
                                    "hybrid stock": stock and stock["tokens_per_s"]}
     return report
 
