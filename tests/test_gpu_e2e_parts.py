@@ -415,3 +415,19 @@ def test_hybrid_scenario_fails_a_forced_path_the_log_does_not_confirm(tmp_path: 
     report = scenarios.hybrid(run)
     failed = [c["name"] for c in report.checks if not c["passed"]]
     assert failed == [f"mod, {scenarios.HYBRID_COMPUTE_ENV}=fp8 log has {scenarios.HYBRID_SAYS['fp8']!r}"]
+
+
+def test_hybrid_scenario_without_a_patched_server_reports_instead_of_crashing(tmp_path: Path) -> None:
+    """run.sh failed for every patched server (none started): the checks say so, no KeyError."""
+    import e2e_scenarios as scenarios
+
+    class NoPatch(_HybridRun):
+        def serve(self, name, model_key, mods, extra, work, report, expect=(), must_start=True, env=None):
+            if mods:
+                report.check(f"{name}: run.sh of hybrid-int4-fp8 succeeds", False, "exit 1")
+                return None
+            return super().serve(name, model_key, mods, extra, work, report, expect, must_start, env)
+
+    report = scenarios.hybrid(NoPatch(tmp_path, "bf16"))
+    assert [c["name"] for c in report.checks if not c["passed"]] == [
+        "hybrid-mod: run.sh of hybrid-int4-fp8 succeeds", "hybrid-mod-bf16: run.sh of hybrid-int4-fp8 succeeds"]

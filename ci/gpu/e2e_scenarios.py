@@ -100,7 +100,8 @@ def hybrid(run) -> Report:
     mod = run.serve("hybrid-mod", "hybrid", ["hybrid-int4-fp8"], [], lambda s: greedy(s, hyb_m), report,
                     expect=["hybrid-int4-fp8"])
     layers = 3 * hyb_m["shape"]["num_layers"]  # gate, up and down of every shared expert
-    said = lines_with(run.servers["hybrid-mod"].log_text(), f"{layers} block-FP8 layers")
+    started = run.servers.get("hybrid-mod")  # absent when the mod's run.sh failed
+    said = lines_with(started.log_text(), f"{layers} block-FP8 layers") if started else []
     auto = "bf16" if said and HYBRID_SAYS["bf16"] in said[-1] else "fp8"
     other = "fp8" if auto == "bf16" else "bf16"  # the compute path this GPU's automatic choice skips
     forced = run.serve(f"hybrid-mod-{other}", "hybrid", ["hybrid-int4-fp8"], [], lambda s: greedy(s, hyb_m),
