@@ -241,16 +241,19 @@ def test_a_steady_cell_is_the_median_of_its_windows_and_keeps_each(monkeypatch):
         return {0: (60.0, 0.2, None), 1: (100.0, 0.1, None), 2: (98.0, 0.3, None)}[len(calls) - 1]
 
     monkeypatch.setattr(bs, "run_cell", run_cell)
-    rate, ttft, note, runs = bs.repeated_cell(8000, bs.Cell("steady", 1, 1024, 200), 128, index=4, repeats=3)
-    assert (rate, ttft, note, runs) == (98.0, 0.2, None, [60.0, 100.0, 98.0])
+    ticks = iter([(10, 100), (40, 200), (40, 200), (45, 300), (45, 300), (145, 400)])
+    monkeypatch.setattr(bs, "cpu_ticks", lambda: next(ticks))
+    got = bs.repeated_cell(8000, bs.Cell("steady", 1, 1024, 200), 128, index=4, repeats=3)
+    assert (got.rate, got.ttft, got.note, got.rates) == (98.0, 0.2, None, [60.0, 100.0, 98.0])
+    assert got.host_busy == [0.3, 0.05, 1.0]  # each window's own share of busy CPU time
     assert calls == [4000, 4001, 4002]  # fresh prompts each window, none shared with another cell's
 
 
 def test_a_failed_window_ends_the_cell_with_its_note(monkeypatch):
     answers = iter([(90.0, 0.1, None), (None, None, "HTTP 400: too long")])
     monkeypatch.setattr(bs, "run_cell", lambda *a, **k: next(answers))
-    rate, _, note, runs = bs.repeated_cell(8000, bs.Cell("steady", 1, 1024, 200), 128, index=0, repeats=3)
-    assert rate is None and note == "HTTP 400: too long" and runs == [90.0]
+    got = bs.repeated_cell(8000, bs.Cell("steady", 1, 1024, 200), 128, index=0, repeats=3)
+    assert got.rate is None and got.note == "HTTP 400: too long" and got.rates == [90.0]
 
 
 def test_repeated_windows_against_a_streaming_server_with_one_stall():
@@ -267,11 +270,13 @@ def test_repeated_windows_against_a_streaming_server_with_one_stall():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Stall)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        rate, _, note, runs = bs.repeated_cell(server.server_address[1], bs.Cell("steady", 1, 100, 200), 30, 0, 3)
+        got = bs.repeated_cell(server.server_address[1], bs.Cell("steady", 1, 100, 200), 30, 0, 3)
     finally:
         server.shutdown()
-    assert note is None and len(runs) == 3
-    assert runs[0] < 0.6 * min(runs[1:]) and rate == sorted(runs)[1] > 0.6 / _FakeVllm.STEP
+    runs = got.rates
+    assert got.note is None and len(runs) == 3
+    assert runs[0] < 0.6 * min(runs[1:]) and got.rate == sorted(runs)[1] > 0.6 / _FakeVllm.STEP
+    assert all(b is not None and 0 <= b <= 1 for b in got.host_busy)  # this machine's real /proc/stat
 
 
 def test_the_table_lists_cells_whose_windows_differ(tmp_path):
@@ -285,6 +290,10 @@ def test_the_table_lists_cells_whose_windows_differ(tmp_path):
     sr.write_report(tmp_path)
     md = (tmp_path / "served.md").read_text()
     assert "Each cell is the median of 3 windows; cells whose windows differ by more than 5%:\n- int8-lm-head 1k x 1: 91.0, 103.0, 103.2 tok/s\n" in md
+    cell["host_busy_runs"] = [0.312, 0.04, None]  # recorded since hostload; older rows have none
+    (tmp_path / "served.json").write_text(json.dumps(rows))
+    sr.write_report(tmp_path)
+    assert "- int8-lm-head 1k x 1: 91.0, 103.0, 103.2 tok/s (host CPUs busy 31, 4, ? %)\n" in (tmp_path / "served.md").read_text()
     cell["tok_s_runs"] = [102.0, 103.0, 103.2]
     (tmp_path / "served.json").write_text(json.dumps(rows))
     sr.write_report(tmp_path)
@@ -521,6 +530,9 @@ def test_a_whole_run_against_a_stand_in_server(tmp_path, monkeypatch):
     assert all(len(r["tok_s_runs"]) == 2 and abs(r["tok_s"] - sum(r["tok_s_runs"]) / 2) <= 0.1
                for r in measured if r["phase"] == "steady")
     assert not any("tok_s_runs" in r for r in stock if r["phase"] == "first")
+    # and beside each window, how busy the host's CPUs were while it ran
+    assert all(len(r["host_busy_runs"]) == 2 and all(0 <= b <= 1 for b in r["host_busy_runs"])
+               for r in measured if r["phase"] == "steady")
     assert "exceed --max-cell-tokens 200" in stock[-1]["note"] and stock[-1]["tok_s"] is None
     failed = [r for r in rows if r["config"] == "int8-lm-head"]
     assert len(failed) == 6 and all(r["note"].startswith("run.sh of int8-lm-head failed") for r in failed)
@@ -789,3 +801,18 @@ def test_a_merge_that_fails_while_writing_is_undone(tmp_path, capsys, monkeypatc
     monkeypatch.setattr(sm, "write_atomic", real)
     assert bs.main(["merge", str(into), str(source)]) == 0
     assert len(json.loads((into / "served.json").read_text())) == 27
+
+
+def test_host_load_from_proc_stat(tmp_path):
+    """Busy ticks are all but idle and iowait; guest time is not counted twice."""
+    from benchlib import hostload
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 5 50 800 40 3 2 0 7 1\ncpu0 50 2 25 400 20 1 1 0 0 0\n")
+    assert hostload.cpu_ticks(stat) == (160, 1000)
+    stat.write_text("cpu  160 5 90 1100 40 3 2 0 9 1\n")
+    assert hostload.busy_share((160, 1000), hostload.cpu_ticks(stat)) == pytest.approx(100 / 400)
+    assert hostload.cpu_ticks(tmp_path / "missing") is None
+    stat.write_text("intr 1 2 3\n")
+    assert hostload.cpu_ticks(stat) is None
+    assert hostload.busy_share(None, (1, 2)) is None and hostload.busy_share((5, 10), (5, 10)) is None

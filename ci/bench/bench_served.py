@@ -62,6 +62,7 @@ sys.path.insert(0, str(REPO / "ci" / "gpu"))  # e2e_serve: overlay, apply_mod, S
 sys.path.insert(0, str(REPO / "tests"))  # ckptfactory: the checkpoint's tensor specs
 sys.path.insert(0, str(REPO / "tools"))  # sparkmods.checkpoint.header: the safetensors header writer
 
+from benchlib.hostload import busy_share, cpu_ticks  # noqa: E402
 from benchlib.qwen35_shapes import MODELS, Model, config_json  # noqa: E402
 from benchlib.served_archive import ArchiveError, pack, unpack  # noqa: E402
 from benchlib.served_merge import MergeError, merge  # noqa: E402
@@ -378,20 +379,34 @@ def profile_cell(port: int, cell: Cell, trace_dir: Path, into: Path, seed: int) 
         _close_streams(threads, stop)
 
 
-def repeated_cell(port: int, cell: Cell, gen: int, index: int,
-                  repeats: int) -> tuple[float | None, float | None, str | None, list[float]]:
-    """run_cell `repeats` times (fresh prompts each time): the median rate and time to first token,
-    and every run's rate. One window is short (128 tokens at batch 1 is under a second), so a
-    single stall in the server can move a cell; the median is what steady means.
-    A run that fails ends the cell with its note and no rate."""
-    rates, ttfts = [], []
+@dataclass
+class Windows:
+    """A cell's windows: the median rate and time to first token, each window's rate and how busy
+    the host's CPUs were during it (None where unknown), or the note of the window that failed."""
+
+    rate: float | None
+    ttft: float | None
+    note: str | None
+    rates: list[float]
+    host_busy: list[float | None]
+
+
+def repeated_cell(port: int, cell: Cell, gen: int, index: int, repeats: int) -> Windows:
+    """run_cell `repeats` times (fresh prompts each time). One window is short (128 tokens at batch
+    1 is under a second), so a single stall in the server can move a cell; the median is what
+    steady means. A run that fails ends the cell with its note and no rate."""
+    rates: list[float] = []
+    ttfts: list[float] = []
+    busy: list[float | None] = []
     for k in range(repeats):
+        before = cpu_ticks()
         rate, ttft, note = run_cell(port, cell, gen, seed=index * 1000 + k)
         if note is not None or rate is None or ttft is None:
-            return None, ttft, note, rates
+            return Windows(None, ttft, note, rates, busy)
+        busy.append(busy_share(before, cpu_ticks()))
         rates.append(rate)
         ttfts.append(ttft)
-    return statistics.median(rates), statistics.median(ttfts), None, rates
+    return Windows(statistics.median(rates), statistics.median(ttfts), None, rates, busy)
 
 
 # ---------------------------------------------------------------- servers
@@ -455,12 +470,14 @@ class Bench:
     rows: list[dict] = field(default_factory=list)
 
     def row(self, cfg: str, cell: Cell, tok_s: float | None, kv: int | None, ttft: float | None, note: str | None,
-            runs: Sequence[float] = ()) -> None:
+            runs: Sequence[float] = (), host_busy: Sequence[float | None] = ()) -> None:
         self.rows.append({"model": self.model.key, "gpu": self.gpu, "vllm": self.vllm, "config": cfg,
                           "batch": cell.batch, "context": cell.context,
                           "tok_s": None if tok_s is None else round(tok_s, 1), "kv_tokens": kv,
                           "first_tok_s": None if ttft is None else round(ttft, 3), "phase": cell.phase, "note": note,
-                          "gen": self.args.gen, **({"tok_s_runs": [round(r, 1) for r in runs]} if len(runs) > 1 else {})})
+                          "gen": self.args.gen, **({"tok_s_runs": [round(r, 1) for r in runs]} if len(runs) > 1 else {}),
+                          **({"host_busy_runs": [None if b is None else round(b, 3) for b in host_busy]}
+                             if len(runs) > 1 and any(b is not None for b in host_busy) else {})})
         tmp = self.results / "served.json.tmp"
         tmp.write_text(json.dumps(self.rows, indent=1) + "\n")
         os.replace(tmp, self.results / "served.json")
@@ -531,11 +548,12 @@ class Bench:
                     self.row(cfg.name, cell, None, kv, None, cell.skip)
                     continue
                 before = _preemptions(server)
-                rate, ttft, note, runs = repeated_cell(server.port, cell, a.gen, n, a.repeats if cell.phase == "steady" else 1)
+                got = repeated_cell(server.port, cell, a.gen, n, a.repeats if cell.phase == "steady" else 1)
+                note = got.note
                 preempted = _preemptions(server) - before
                 if preempted and note is None:
                     note = f"{preempted:.0f} preemptions: the cell did not fit"
-                self.row(cfg.name, cell, rate, kv, ttft, note, runs)
+                self.row(cfg.name, cell, got.rate, kv, got.ttft, note, got.rates, got.host_busy)
             if a.profile:
                 self.profile(cfg, server)
         finally:

@@ -124,7 +124,7 @@ def markdown(rows: Sequence[dict], warmups: "dict[str, list[str]] | None" = None
         apart = f"differ by more than {SPREAD - 1:.0%}"
         out += ["", said + (f"cells whose windows {apart}:" if spread else f"in none do they {apart}.")]
         out += [f"- {r['config']} {_context(r['context'])} x {r['batch']}: "
-                f"{', '.join(f'{v:.1f}' for v in r['tok_s_runs'])} tok/s" for r in spread]
+                f"{', '.join(f'{v:.1f}' for v in r['tok_s_runs'])} tok/s{_host_busy(r)}" for r in spread]
     out += ["", "| config | KV cache tokens | " + " | ".join(f"first token at {_context(c)}, batch 1 (s)" for c in contexts) + " |",
             "|---|---:|" + "---:|" * len(contexts)]
     for config in configs:
@@ -192,6 +192,14 @@ def svg(rows: Sequence[dict], panel_w: int = 260, panel_h: int = 220) -> str:
         out.append(f'<text x="{left + 30}" y="{y + 4}">{escape(config)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
+
+
+def _host_busy(row: dict) -> str:
+    """ "(host CPUs busy 4, 5, 31 %)" for a row whose windows recorded it, else nothing."""
+    shares = row.get("host_busy_runs")
+    if not shares:
+        return ""
+    return " (host CPUs busy " + ", ".join("?" if b is None else f"{100 * b:.0f}" for b in shares) + " %)"
 
 
 def write_report(results: Path) -> list[Path]:
