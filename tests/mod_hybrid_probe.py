@@ -110,13 +110,17 @@ def _describe(method: Any) -> Dict[str, Any]:
     }
 
 
+def _first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
 def _outcome(call: Any) -> Dict[str, Any]:
     """What call returns; or the error it raises and the method it was constructing then."""
     try:
         return _describe(call())
     except Exception as exc:  # noqa: BLE001 - the probe reports any error of vLLM's to the test
         out = _describe(_started(exc.__traceback__))
-        out["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        out["error"] = _first_line(exc)
         return out
 
 
@@ -244,7 +248,7 @@ def _outcome_of_load(config: Any, spec: Dict[str, Any], checkpoint: str) -> Dict
         return _load(config, spec, checkpoint)
     except Exception as exc:  # noqa: BLE001 - the probe reports any error of vLLM's to the test
         where = traceback.extract_tb(exc.__traceback__)[-1]
-        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0] + f" ({Path(where.filename).name}:{where.lineno})"}
+        return {"error": f"{_first_line(exc)} ({Path(where.filename).name}:{where.lineno})"}
 
 
 def main(argv: List[str]) -> int:

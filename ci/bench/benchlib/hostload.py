@@ -1,6 +1,6 @@
 """How busy the host's CPUs were over an interval, from /proc/stat.
 
-A served decode window on one GPU is slowed by what else the host runs (another GPU's server
+A served decode window on one GPU can be slowed by what else the host runs (another GPU's server
 starting: weight loading, torch.compile), and a window's rate alone cannot say so. Two readings
 around the window give the share of all CPU time that was busy in between.
 """
