@@ -431,3 +431,41 @@ def test_hybrid_scenario_without_a_patched_server_reports_instead_of_crashing(tm
     report = scenarios.hybrid(NoPatch(tmp_path, "bf16"))
     assert [c["name"] for c in report.checks if not c["passed"]] == [
         "hybrid-mod: run.sh of hybrid-int4-fp8 succeeds", "hybrid-mod-bf16: run.sh of hybrid-int4-fp8 succeeds"]
+
+
+@pytest.mark.parametrize("setting, capability, mode", [(None, (9, 0), "bf16"), ("fp8", (9, 0), "fp8"),
+                                                       (None, (12, 1), "fp8"), ("bf16", (12, 1), "bf16")])
+def test_hybrid_scenario_expects_the_words_the_mods_scan_logs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture, setting, capability,
+                                                              mode) -> None:
+    """The mod's own `scan` (out of its patch), with vLLM's two helpers it calls standing in: the
+    line it logs holds the words the GPU scenario looks for, for the path chosen."""
+    import logging
+    import types
+
+    import e2e_scenarios as scenarios
+    from realmods import load_patched_module
+
+    mod = load_patched_module(REPO / "mods" / "hybrid-int4-fp8" / "patches" / "common" / "sparkmods_hybrid_fp8.patch",
+                              tmp_path, "sparkmods_hybrid_fp8_scan")
+    header = {"m.weight": {"dtype": "F8_E4M3", "shape": [256, 128]}, "m.weight_scale_inv": {"dtype": "F32", "shape": [2, 1]}}
+    config_mod = types.ModuleType("vllm.transformers_utils.config")
+    config_mod.get_safetensors_params_metadata = lambda model, revision=None: header  # type: ignore[attr-defined]
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = types.SimpleNamespace(  # type: ignore[attr-defined]
+        get_device_capability=lambda: types.SimpleNamespace(major=capability[0], minor=capability[1]))
+    for name, module in (("vllm", types.ModuleType("vllm")), ("vllm.transformers_utils", types.ModuleType("t")),
+                         ("vllm.transformers_utils.config", config_mod), ("vllm.platforms", platforms)):
+        monkeypatch.setitem(sys.modules, name, module)
+    if setting is None:
+        monkeypatch.delenv(scenarios.HYBRID_COMPUTE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(scenarios.HYBRID_COMPUTE_ENV, setting)
+    config = types.SimpleNamespace()
+    with caplog.at_level(logging.INFO, logger=mod.logger.name):
+        mod.scan(config, "/m")
+    (line,) = [r.getMessage() for r in caplog.records if r.name == mod.logger.name]
+    assert config._sparkmods_hybrid_fp8.compute == mode
+    assert line.startswith("sparkmods hybrid-int4-fp8: 1 block-FP8 layers in /m ")
+    assert scenarios.HYBRID_SAYS[mode] in line
+    assert scenarios.HYBRID_SAYS["bf16" if mode == "fp8" else "fp8"] not in line.split("(")[0]
