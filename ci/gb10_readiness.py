@@ -150,7 +150,8 @@ def tq_jobs(fmt: ModuleType, tq: ModuleType, target: str) -> List[Job]:
                      {"x_ptr": "bf16", "r_ptr": "fp32", "out_ptr": "fp32"}, ("stride_x",), {"num_warps": 4}, None))
         jobs.append(("tq", "_rotate_few_kernel", f"rotate head {head} few rows",
                      {"D": head, "BLOCK_C": tq.rotate_few_columns(head), "ROWS_PER": tq.ROTATE_ROWS_PER},
-                     {"x_ptr": "bf16", "r_ptr": "fp32", "out_ptr": "fp32"}, ("stride_x",), {"num_warps": 4}, None))
+                     {"x_ptr": "bf16", "y_ptr": "bf16", "r_ptr": "fp32", "out_ptr": "fp32"}, ("stride_x", "stride_y"),
+                     {"num_warps": 4}, None))
     return jobs
 
 

@@ -11,7 +11,8 @@ Any key first asked for after the warm-up is a late compile.
 
 turboquant: what tq_triton.warm_up runs (compile_variants, so that a failure is raised, not logged)
 with the server's geometry and limits, then the calls the attention
-implementation (sparkmods_turboquant.py) makes while serving, with its argument layouts:
+implementation (sparkmods_turboquant.py) makes while serving (tq_store_decode: a step's store
+and its decode rows; tq_dequant_varlen for a prefill), with its argument layouts:
 query/key/value as views into one qkv buffer, block-table rows as a slice of the persistent
 table (or index_select rows with speculative tokens), the prefill's whole table and first row.
 int8-lm-head: warm_up on the head, then int8_matmul at every row count up to max_rows (vLLM
@@ -86,17 +87,17 @@ def turboquant_calls(torch: Any, triton: Any, fmt: Any, tq: Any, case: Dict[str,
     slots = torch.zeros(tokens, dtype=torch.int64)
     calls: List[tuple] = []
 
-    def store(n: int) -> Callable[[], None]:
-        return lambda: tq.tq_store(key[:n].view(n, hkv, head), value[:n].view(n, hkv, head), cache, slots[:n], spec)
-
-    def decode(batch: int) -> Callable[[], None]:
-        rows = batch * (1 + k)
+    def step(decodes: int, stored: int) -> Callable[[], None]:
+        """forward's store and decode: `decodes` requests' rows, `stored` tokens (theirs first)."""
+        rows = decodes * (1 + k)
         if k:
             req = torch.arange(rows) // (1 + k)
             bt, lens = table.index_select(0, req), seq_lens.index_select(0, req)
         else:
-            bt, lens = table[:batch], seq_lens[:batch]
-        return lambda: tq.tq_decode(query[:rows], cache, bt, lens, 0.1, spec, out=output[:rows])
+            bt, lens = table[:decodes], seq_lens[:decodes]
+        return lambda: tq.tq_store_decode(query[:rows], key[:stored].view(stored, hkv, head),
+                                          value[:stored].view(stored, hkv, head), cache, slots[:stored], bt, lens,
+                                          0.1, spec, output[:rows])
 
     def prefill(decodes: int, lengths: List[int]) -> Callable[[], None]:
         cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
@@ -106,8 +107,12 @@ def turboquant_calls(torch: Any, triton: Any, fmt: Any, tq: Any, case: Dict[str,
 
     for n in sorted({1, 2, 3, 15, 16, 17, 1023, 1024, 1025, 4096, seqs * (1 + k), tokens}):
         if n <= tokens:
-            calls.append((f"store of {n} tokens", store(n)))
-    calls += [(f"decode of {b} requests", decode(b)) for b in range(1, seqs + 1)]
+            calls.append((f"store of {n} tokens", step(0, n)))
+    calls += [(f"decode of {b} requests", step(b, b * (1 + k))) for b in range(1, seqs + 1)]
+    for decodes in sorted({1, 5, 17, seqs - 1}):
+        for n in sorted({decodes * (1 + k) + 1, decodes * (1 + k) + 1500, tokens}):
+            if 0 < decodes < seqs and n <= tokens:
+                calls.append((f"store of {n} tokens with {decodes} decodes", step(decodes, n)))
     for decodes in sorted({0, 1, 5, 17, seqs - 1}):
         for lengths in ([1], [17], [1500], [3, 3000, 9], [7] * 17, [1] * (seqs - decodes)):
             if decodes + len(lengths) <= seqs:

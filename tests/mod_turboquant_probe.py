@@ -159,7 +159,8 @@ def _forward(case: Dict[str, Any]) -> Dict[str, Any]:
         q = torch.randn(n, hq, head).to(torch.bfloat16)
         k, v = torch.randn(n, hkv, head).to(torch.bfloat16), torch.randn(n, hkv, head).to(torch.bfloat16)
         out = torch.full((n, hq, head), float("nan"), dtype=torch.bfloat16)
-        impl.do_kv_cache_update(None, k, v, cache, slots)  # vLLM stores first (forward_includes_kv_cache_update)
+        if not tq.TurboQuantBackend.forward_includes_kv_cache_update:  # as vLLM's attention layer decides
+            impl.do_kv_cache_update(None, k, v, cache, slots)
         impl.forward(None, q, k, v, cache, meta, output=out)
         # reference: every query token attends causally to the dequantised cache of its request
         worst = 0.0

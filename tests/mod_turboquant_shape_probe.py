@@ -145,7 +145,8 @@ def _forward(cfg: Any, layer: Any, spec: Any, cache: Any) -> Dict[str, Any]:
         # vLLM hands the layer flat [tokens, heads * head] projections and a flat output buffer
         q = torch.randn(n, heads * head).to(torch.bfloat16)
         k, v = torch.randn(n, hkv * head).to(torch.bfloat16), torch.randn(n, hkv * head).to(torch.bfloat16)
-        impl.do_kv_cache_update(layer, k, v, cache, slots)
+        if not backend.forward_includes_kv_cache_update:  # as vLLM's attention layer decides
+            impl.do_kv_cache_update(layer, k, v, cache, slots)
         out = torch.full((n, heads * head), float("nan"), dtype=torch.bfloat16)
         impl.forward(layer, q, k, v, cache, meta, output=out)
         worst = 0.0
@@ -163,7 +164,7 @@ def _forward(cfg: Any, layer: Any, spec: Any, cache: Any) -> Dict[str, Any]:
         "model_config", "cache_config", "parallel_config", "scheduler_config")},
         speculative_config=SimpleNamespace(num_speculative_tokens=2))
     return {"impl": f"{type(impl).__module__}.{type(impl).__name__}", "builder": type(builder).__name__,
-            "prefill": prefill, "decode": step([1, 1], [block + 4, 6]),
+            "stores_in_forward": backend.forward_includes_kv_cache_update, "prefill": prefill, "decode": step([1, 1], [block + 4, 6]),
             "warm_up": {**warm, "spec": warm["spec"].name, "dtype": str(warm["dtype"]),
                         "max_batch_with_2_speculative": warm_up_shape(spec, with_mtp)["max_batch"]},
             "layer": {"heads": heads, "kv_heads": hkv, "head": head, "block": block, "kv_cache_dtype": layer.kv_cache_dtype,
@@ -188,7 +189,21 @@ def _layout_forward(cfg: Any, layers: Dict[str, Any]) -> Dict[str, Any]:
     cache = pages.view(4, *[logical[i] for i in order[1:]]).permute(*[order.index(i) for i in range(4)])
     assert tuple(cache.shape) == logical
     return {"layer": name, "layout": layout.name, "page_size_bytes": spec.page_size_bytes, "content": used,
-            "forward": _forward(cfg, layer, spec, cache)}
+            "forward": _forward(cfg, layer, spec, cache), "subclass": _subclass(layer.attn_backend)}
+
+
+def _subclass(backend: type) -> Dict[str, Any]:
+    """A backend for another cache built on this one, as 0.33's ULTRAQUANT is (importing that needs
+    a CUDA Triton): its impl and whether it stores in forward. The mod changes both for TURBOQUANT
+    only; a subclass keeps upstream's impl, which needs vLLM's separate store call."""
+
+    class Other(backend):  # type: ignore[misc, valid-type]
+        @staticmethod
+        def get_name() -> str:
+            return "OTHERQUANT"
+
+    impl = Other.get_impl_cls()
+    return {"impl": f"{impl.__module__}.{impl.__name__}", "stores_in_forward": Other.forward_includes_kv_cache_update}
 
 
 def main(argv: List[str]) -> int:

@@ -40,3 +40,7 @@ def test_turboquant_layers_run_our_kernels_on_a_layout_ordered_cache(report: Dic
     assert got["layout"] == "LBNHC"  # upstream's declared order: token-major pages, heads inside
     assert got["content"] % (2 * SLOT[256][dtype]) == 0  # the page holds upstream's bytes per token
     assert_forward_matches_reference(got["forward"])
+    # a backend built on upstream's TurboQuant class (0.33's ULTRAQUANT) keeps upstream's impl and
+    # vLLM's separate store call, which the patched class attribute would otherwise switch off
+    assert got["subclass"] == {"impl": "vllm.v1.attention.backends.turboquant_attn.TurboQuantAttentionImpl",
+                               "stores_in_forward": False}

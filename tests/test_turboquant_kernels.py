@@ -462,6 +462,73 @@ def test_rotate_is_float32_matmul_for_strided_inputs_and_any_row_count(fmt: Modu
     assert tq.rotate(padded[:0], rot).shape == (0, 3, d)
 
 
+class Launches:
+    """Counts launches of a Triton kernel (grid[...](...)) and runs them."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel, self.count = kernel, 0
+
+    def __getitem__(self, grid: Any) -> Any:
+        self.count += 1
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("queries,keys", [(8, 1), (1, 1), (0, 3), (3, 0), (0, 0), (24, 8), (17, 200)])
+def test_rotate_pair_gives_rotates_numbers_in_one_launch_when_the_rows_are_few(
+        fmt: ModuleType, tq: ModuleType, monkeypatch: pytest.MonkeyPatch, d: int, queries: int, keys: int) -> None:
+    """A decode step's query rows and key rows go through one _rotate_few_kernel launch (each launch
+    costs about as much as its arithmetic); the numbers are rotate()'s, bit for bit, on views into
+    one qkv buffer as vLLM hands them; past ROTATE_FEW_ROWS rows together each is rotate()d alone."""
+    rot = fmt.rotation(d, "cpu").T.contiguous()
+    gen = torch.Generator().manual_seed(d + queries)
+    qkv = torch.randn(max(queries, keys, 1), (HQ + 2 * HKV) * d, generator=gen).to(torch.bfloat16)
+    query = qkv[:queries, :HQ * d].view(queries, HQ, d)
+    key = qkv[:keys, HQ * d:(HQ + HKV) * d].view(keys, HKV, d)
+    few, tiled = Launches(tq._rotate_few_kernel), Launches(tq._rotate_kernel)
+    monkeypatch.setattr(tq, "_rotate_few_kernel", few)
+    monkeypatch.setattr(tq, "_rotate_kernel", tiled)
+    got_q, got_k = tq.rotate_pair(query, key, rot)
+    launched = (few.count, tiled.count)
+    assert torch.equal(got_q, tq.rotate(query, rot)) and torch.equal(got_k, tq.rotate(key, rot))
+    assert (got_q.shape, got_k.shape) == (query.shape, key.shape) and got_q.dtype == got_k.dtype == torch.float32
+    rows = queries * HQ + keys * HKV
+    if tq.rotate_tiling(rows):
+        assert launched == (int(0 < queries * HQ <= tq.ROTATE_FEW_ROWS) + int(0 < keys * HKV <= tq.ROTATE_FEW_ROWS),
+                            int(tq.rotate_tiling(queries * HQ)) + int(tq.rotate_tiling(keys * HKV)))
+    else:
+        assert launched == (int(rows > 0), 0)
+
+
+@pytest.mark.parametrize("name", DTYPES)
+@pytest.mark.parametrize("decodes,stored_tokens", [(3, 3), (2, 5), (0, 4), (3, 0)])
+def test_a_step_stores_then_decodes_as_store_and_decode_do(fmt: ModuleType, tq: ModuleType, name: str,
+                                                           decodes: int, stored_tokens: int) -> None:
+    """forward's tq_store_decode: the same cache bytes as tq_store and the same decode rows as
+    tq_decode after it (the decode sees this step's tokens), whether the step's keys were rotated
+    with its queries or not, including a token whose slot is -1 and keys past the slot mapping."""
+    spec, d = fmt.tq_spec(name), 128
+    case = stored(fmt, tq, name, d)
+    gen = torch.Generator().manual_seed(decodes * 10 + stored_tokens)
+    qkv = torch.randn(stored_tokens + 2, (HQ + 2 * HKV) * d, generator=gen).to(torch.bfloat16)
+    query = torch.randn(decodes, HQ, d, generator=gen).to(torch.bfloat16)
+    key = qkv[:, HQ * d:(HQ + HKV) * d].view(-1, HKV, d)
+    value = qkv[:, (HQ + HKV) * d:].view(-1, HKV, d)
+    free = [s for s in range(PAGES * BLOCK) if s not in set(case["mapping"].tolist())]
+    slots = torch.tensor(([-1] + free)[:stored_tokens], dtype=torch.int64)
+    table = torch.arange(PAGES, dtype=torch.int32).repeat(max(decodes, 1), 1)[:decodes]
+    lens = torch.tensor([PAGES * BLOCK - r for r in range(decodes)], dtype=torch.int32)
+    apart, together = case["kernel"].clone(), case["kernel"].clone()
+    tq.tq_store(key, value, apart, slots, spec)
+    expected = tq.tq_decode(query, apart, table, lens, d ** -0.5, spec)
+    out = torch.full_like(query, float("nan"))
+    tq.tq_store_decode(query, key, value, together, slots, table, lens, d ** -0.5, spec, out)
+    assert torch.equal(together, apart)
+    assert torch.equal(out, expected)
+    if stored_tokens > 1:
+        assert not torch.equal(together, case["kernel"])  # the step stored something
+
+
 @pytest.mark.parametrize("splits", [5, 20, 40, 100])
 def test_merge_weights_each_used_split_by_its_log_sum_exp(tq: ModuleType, splits: int) -> None:
     """The merge reads merge_rows(splits) splits a step (16 to 64): every split a request used is

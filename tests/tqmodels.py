@@ -47,6 +47,8 @@ def assert_forward_matches_reference(forward: Dict[str, Any]) -> None:
     the packed format's reference (outputs up to ~4)."""
     assert forward["impl"] == "vllm.v1.attention.backends.sparkmods_turboquant.TurboQuantImpl"
     assert forward["builder"] == "TurboQuantMetadataBuilder"
+    # the impl stores in forward (no do_kv_cache_update), so vLLM must not call a separate store
+    assert forward["stores_in_forward"] is True
     assert forward["prefill"]["num_decode_tokens"] == 0 and forward["decode"]["num_decode_tokens"] == 2
     for name in ("prefill", "decode"):
         assert forward[name]["finite"], name

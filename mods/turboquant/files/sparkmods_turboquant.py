@@ -169,7 +169,7 @@ def select_backend(selector_config) -> type:
 
 class TurboQuantBackend(AttentionBackend):
     accept_output_buffer: bool = True
-    forward_includes_kv_cache_update: bool = False  # vLLM calls do_kv_cache_update first (as upstream's)
+    forward_includes_kv_cache_update: bool = True  # forward stores (its keys rotate with the queries)
     supported_dtypes: ClassVar[List[torch.dtype]] = [torch.float16, torch.bfloat16]
     supported_kv_cache_dtypes: ClassVar[list] = list(fmt.DTYPES)
 
@@ -386,15 +386,6 @@ class TurboQuantImpl(AttentionImpl[TurboQuantMetadata]):
         logger.info_once("TurboQuant attention on sparkmods kernels: --kv-cache-dtype %s, head size %d",
                          kv_cache_dtype, head_size)
 
-    def do_kv_cache_update(self, layer, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                           slot_mapping: torch.Tensor) -> None:
-        """Quantise this step's keys and values into the cache (vLLM calls it before forward)."""
-        n = slot_mapping.shape[0]
-        if n:
-            tqk.tq_store(key[:n].view(n, self.num_kv_heads, self.head_size),
-                         value[:n].view(n, self.num_kv_heads, self.head_size),
-                         pages(kv_cache, self.num_kv_heads), slot_mapping, self.spec)
-
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: Optional[TurboQuantMetadata], output: Optional[torch.Tensor] = None,
                 output_scale: Optional[torch.Tensor] = None,
@@ -408,10 +399,14 @@ class TurboQuantImpl(AttentionImpl[TurboQuantMetadata]):
         kv_cache = pages(kv_cache, self.num_kv_heads)
         query = query.view(-1, self.num_heads, self.head_size)
         out = output.view(-1, self.num_heads, self.head_size)
-        if m.num_decode_tokens:
-            nd = m.num_decode_tokens
-            block_table, lens = decode_rows(m)
-            tqk.tq_decode(query[:nd], kv_cache, block_table, lens, self.scale, self.spec, out=out[:nd])
+        # this step's keys and values first (a layer sharing another's cache stores none), so the
+        # decode rows and the prefill see them
+        n = 0 if self.kv_sharing_target_layer_name is not None else m.slot_mapping.shape[0]
+        nd = m.num_decode_tokens
+        block_table, lens = decode_rows(m)
+        tqk.tq_store_decode(query[:nd], key[:n].view(n, self.num_kv_heads, self.head_size),
+                            value[:n].view(n, self.num_kv_heads, self.head_size), kv_cache, m.slot_mapping[:n],
+                            block_table, lens, self.scale, self.spec, out[:nd])
         if m.prefill_cu_seqlens_k is not None:
             self._prefill(query, kv_cache, m, out)
         return output

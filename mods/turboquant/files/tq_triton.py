@@ -439,19 +439,21 @@ def _rotate_kernel(x_ptr, r_ptr, out_ptr, rows, stride_x, D: tl.constexpr, BLOCK
     tl.store(out_ptr + r[:, None].to(tl.int64) * D + c[None, :], acc, mask=ok[:, None])
 
 
-@triton.jit(do_not_specialize=["rows"])
-def _rotate_few_kernel(x_ptr, r_ptr, out_ptr, rows, stride_x, D: tl.constexpr, BLOCK_C: tl.constexpr,
-                       ROWS_PER: tl.constexpr):
-    """out = x @ R for a few rows (a decode step's query heads, its tokens' keys): a program holds a
-    [D, BLOCK_C] block of R and takes ROWS_PER rows one after another, each a float32 product and
-    one sum over D. _rotate_kernel's tiles of 16 rows and its chain of matrix steps over D cost more
-    than the arithmetic at this size."""
+@triton.jit(do_not_specialize=["rows_x", "rows"])
+def _rotate_few_kernel(x_ptr, y_ptr, r_ptr, out_ptr, rows_x, rows, stride_x, stride_y, D: tl.constexpr,
+                       BLOCK_C: tl.constexpr, ROWS_PER: tl.constexpr):
+    """out = [x; y] @ R for a few rows (a decode step's query heads and its tokens' keys: one launch
+    for both): a program holds a [D, BLOCK_C] block of R and takes ROWS_PER rows one after another,
+    each a float32 product and one sum over D. _rotate_kernel's tiles of 16 rows and its chain of
+    matrix steps over D cost more than the arithmetic at this size."""
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     k = tl.arange(0, D)
     rot = tl.load(r_ptr + k[:, None] * D + c[None, :])
     for j in tl.static_range(ROWS_PER):
         row = (tl.program_id(0) * ROWS_PER + j).to(tl.int64)
-        x = tl.load(x_ptr + row * stride_x + k, mask=(k < D) & (row < rows), other=0.0).to(tl.float32)
+        in_x = row < rows_x
+        x = tl.load(x_ptr + row * stride_x + k, mask=(k < D) & in_x, other=0.0).to(tl.float32)
+        x += tl.load(y_ptr + (row - rows_x) * stride_y + k, mask=(k < D) & ~in_x & (row < rows), other=0.0).to(tl.float32)
         tl.store(out_ptr + row * D + c, tl.sum(x[:, None] * rot, axis=0), mask=(c < D) & (row < rows))
 
 
@@ -469,6 +471,25 @@ def rotate_few_columns(head_size: int) -> int:
     return min(head_size, max(16, 8192 // head_size))
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., D] as rows [N, D] with a contiguous last dimension (a view where strides allow)."""
+    flat = x.reshape(-1, x.shape[-1])
+    return flat if flat.stride(-1) == 1 else flat.contiguous()
+
+
+def _rotate_few(x: torch.Tensor, y: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """[x; y] @ rotation in float32, rows [N, D] each, by one _rotate_few_kernel launch."""
+    head_size = x.shape[-1]
+    rows = x.shape[0] + y.shape[0]
+    out = torch.empty(rows, head_size, dtype=torch.float32, device=x.device)
+    if rows:
+        block_c = rotate_few_columns(head_size)
+        _rotate_few_kernel[(triton.cdiv(rows, ROTATE_ROWS_PER), head_size // block_c)](
+            x, y, rotation, out, x.shape[0], rows, x.stride(0), y.stride(0), D=head_size, BLOCK_C=block_c,
+            ROWS_PER=ROTATE_ROWS_PER, num_warps=4)
+    return out
+
+
 def rotate(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
     """x [..., D] @ rotation [D, D] in float32, shaped like x.
 
@@ -477,28 +498,35 @@ def rotate(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
     (ci/bench/results/turboquant-rotate-any-h100.md).
     """
     head_size = x.shape[-1]
-    flat = x.reshape(-1, head_size)
-    if flat.stride(-1) != 1:
-        flat = flat.contiguous()
+    flat = _rows(x)
     rows = flat.shape[0]
+    if not rotate_tiling(rows):
+        return _rotate_few(flat, flat[:0], rotation).view(*x.shape[:-1], head_size)
     out = torch.empty(rows, head_size, dtype=torch.float32, device=x.device)
-    if rows and rotate_tiling(rows):
-        block_c = min(64, head_size)
-        _rotate_kernel[(triton.cdiv(rows, 64), head_size // block_c)](
-            flat, rotation, out, rows, flat.stride(0), D=head_size, BLOCK_R=64, BLOCK_C=block_c,
-            BLOCK_K=min(32, head_size), num_warps=4)
-    elif rows:
-        block_c = rotate_few_columns(head_size)
-        _rotate_few_kernel[(triton.cdiv(rows, ROTATE_ROWS_PER), head_size // block_c)](
-            flat, rotation, out, rows, flat.stride(0), D=head_size, BLOCK_C=block_c, ROWS_PER=ROTATE_ROWS_PER,
-            num_warps=4)
+    block_c = min(64, head_size)
+    _rotate_kernel[(triton.cdiv(rows, 64), head_size // block_c)](
+        flat, rotation, out, rows, flat.stride(0), D=head_size, BLOCK_R=64, BLOCK_C=block_c,
+        BLOCK_K=min(32, head_size), num_warps=4)
     return out.view(*x.shape[:-1], head_size)
 
 
-def tq_store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor, spec: fmt.TQSpec) -> None:
+def rotate_pair(x: torch.Tensor, y: torch.Tensor, rotation: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(x @ rotation, y @ rotation) as rotate() gives them, in one launch when their rows together
+    are few (a decode step's queries and keys: each launch costs about as much as its arithmetic)."""
+    fx, fy = _rows(x), _rows(y)
+    if rotate_tiling(fx.shape[0] + fy.shape[0]):
+        return rotate(x, rotation), rotate(y, rotation)
+    out = _rotate_few(fx, fy, rotation)
+    head_size = x.shape[-1]
+    return out[:fx.shape[0]].view(*x.shape[:-1], head_size), out[fx.shape[0]:].view(*y.shape[:-1], head_size)
+
+
+def tq_store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor, spec: fmt.TQSpec,
+             *, rotated: bool = False) -> None:
     """Quantise key/value [T, Hkv, D] into the cache at slot_mapping (-1 = skip the token).
 
-    Only the first len(slot_mapping) tokens are read (vLLM pads key/value past them).
+    Only the first len(slot_mapping) tokens are read (vLLM pads key/value past them). rotated:
+    the keys are rotate()'s float32 output already (tq_store_decode rotates them with the queries).
     """
     n = slot_mapping.shape[0]
     head_size = key.shape[-1]
@@ -506,7 +534,7 @@ def tq_store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
     if n == 0:
         return
     tab = tables(spec, head_size, key.device)
-    keys = key[:n] if spec.key_fp8 else rotate(key[:n], tab.rotation_t)
+    keys = key[:n] if spec.key_fp8 or rotated else rotate(key[:n], tab.rotation_t)
     values = value[:n]
     if keys.stride(-1) != 1 or values.stride(-1) != 1:
         raise ValueError("tq_store needs key and value with a contiguous last dimension")
@@ -944,22 +972,23 @@ def num_splits_for(batch: int, num_kv_heads: int, max_context: int, device: torc
 
 def tq_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float,
               spec: fmt.TQSpec, out: Optional[torch.Tensor] = None, *, num_splits: Optional[int] = None,
-              config: Optional[DecodeConfig] = None) -> torch.Tensor:
+              config: Optional[DecodeConfig] = None, rotated: bool = False) -> torch.Tensor:
     """Decode attention of query [B, Hq, D] over the packed cache; returns [B, Hq, D] (query dtype,
     or written into ``out``). seq_lens [B] int32 and block_table [B, max_blocks] int32 on the device.
+    rotated: the query is rotate()'s float32 output already (then pass ``out``).
     """
     batch, num_q_heads, head_size = query.shape
     block_size, num_kv_heads, layout = fmt.cache_geometry(kv_cache, spec, head_size)
     if num_q_heads % num_kv_heads:
         raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
     group = num_q_heads // num_kv_heads
-    cfg = config or decode_config(spec, head_size, group, batch, block_table.shape[1] * block_size, query.device)
     if out is None:
         out = torch.empty_like(query)
     if batch == 0:
         return out
+    cfg = config or decode_config(spec, head_size, group, batch, block_table.shape[1] * block_size, query.device)
     tab = tables(spec, head_size, query.device)
-    q = query if spec.key_fp8 else rotate(query, tab.rotation_t)
+    q = query if spec.key_fp8 or rotated else rotate(query, tab.rotation_t)
     if q.stride(-1) != 1:
         q = q.contiguous()
     splits = num_splits or num_splits_for(batch, num_kv_heads, block_table.shape[1] * block_size, query.device, cfg)
@@ -975,6 +1004,21 @@ def tq_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Te
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.max_regs} if cfg.max_regs else {}))
     merge_splits(part_o, part_lse, seq_lens, out, splits, cfg)
     return out
+
+
+def tq_store_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                    slot_mapping: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                    spec: fmt.TQSpec, out: torch.Tensor) -> None:
+    """A layer's step: store this step's key/value [T, Hkv, D] (tq_store), then decode attention of
+    the decode rows' query [B, Hq, D] into out (tq_decode), which sees what was stored. A codebook
+    key's queries and keys are rotated together, so a decode step launches one rotation, not two.
+    """
+    n = slot_mapping.shape[0]
+    query_rows, keys = query, key[:n]
+    if not spec.key_fp8:
+        query_rows, keys = rotate_pair(query, keys, tables(spec, query.shape[-1], query.device).rotation_t)
+    tq_store(keys, value, kv_cache, slot_mapping, spec, rotated=True)
+    tq_decode(query_rows, kv_cache, block_table, seq_lens, scale, spec, out=out, rotated=True)
 
 
 # ---------------------------------------------------------------------------------------------
