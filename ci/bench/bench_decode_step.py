@@ -8,7 +8,8 @@ it, per full-attention layer and decode step, under CUDA-graph replay (as the se
          FlashAttention 3 decode, called as vLLM 0.26's FlashAttentionImpl calls it under full CUDA
          graphs (its default NHD cache layout, scheduler metadata with at most 32 splits); and the
          same decode on FlashAttention 2 (its own split choice: what a GB10 runs, FA3 needing 9.x);
-  ours   tq_store (rotate, quantise, pack) and tq_decode (rotate the query, split, merge).
+  ours   tq_store_decode as the mod's forward calls it (the query and key rows rotated in one
+         launch, then quantise and pack, split, merge); its store and decode also timed alone.
 Both on the page their served logs name (STOCK_PAGE, TQ_PAGE), and with the L2 cache flushed before
 every timed replay (a served step reads each layer's cache once, after the other layers' weights
 went through L2); the SM clock is read after each timing. Each is timed alone and as the pair, at
@@ -191,9 +192,9 @@ class Layer:
         def decode() -> None:
             self.tq.tq_decode(x["q"], self.cache, x["bt"], x["lens"], self.scale, self.spec, out=x["out"])
 
-        def step() -> None:
-            store()
-            decode()
+        def step() -> None:  # as the impl's forward runs it: queries and keys rotated in one launch
+            self.tq.tq_store_decode(x["q"], x["k"], x["v"], self.cache, x["slot"], x["bt"], x["lens"], self.scale,
+                                    self.spec, x["out"])
 
         return {"ours_store": store, "ours_decode": decode, "ours_step": step}
 
