@@ -198,7 +198,7 @@ def test_a_start_that_does_not_end_is_stopped_with_what_it_started(tmp_path):
 
 def test_ray_that_cannot_start_is_one_line_in_the_log_and_no_server(tmp_path):
     server = nodes.node_server("b", sys.executable, tmp_path / "m", parallel.Parallel(2, "ray", 2), [],
-                               [[tmp_path], [tmp_path]], os.environ, tmp_path / "s" / "server.log", False)
+                               [[tmp_path], [tmp_path]], os.environ, tmp_path / "s" / "server.log", serve.ServeMode())
     server.start()
     try:
         assert server.proc is None and server.wait_healthy() is False and server.exit_code == -1
@@ -215,7 +215,7 @@ def test_a_real_ray_head_and_worker_form_two_nodes_on_loopback_and_stop(tmp_path
     address), each told one GPU; stopping the groups leaves no Ray process of theirs."""
     site = ray_site()
     server = nodes.node_server("b", sys.executable, tmp_path / "m", parallel.Parallel(2, "ray", 2), [],
-                               [[site], [site]], os.environ, tmp_path / "s" / "server.log", False)
+                               [[site], [site]], os.environ, tmp_path / "s" / "server.log", serve.ServeMode())
     server.log_path.parent.mkdir(parents=True)
     try:
         server._form_ray()

@@ -179,6 +179,11 @@ def test_results_files_and_exit_lines(tmp_path):
     summary = (tmp_path / "summary.md").read_text()
     assert "| int8-lm-head | bound | FAIL | largest difference 3.0 |" in summary
     assert report.failures == ["int8-lm-head: bound: largest difference 3.0"]
+    assert "vLLM 0.21.0 on H100\n" in summary  # eager servers, the default, unsaid
+    e2e.write_results(tmp_path, [report], {"vllm": "0.26.0", "device": "H200", "parallel": "one GPU",
+                                           "servers": "CUDA graphs"})
+    assert "vLLM 0.26.0 on H200, one GPU, CUDA graphs\n" in (tmp_path / "summary.md").read_text()
+    assert json.loads((tmp_path / "int8-lm-head.json").read_text())["servers"] == "CUDA graphs"
 
 
 def test_a_run_records_each_applied_variant_and_its_fingerprint():
@@ -230,6 +235,35 @@ def test_servers_of_a_split_run_get_the_flags_and_the_ray_address(tmp_path):
         assert server.env[name] == value
     one = e2e.Run(tmp_path, tmp_path / "out", "/usr/bin/python3").server("b", "bf16", [tmp_path], [], tmp_path / "l")
     assert "--tensor-parallel-size" not in one.command and "--distributed-executor-backend" not in one.command
+
+
+@pytest.mark.parametrize("mode", [serve.ServeMode(), serve.ServeMode(eager=False), serve.ServeMode(shared=True),
+                                  serve.ServeMode(shared=True, eager=False)], ids=str)
+def test_the_run_mode_sets_every_servers_graph_and_memory_flags(tmp_path, mode):
+    """--cuda-graphs drops --enforce-eager (torch.compile and CUDA graphs, as served); --share-gpu
+    swaps the memory share for a fixed KV cache; each alone or both, and nothing else moves."""
+    server = e2e.Run(tmp_path, tmp_path / "out", "/usr/bin/python3", mode=mode).server(
+        "tq", "bf16", [tmp_path], ["--kv-cache-dtype", "fp8"], tmp_path / "l")
+    assert ("--enforce-eager" in server.command) is mode.eager
+    memory = server.command[server.command.index("--gpu-memory-utilization") + 1]
+    assert memory == ("0.10" if mode.shared else "0.30")
+    assert ("--kv-cache-memory-bytes" in server.command) is mode.shared
+    plain = serve.server_command("/usr/bin/python3", tmp_path / "out" / "models" / "bf16", server.port,
+                                 ["--kv-cache-dtype", "fp8"])
+    dropped = {"--enforce-eager"} if not mode.eager else set()
+    moved = {"0.30", "0.10", "--kv-cache-memory-bytes", str(2 << 30)} if mode.shared else set()
+    assert [w for w in plain if w not in dropped | moved] == [w for w in server.command if w not in moved]
+
+
+def test_e2e_cuda_graphs_reaches_the_run(tmp_path, monkeypatch):
+    """e2e.py --cuda-graphs --share-gpu: the run that starts the servers gets both."""
+    seen = []
+    monkeypatch.setattr(e2e, "_run_all", lambda run, only: seen.append(run.mode) or 0)
+    (tmp_path / "site" / "vllm").mkdir(parents=True)
+    (tmp_path / "site" / "vllm" / "__init__.py").write_text("")
+    assert e2e.main(["--vllm-site", str(tmp_path / "site"), "--out", str(tmp_path / "o"), "--cuda-graphs",
+                     "--share-gpu", "--only", "turboquant"]) == 0
+    assert seen == [serve.ServeMode(shared=True, eager=False)]
 
 
 def test_a_ray_head_that_cannot_start_is_one_error(tmp_path):

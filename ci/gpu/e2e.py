@@ -37,7 +37,7 @@ from e2e_checks import Report, rotated_absmax, summary_lines  # noqa: E402
 from e2e_nodes import NodeServer, node_server  # noqa: E402
 from e2e_parallel import Parallel, RayHead, gpus_visible, importable, smi_fields  # noqa: E402
 from e2e_scenarios import SCENARIOS, chat, greedy  # noqa: E402
-from e2e_serve import ServeError, Server, apply_mod, free_port, overlay, server_command, server_env  # noqa: E402
+from e2e_serve import ServeError, ServeMode, Server, apply_mod, free_port, overlay, server_command, server_env  # noqa: E402
 
 # Model key -> builder arguments (variant, MTP head); every model is peaked, seed 0.
 MODELS = {
@@ -53,8 +53,8 @@ class Run:
     """One call of the script: its folders, the models built so far, the servers started."""
 
     def __init__(self, site: Path, out: Path, python: str, parallel: Parallel = Parallel(),
-                 extra_env: dict[str, str] | None = None, shared: bool = False) -> None:
-        self.site, self.out, self.python, self.shared = site, out, python, shared
+                 extra_env: dict[str, str] | None = None, mode: ServeMode = ServeMode()) -> None:
+        self.site, self.out, self.python, self.mode = site, out, python, mode
         self.parallel, self.extra_env = parallel, dict(extra_env or {})
         self.servers: dict[str, Server] = {}
         self.manifests: dict[str, dict[str, Any]] = {}
@@ -156,10 +156,10 @@ class Run:
         base = {**os.environ, **self.extra_env, **(env or {})}
         if self.parallel.nodes > 1:
             return node_server(name, self.python, self.model_dir(model_key), self.parallel, extra,
-                               [paths, *other_nodes], base, log_path, self.shared)
+                               [paths, *other_nodes], base, log_path, self.mode)
         port = free_port()
         command = server_command(self.python, self.model_dir(model_key), port, [*self.parallel.flags(), *extra],
-                                 self.shared)
+                                 self.mode)
         return Server(name, command, server_env(paths, base), log_path, port)
 
     def _capture(self, server: Server, folder: Path) -> None:
@@ -257,7 +257,8 @@ def write_results(out: Path, reports: list[Report], header: dict[str, Any]) -> N
     for report in reports:
         doc = {"scenario": report.scenario, **header, "checks": report.checks, "data": report.data}
         (out / f"{report.scenario}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    where = ", ".join(filter(None, [header["device"], header.get("parallel")]))  # e.g. "..., TP 2 (ray)"
+    graphs = "CUDA graphs" if header.get("servers") == "CUDA graphs" else None  # eager, the default, unsaid
+    where = ", ".join(filter(None, [header["device"], header.get("parallel"), graphs]))  # e.g. "..., TP 2 (ray)"
     lines = [f"## {time.strftime('%Y-%m-%d %H:%M:%S')} vLLM {header['vllm']} on {where}", "",
              *summary_lines(reports), ""]
     with open(out / "summary.md", "a") as summary:
@@ -272,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable, help="interpreter for the servers (default: this one)")
     parser.add_argument("--share-gpu", action="store_true", help="other runs share this GPU: every server gets a "
                         "fixed 2 GiB KV cache instead of a profiled share of the memory")
+    parser.add_argument("--cuda-graphs", action="store_true", help="servers without --enforce-eager: torch.compile "
+                        "and CUDA graphs, so the mods' kernels run inside captured graphs as served (slower starts)")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of every server (default 1)")
     parser.add_argument("--executor", default="mp", help="with --tp > 1: mp (vLLM's own ranks) or ray (a Ray head "
                                                           "on this host, as the two-node script starts one)")
@@ -298,9 +301,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"e2e.py: {problem}", file=sys.stderr)
         return 2
     sys.path.append(str(site))  # the builder's torch/safetensors/tokenizers, after the machine's own
+    mode = ServeMode(shared=args.share_gpu, eager=not args.cuda_graphs)
     args.out.mkdir(parents=True, exist_ok=True)
     if parallel.executor != "ray" or parallel.tp == 1 or parallel.nodes > 1:  # nodes: Ray per server
-        return _run_all(Run(site, args.out.resolve(), args.python, parallel, shared=args.share_gpu), only)
+        return _run_all(Run(site, args.out.resolve(), args.python, parallel, mode=mode), only)
     ray = RayHead(args.python, site, free_port(), os.environ, args.out / "ray-head.log")
     try:
         ray.start()
@@ -308,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"e2e.py: {exc}", file=sys.stderr)
         return 1
     try:
-        return _run_all(Run(site, args.out.resolve(), args.python, parallel, ray.server_env(), args.share_gpu), only)
+        return _run_all(Run(site, args.out.resolve(), args.python, parallel, ray.server_env(), mode), only)
     finally:
         ray.stop()
 
@@ -346,6 +350,7 @@ def _run_all(run: Run, only: list[str]) -> int:
     version = _vllm_version(site)
     variants = _variants(version, only)
     write_results(run.out, reports, {"vllm": version, "device": _device(), "parallel": run.parallel.label,
+                                     "servers": "eager" if run.mode.eager else "CUDA graphs",
                                      "date": time.strftime("%Y-%m-%d", time.gmtime()),
                                      "variants": variants, "fingerprints": _fingerprints(variants)})
     failures = [line for report in reports for line in report.failures]

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from e2e_parallel import RAY_START_TIMEOUT_S, Parallel, alive_nodes, console
-from e2e_serve import START_DEADLINE_S, Server, free_port, server_command, server_env
+from e2e_serve import START_DEADLINE_S, ServeMode, Server, free_port, server_command, server_env
 from procgroup import ProcessGroup
 from sparkmods.launch.nodewords import FOLLOWER, NODE_ENV, RANK_FLAGS, RAY_HEAD, RAY_WORKER, fill
 
@@ -48,10 +48,10 @@ def node_env(rank: int, paths: Sequence[Path], base: Mapping[str, str]) -> dict[
     return env
 
 
-def serve_argv(python: str, model: Path, port: int, flags: Sequence[str], shared: bool) -> list[str]:
+def serve_argv(python: str, model: Path, port: int, flags: Sequence[str], mode: ServeMode) -> list[str]:
     """`vllm serve MODEL ...` as the launch script runs it (the model positional), through the
     wheel's entry point; the OpenAI server's flags are e2e_serve's."""
-    argv = server_command(python, model, port, flags, shared)
+    argv = server_command(python, model, port, flags, mode)
     at = argv.index("--model")
     return console(python, ["vllm", "serve", argv[at + 1], *argv[at + 2:]])
 
@@ -118,7 +118,7 @@ class NodeServer(Server):
 
 def node_server(name: str, python: str, model: Path, parallel: Parallel, extra: Sequence[str],
                 node_paths: Sequence[Sequence[Path]], base: Mapping[str, str], log_path: Path,
-                shared: bool) -> NodeServer:
+                mode: ServeMode) -> NodeServer:
     """Server `name` over len(node_paths) == 2 nodes (not started): node r imports node_paths[r]."""
     port = free_port()
     flags = [*parallel.flags(), *extra]
@@ -133,13 +133,13 @@ def node_server(name: str, python: str, model: Path, parallel: Parallel, extra: 
                   fill(RAY_WORKER, head=head, ray_port=ray_port, node=NODE_IPS[1])]
         nodes = [ProcessGroup(f"node {rank}", console(python, words), envs[rank], folder / f"ray-node{rank}.log")
                  for rank, words in enumerate(starts)]
-        command = serve_argv(python, model, port, flags, shared)
+        command = serve_argv(python, model, port, flags, mode)
     else:
         master_port = free_port()
 
         def ranked(rank: int) -> list[str]:
             words = fill(RANK_FLAGS, nnodes=len(node_paths), rank=rank, head=NODE_IPS[0], master_port=master_port)
-            return serve_argv(python, model, port, [*flags, *words, *(FOLLOWER if rank else ())], shared)
+            return serve_argv(python, model, port, [*flags, *words, *(FOLLOWER if rank else ())], mode)
 
         nodes = [ProcessGroup("node 1", ranked(1), envs[1], folder / "node1.log")]
         command = ranked(0)

@@ -45,7 +45,8 @@ SERVER_ENV = {
     "VLLM_MOE_USE_DEEP_GEMM": "0",
 }
 # Flags of every server. --enforce-eager: no torch.compile and no CUDA-graph capture, which is
-# most of a tiny model's start-up; the figures are sanity checks, not speed claims.
+# most of a tiny model's start-up; the figures are sanity checks, not speed claims (ServeMode
+# drops it for a run that checks the mods' kernels inside captured graphs, as a server runs them).
 # --language-model-only: the checkpoint has no vision weights (tiny_qwen35.py).
 # gdn_prefill_backend triton: vLLM 0.21 would pick FlashInfer's DeltaNet prefill on Hopper.
 BASE_FLAGS = (
@@ -58,6 +59,15 @@ BASE_FLAGS = (
 # servers change as they start and stop (it then refuses to start). The TurboQuant capacity
 # check still compares tokens held in the same bytes.
 SHARED_GPU_FLAGS = ("--gpu-memory-utilization", "0.10", "--kv-cache-memory-bytes", str(2 << 30))
+
+
+@dataclass(frozen=True)
+class ServeMode:
+    """How every server of a run starts: `shared`, the GPU is shared with other runs (a fixed KV
+    cache); `eager`, --enforce-eager (False: torch.compile and CUDA graphs, as served)."""
+
+    shared: bool = False
+    eager: bool = True
 
 
 class ServeError(RuntimeError):
@@ -91,12 +101,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def server_command(python: str, model: Path, port: int, extra: Sequence[str], shared: bool = False) -> list[str]:
-    """The full command line of one server (`shared`: the GPU is shared with other runs)."""
+def server_command(python: str, model: Path, port: int, extra: Sequence[str], mode: ServeMode = ServeMode()) -> list[str]:
+    """The full command line of one server."""
     flags = list(BASE_FLAGS)
-    if shared:
+    if mode.shared:
         at = flags.index("--gpu-memory-utilization")
         flags[at:at + 2] = SHARED_GPU_FLAGS
+    if not mode.eager:
+        flags.remove("--enforce-eager")
     return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
             "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
             *flags, *extra]
