@@ -8,6 +8,7 @@ and reassemble halves for real on files written here (the download half needs Py
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,17 @@ def files(tmp_path: Path) -> list[Path]:
         f.write_bytes(os.urandom(size))
         out.append(f)
     return out
+
+
+def test_the_repository_and_one_piece_fit_one_call() -> None:
+    """A call carries the tracked tree beside one piece (and its manifest, under 1 MiB): a tree grown
+    past what PIECE_BYTES leaves would make every carry fail on the GPU machine, so it fails here."""
+    carry = _carry()
+    names = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, check=True).stdout
+    tree = sum((ROOT / n).stat().st_size for n in names.decode().split("\0") if n and (ROOT / n).is_file())
+    assert tree + carry.PIECE_BYTES + (1 << 20) <= carry.CALL_BYTES, (
+        f"tracked files {tree / 2**20:.1f} MiB + a {carry.PIECE_BYTES / 2**20:.0f} MiB piece exceed "
+        f"{carry.CALL_BYTES / 2**20:.0f} MiB: lower PIECE_BYTES in ci/gpu/carry.py and prepare the carries again")
 
 
 def _ship(carry, files, tmp_path: Path, piece: int) -> Path:

@@ -47,7 +47,8 @@ from pathlib import Path
 from typing import Dict, Iterable, List, NoReturn, Optional, Set
 
 INDEX = "https://pypi.org/simple"
-PIECE_BYTES = 48 * 1024 * 1024  # a call carries at most 64 MiB: one piece and the working tree (~10 MB) beside it
+CALL_BYTES = 64 * 1024 * 1024  # the most one call to the GPU machine carries: the working tree and one piece
+PIECE_BYTES = 40 * 1024 * 1024  # leaves 24 MiB for the tree (tests/test_gpu_carry.py checks it still fits)
 STAGE = Path(os.environ.get("SPARKMODS_CARRY_STAGE", "/tmp/sparkmods-carry"))
 HERE = Path(__file__).resolve().parent
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(17, 40)] + [  # pip matches each tag exactly
