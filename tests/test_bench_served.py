@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "ci" / "bench"))
 
 import bench_served as bs  # noqa: E402
-from benchlib import served_report as sr  # noqa: E402
+from benchlib import served_cells as cells, served_report as sr  # noqa: E402
 from benchlib.qwen35_shapes import MODELS  # noqa: E402
 
 CONFIG_NAMES = list(bs.CONFIGS)
@@ -120,18 +120,18 @@ def test_report_refuses_bad_results_in_one_line(tmp_path, capsys, content, says)
     assert err.count("\n") == 1 and says in err
 
 
-def _stream(sent: float, *samples: tuple[float, int]) -> bs.Stream:
-    return bs.Stream(sent=sent, samples=list(samples), ended=True)
+def _stream(sent: float, *samples: tuple[float, int]) -> cells.Stream:
+    return cells.Stream(sent=sent, samples=list(samples), ended=True)
 
 
 def test_window_counts_only_while_every_request_decodes():
     early = _stream(0.0, (1.0, 1), (2.0, 11), (3.0, 21), (4.0, 31), (5.0, 41))  # decodes through the other's prefill
     late = _stream(0.0, (3.0, 1), (4.0, 11), (5.0, 21), (6.0, 31))
-    rate, ttft = bs.window_rate([early, late])
+    rate, ttft = cells.window_rate([early, late])
     assert ttft == pytest.approx(2.0)
     assert rate == pytest.approx((41 - 21 + 21 - 1) / 2.0)  # window [3, 5]
-    assert bs.window_rate([_stream(0.0, (1.0, 1), (2.0, 5)), _stream(0.0, (3.0, 1))])[0] is None
-    assert bs.window_rate([_stream(0.0)]) == (None, None)
+    assert cells.window_rate([_stream(0.0, (1.0, 1), (2.0, 5)), _stream(0.0, (3.0, 1))])[0] is None
+    assert cells.window_rate([_stream(0.0)]) == (None, None)
 
 
 def test_plan_first_requests_then_grid_and_says_why_a_cell_is_skipped():
@@ -193,9 +193,9 @@ def test_run_cell_against_a_streaming_server():
     server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeVllm)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        cell = bs.Cell("steady", batch=4, context=2000, max_tokens=400)
+        cell = cells.Cell("steady", batch=4, context=2000, max_tokens=400)
         started = time.monotonic()
-        rate, ttft, note = bs.run_cell(server.server_address[1], cell, gen=40, seed=1)
+        rate, ttft, note = cells.run_cell(server.server_address[1], cell, gen=40, seed=1)
         elapsed = time.monotonic() - started
     finally:
         server.shutdown()
@@ -206,7 +206,7 @@ def test_run_cell_against_a_streaming_server():
     sent = _FakeVllm.payloads[-4:]
     assert all(p["ignore_eos"] and p["stream_options"]["continuous_usage_stats"] for p in sent)
     prompts = [p["prompt"] for p in sent]
-    assert all(len(p) == 2000 and max(p) < bs.FIRST_SPECIAL_ID for p in prompts)
+    assert all(len(p) == 2000 and max(p) < cells.FIRST_SPECIAL_ID for p in prompts)
     assert len({p[0] for p in prompts}) == 4  # no shared prefix
 
 
@@ -226,7 +226,7 @@ def test_run_cell_reports_a_refused_request():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        rate, _, note = bs.run_cell(server.server_address[1], bs.Cell("steady", 2, 10, 20), gen=5, seed=0)
+        rate, _, note = cells.run_cell(server.server_address[1], cells.Cell("steady", 2, 10, 20), gen=5, seed=0)
     finally:
         server.shutdown()
     assert rate is None and note.startswith("HTTP 400")
@@ -240,10 +240,10 @@ def test_a_steady_cell_is_the_median_of_its_windows_and_keeps_each(monkeypatch):
         calls.append(seed)
         return {0: (60.0, 0.2, None), 1: (100.0, 0.1, None), 2: (98.0, 0.3, None)}[len(calls) - 1]
 
-    monkeypatch.setattr(bs, "run_cell", run_cell)
+    monkeypatch.setattr(cells, "run_cell", run_cell)
     ticks = iter([(10, 100), (40, 200), (40, 200), (45, 300), (45, 300), (145, 400)])
-    monkeypatch.setattr(bs, "cpu_ticks", lambda: next(ticks))
-    got = bs.repeated_cell(8000, bs.Cell("steady", 1, 1024, 200), 128, index=4, repeats=3)
+    monkeypatch.setattr(cells, "cpu_ticks", lambda: next(ticks))
+    got = cells.repeated_cell(8000, cells.Cell("steady", 1, 1024, 200), 128, index=4, repeats=3)
     assert (got.rate, got.ttft, got.note, got.rates) == (98.0, 0.2, None, [60.0, 100.0, 98.0])
     assert got.host_busy == [0.3, 0.05, 1.0]  # each window's own share of busy CPU time
     assert calls == [4000, 4001, 4002]  # fresh prompts each window, none shared with another cell's
@@ -251,8 +251,8 @@ def test_a_steady_cell_is_the_median_of_its_windows_and_keeps_each(monkeypatch):
 
 def test_a_failed_window_ends_the_cell_with_its_note(monkeypatch):
     answers = iter([(90.0, 0.1, None), (None, None, "HTTP 400: too long")])
-    monkeypatch.setattr(bs, "run_cell", lambda *a, **k: next(answers))
-    got = bs.repeated_cell(8000, bs.Cell("steady", 1, 1024, 200), 128, index=0, repeats=3)
+    monkeypatch.setattr(cells, "run_cell", lambda *a, **k: next(answers))
+    got = cells.repeated_cell(8000, cells.Cell("steady", 1, 1024, 200), 128, index=0, repeats=3)
     assert got.rate is None and got.note == "HTTP 400: too long" and got.rates == [90.0]
 
 
@@ -270,7 +270,7 @@ def test_repeated_windows_against_a_streaming_server_with_one_stall():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Stall)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        got = bs.repeated_cell(server.server_address[1], bs.Cell("steady", 1, 100, 200), 30, 0, 3)
+        got = cells.repeated_cell(server.server_address[1], cells.Cell("steady", 1, 100, 200), 30, 0, 3)
     finally:
         server.shutdown()
     runs = got.rates

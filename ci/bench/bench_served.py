@@ -22,8 +22,8 @@ Per configuration: the KV capacity the log reports, then the first requests afte
 ~1k at each batch size, before anything else ran: what a fresh container's first users see), then
 the grid of batch sizes and contexts. A cell streams `batch` requests of `context` random prompt
 tokens at once and counts the tokens all of them decode while every one is decoding (the window
-after the last prefill), so prefill never dilutes the rate; `first_tok_s` is their mean time to
-first token. A cell whose prompts exceed --max-cell-tokens (prefill time) or whose tokens would not
+after the last prefill: benchlib/served_cells.py), so prefill never dilutes the rate; `first_tok_s`
+is their mean time to first token. A cell whose prompts exceed --max-cell-tokens (prefill time) or whose tokens would not
 fit the KV cache is a row that says so. Rows go to OUT/served-<model>-<vllm>-<gpu>/served.json as
 they are measured, with served.md and served.svg (benchlib/served_report.py) and every server's log.
 
@@ -41,14 +41,12 @@ import argparse
 import http.client
 import json
 import os
-import random
 import re
 import shlex
 import shutil
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -62,9 +60,9 @@ sys.path.insert(0, str(REPO / "ci" / "gpu"))  # e2e_serve: overlay, apply_mod, S
 sys.path.insert(0, str(REPO / "tests"))  # ckptfactory: the checkpoint's tensor specs
 sys.path.insert(0, str(REPO / "tools"))  # sparkmods.checkpoint.header: the safetensors header writer
 
-from benchlib.hostload import busy_share, cpu_ticks  # noqa: E402
-from benchlib.qwen35_shapes import MODELS, Model, config_json  # noqa: E402
+from benchlib.qwen35_shapes import FIRST_SPECIAL_ID, MODELS, Model, config_json  # noqa: E402
 from benchlib.served_archive import ArchiveError, pack, unpack  # noqa: E402
+from benchlib.served_cells import CELL_TIMEOUT_S, SERVED_NAME, Cell, close_streams, open_streams, repeated_cell  # noqa: E402
 from benchlib.served_merge import MergeError, merge  # noqa: E402
 from benchlib.served_profile import PROFILE_S, ProfileError, clear_traces, profiler_flags, write_profile  # noqa: E402
 from benchlib.served_report import write_report  # noqa: E402
@@ -73,17 +71,14 @@ from e2e_parallel import smi_fields, smi_numbers  # noqa: E402
 from e2e_serve import Server, apply_mod, free_port, overlay, server_env  # noqa: E402
 from sparkmods.checkpoint.header import HeaderEntry, encode_header  # noqa: E402
 
-SERVED_NAME = "qwen35"
 TQ_DTYPE = "turboquant_k3v4_nc"
 # Qwen's special tokens in Qwen's order, placed where the real vocabulary has them.
 SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
            "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
-FIRST_SPECIAL_ID = 248044
 SHARD_BYTES = 4 << 30
 HEADROOM = 4096  # max-model-len beyond the longest prompt: decode room while the others prefill
 BATCHED_TOKENS = 8192  # --max-num-batched-tokens, the public recipes' value
 KV_FIT = 0.9  # share of the reported KV tokens a cell may plan to use (DeltaNet state pages share the pool)
-CELL_TIMEOUT_S = 900.0
 PROFILE_TOKENS = 1024  # decode room for a profiled cell beyond its window's (start, PROFILE_S, the trace's export)
 START_DEADLINE_S = 1200.0
 KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
@@ -185,15 +180,6 @@ def build_model(model: Model, root: Path, checkpoint: str) -> Path:
 
 # ---------------------------------------------------------------- planning and measuring
 
-@dataclass(frozen=True)
-class Cell:
-    phase: str  # "first" (right after start) or "steady"
-    batch: int
-    context: int
-    max_tokens: int
-    skip: str | None = None
-
-
 def max_tokens(batch: int, context: int, gen: int, max_model_len: int) -> int:
     """Tokens each request may decode: `gen` after every prompt is in, plus a step for each chunk
     of the other prompts' prefill it decodes through, within max-model-len."""
@@ -220,114 +206,6 @@ def plan(contexts: Sequence[int], batches: Sequence[int], gen: int, kv_tokens: i
     return cells
 
 
-@dataclass
-class Stream:
-    """One streamed request: when it was sent and (time, tokens decoded so far) per chunk."""
-
-    sent: float = 0.0
-    samples: list[tuple[float, int]] = field(default_factory=list)
-    ended: bool = False
-    error: str | None = None
-
-
-def _count_at(samples: Sequence[tuple[float, int]], t: float) -> int:
-    return max((n for when, n in samples if when <= t), default=0)
-
-
-def window_rate(streams: Sequence[Stream]) -> tuple[float | None, float | None]:
-    """(aggregate decode tok/s while every stream decodes, mean time to first token).
-
-    The window opens at the last stream's first token and closes at the first stream's last
-    sample; tok/s is every stream's tokens inside it over its length (None when it is empty).
-    """
-    if not streams or any(not s.samples for s in streams):
-        return None, None
-    ttft = sum(s.samples[0][0] - s.sent for s in streams) / len(streams)
-    start = max(s.samples[0][0] for s in streams)
-    end = min(s.samples[-1][0] for s in streams)
-    if end <= start:
-        return None, ttft
-    tokens = sum(_count_at(s.samples, end) - _count_at(s.samples, start) for s in streams)
-    return tokens / (end - start), ttft
-
-
-def _stream(port: int, payload: dict, stream: Stream, stop: threading.Event) -> None:
-    """POST a streaming completion and record usage.completion_tokens per chunk until stop or end."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=CELL_TIMEOUT_S)
-    try:
-        stream.sent = time.monotonic()
-        conn.request("POST", "/v1/completions", body=json.dumps(payload), headers={"Content-Type": "application/json"})
-        answer = conn.getresponse()
-        if answer.status != 200:
-            stream.error = f"HTTP {answer.status}: {answer.read(300).decode(errors='replace')}"
-            return
-        for line in answer:
-            if stop.is_set():
-                break
-            if not line.startswith(b"data: "):
-                continue
-            body = line[6:].strip()
-            if body == b"[DONE]":
-                break
-            usage = json.loads(body).get("usage") or {}
-            if usage.get("completion_tokens"):
-                stream.samples.append((time.monotonic(), usage["completion_tokens"]))
-    except (OSError, http.client.HTTPException, ValueError) as exc:
-        stream.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        stream.ended = True
-        conn.close()
-
-
-def prompt(length: int, rng: random.Random) -> list[int]:
-    """Random ordinary token ids (below the specials): no two prompts share a prefix."""
-    return [rng.randrange(1, FIRST_SPECIAL_ID) for _ in range(length)]
-
-
-def _open_streams(port: int, batch: int, context: int, max_tokens: int, seed: int
-                  ) -> tuple[list[Stream], list[threading.Thread], threading.Event]:
-    """Start `batch` streamed requests of `context` random prompt tokens at once."""
-    rng = random.Random(seed)
-    streams = [Stream() for _ in range(batch)]
-    stop = threading.Event()
-    threads = []
-    for s in streams:
-        payload = {"model": SERVED_NAME, "prompt": prompt(context, rng), "max_tokens": max_tokens,
-                   "temperature": 0.0, "ignore_eos": True, "stream": True,
-                   "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
-        threads.append(threading.Thread(target=_stream, args=(port, payload, s, stop), daemon=True))
-    for t in threads:
-        t.start()
-    return streams, threads, stop
-
-
-def _close_streams(threads: Sequence[threading.Thread], stop: threading.Event) -> None:
-    stop.set()
-    for t in threads:
-        t.join(timeout=30)
-
-
-def run_cell(port: int, cell: Cell, gen: int, seed: int) -> tuple[float | None, float | None, str | None]:
-    """Stream cell.batch requests at once; close them once each decoded `gen` tokens inside the window."""
-    streams, threads, stop = _open_streams(port, cell.batch, cell.context, cell.max_tokens, seed)
-    deadline = time.monotonic() + CELL_TIMEOUT_S
-    while time.monotonic() < deadline and not all(s.ended for s in streams):
-        if all(s.samples for s in streams):
-            start = max(s.samples[0][0] for s in streams)
-            if all(s.samples[-1][1] - _count_at(s.samples, start) >= gen for s in streams):
-                break
-        time.sleep(0.02)
-    _close_streams(threads, stop)
-    errors = [s.error for s in streams if s.error]
-    rate, ttft = window_rate(streams)
-    note = errors[0] if errors else None
-    if note is None and time.monotonic() >= deadline:
-        note = f"timed out after {CELL_TIMEOUT_S:.0f} s"
-    elif note is None and rate is None:
-        note = "no window where every request decoded (a request ended before the last prefill)"
-    return rate, ttft, note
-
-
 def _post(port: int, path: str, timeout: float) -> None:
     """POST with no body (vLLM's /start_profile and /stop_profile answer 200 and nothing else)."""
     request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=b"", method="POST")
@@ -352,7 +230,7 @@ def profile_cell(port: int, cell: Cell, trace_dir: Path, into: Path, seed: int) 
     """Profile PROFILE_S of decode while every request of `cell` decodes, into `into`
     (served_profile.write_profile), with the GPU's clock over the PROFILE_S before it (the
     profiler's own work would change it); None, or why there is no profile."""
-    streams, threads, stop = _open_streams(port, cell.batch, cell.context, cell.max_tokens, seed)
+    streams, threads, stop = open_streams(port, cell.batch, cell.context, cell.max_tokens, seed)
     try:
         deadline = time.monotonic() + CELL_TIMEOUT_S
         while not all(s.samples for s in streams):
@@ -376,37 +254,7 @@ def profile_cell(port: int, cell: Cell, trace_dir: Path, into: Path, seed: int) 
             return str(exc)
         return None
     finally:
-        _close_streams(threads, stop)
-
-
-@dataclass
-class Windows:
-    """A cell's windows: the median rate and time to first token, each window's rate and how busy
-    the host's CPUs were during it (None where unknown), or the note of the window that failed."""
-
-    rate: float | None
-    ttft: float | None
-    note: str | None
-    rates: list[float]
-    host_busy: list[float | None]
-
-
-def repeated_cell(port: int, cell: Cell, gen: int, index: int, repeats: int) -> Windows:
-    """run_cell `repeats` times (fresh prompts each time). One window is short (128 tokens at batch
-    1 is under a second), so a single stall in the server can move a cell; the median is what
-    steady means. A run that fails ends the cell with its note and no rate."""
-    rates: list[float] = []
-    ttfts: list[float] = []
-    busy: list[float | None] = []
-    for k in range(repeats):
-        before = cpu_ticks()
-        rate, ttft, note = run_cell(port, cell, gen, seed=index * 1000 + k)
-        if note is not None or rate is None or ttft is None:
-            return Windows(None, ttft, note, rates, busy)
-        busy.append(busy_share(before, cpu_ticks()))
-        rates.append(rate)
-        ttfts.append(ttft)
-    return Windows(statistics.median(rates), statistics.median(ttfts), None, rates, busy)
+        close_streams(threads, stop)
 
 
 # ---------------------------------------------------------------- servers

@@ -21,6 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))  # ckptfa
 
 from ckptfactory import Shape, autoround_config, model_config
 
+FIRST_SPECIAL_ID = 248044  # Qwen's special tokens start here in the real vocabulary (248320 ids)
+
 
 @dataclass(frozen=True)
 class Model:
