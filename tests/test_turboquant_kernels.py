@@ -550,6 +550,11 @@ def test_merge_weights_each_used_split_by_its_log_sum_exp(tq: ModuleType, splits
     out = torch.empty(2, HQ, 128, dtype=torch.bfloat16)
     tq.merge_splits(part_o, part_lse, lens, out, splits, cfg)
     assert rel(out.double(), want) < 1e-2
+    for fields in (4, 8):  # the split kernel's field-major columns: column f * 128 / F + w is element F w + f
+        field_major = parts.reshape(2, HQ, splits, 128 // fields, fields).transpose(-1, -2).reshape(-1, 128).contiguous()
+        put_back = torch.empty_like(out)
+        tq.merge_splits(field_major, part_lse, lens, put_back, splits, cfg, fields)
+        assert torch.equal(put_back, out)
 
 
 def test_decode_writes_into_out_and_gives_zeros_for_an_empty_request(fmt: ModuleType, tq: ModuleType) -> None:
@@ -833,8 +838,15 @@ def test_a_source_variant_decodes_as_the_shipped_kernel_and_refuses_a_stale_edit
     assert torch.equal(decode(query, case["kernel"], TABLE, lens, 128 ** -0.5, case["spec"], num_splits=3, config=cfg), shipped)
     for name, make in variants.VARIANTS.items():  # every variant's edits match the kernel as it is now
         assert all(hasattr(tq, attr) for attr in make(tq)), name
-    with pytest.raises(variants.EditError, match=r"matches tq_triton\.py 0 times, not once"):
-        variants.edited_module("stale", (("no such text in the kernel", "x"),))
+    with pytest.raises(variants.EditError, match=r"matches \S+tq_triton\.py 0 times, not once"):
+        variants.edited_module("stale", tq.__file__, (("no such text in the kernel", "x"),))
+    # --against: another copy of the file is its own module, and a source variant edits that copy
+    against = variants._import_copy("against", Path(tq.__file__).read_text())
+    assert against is not tq and against.tq_decode is not tq.tq_decode
+    decode = variants.VARIANTS["head-first-grid"](against)["tq_decode"]
+    assert decode.__module__ != variants.VARIANTS["head-first-grid"](tq)["tq_decode"].__module__
+    assert torch.equal(against.tq_decode(query, case["kernel"], TABLE, lens, 128 ** -0.5, case["spec"], num_splits=3,
+                                         config=against.DecodeConfig(32, 4, 1, 8)), shipped)
 
 
 def test_bench_smoke_run_end_to_end(tmp_path: Path) -> None:

@@ -3,10 +3,13 @@ its code paths, each checked against the PyTorch reference and timed beside the 
 and fp8 yardsticks in the same run.
 
     python3 ci/bench/tq_variants.py --out DIR [--heads 256,128] [--dtypes ...] [--contexts ...]
+        [--variants shipped,...] [--against OLD_tq_triton.py]
 
 A variant is a name and the module attributes it replaces for its timing (VARIANTS): another
 decode config, a code path switched off, or the decode of a copy of tq_triton.py with exact text
-edits (a kernel change timed before it is made); the shipped kernel is "shipped". Writes
+edits (a kernel change timed before it is made); the shipped kernel is "shipped". --against
+times the same variants on another copy of tq_triton.py too (the kernel before a change, e.g.
+from `git show`), each labelled "against VARIANT". Writes
 DIR/tq_variants.json and prints a table (median us per call under a CUDA graph). An exploration
 tool: the committed figures come from bench_turboquant.py.
 """
@@ -48,17 +51,26 @@ def _folder() -> "tempfile.TemporaryDirectory[str]":
 
 
 @functools.cache
-def edited_module(name: str, edits: Tuple[Tuple[str, str], ...]) -> ModuleType:
-    """A copy of the mod's tq_triton.py with each `old` replaced by `new` (each must occur exactly
-    once), imported as its own module from a file (Triton reads a kernel's source from its file),
-    for the CPU interpreter when the benchmark's kernels run there."""
-    source = (bench.MOD_FILES / "tq_triton.py").read_text()
+def edited_module(name: str, original: str, edits: Tuple[Tuple[str, str], ...]) -> ModuleType:
+    """A copy of the tq_triton.py at path original with each `old` replaced by `new` (each must
+    occur exactly once), imported by _import_copy."""
+    source = Path(original).read_text()
     for old, new in edits:
         if source.count(old) != 1:
-            raise EditError(f"variant {name}: an edit matches tq_triton.py {source.count(old)} times, not once; "
+            raise EditError(f"variant {name}: an edit matches {original} {source.count(old)} times, not once; "
                             f"update tq_variants.VARIANTS to the kernel as it is now: {old[:60]!r}")
         source = source.replace(old, new)
-    path = Path(_folder().name) / f"tq_triton_{name.replace('-', '_')}.py"
+    return _import_copy(f"{name}_{len(_COPIES)}", source)
+
+
+_COPIES: List[str] = []  # names of the copies imported so far (each file gets its own)
+
+
+def _import_copy(name: str, source: str) -> ModuleType:
+    """source (a tq_triton.py) imported as its own module from a file (Triton reads a kernel's
+    source from its file), for the CPU interpreter when the benchmark's kernels run there."""
+    _COPIES.append(name)
+    path = Path(_folder().name) / f"tq_triton_{name.replace('-', '_').replace('/', '_')}.py"
     path.write_text(source)
     import triton
 
@@ -72,8 +84,8 @@ def edited_module(name: str, edits: Tuple[Tuple[str, str], ...]) -> ModuleType:
 
 
 def _source(name: str, *edits: Tuple[str, str]) -> Callable[[ModuleType], Dict[str, Any]]:
-    """The decode of tq_triton.py with these text edits (edited_module)."""
-    return lambda tq: {"tq_decode": edited_module(name, edits).tq_decode}
+    """The decode of the timed tq_triton.py with these text edits (edited_module)."""
+    return lambda tq: {"tq_decode": edited_module(name, tq.__file__, edits).tq_decode}
 
 
 # the split kernel's grid with the KV head as its fastest axis: a request's working splits of both
@@ -89,7 +101,7 @@ VARIANTS: Dict[str, Callable[[ModuleType], Dict[str, Any]]] = {
     "shipped": lambda tq: {},
     "no-ptx": lambda tq: {"inline_ptx": lambda device: False},  # plain Triton: 3-bit centroids gathered, 16-bit value masks
     **{label: _config(label) for label in ("n64/w2/s3/c128/p4/r0/f8", "n128/w4/s2/c128/p2/r0/f8", "n64/w2/s3/c128/p4/r0/f4",
-                                            "n128/w4/s2/c128/p1/r0/f8")},
+                                            "n128/w4/s2/c128/p1/r0/f8", "n128/w4/s2/c128/p4/r0/f8")},
     "head-first-grid": _source("head-first-grid", *HEAD_FIRST_GRID),
     # and a batch-1 config that leaves splits idle below 128k (one working split per 512 tokens)
     "head-first-grid-c512": _source("head-first-grid-c512", *HEAD_FIRST_GRID, (
@@ -101,15 +113,16 @@ VARIANTS: Dict[str, Callable[[ModuleType], Dict[str, Any]]] = {
 }
 
 
-def run_head(head: int, args: argparse.Namespace, fmt: ModuleType, tq: ModuleType) -> List[Dict[str, Any]]:
-    """Every variant of every dtype at every shape of one head size, after the benchmark's bf16
-    and fp8 yardsticks at the same shapes (bench_turboquant.Bench does the workload, caches,
-    inputs, reference and yardsticks)."""
+def run_head(head: int, args: argparse.Namespace, fmt: ModuleType, modules: Dict[str, ModuleType]) -> List[Dict[str, Any]]:
+    """The chosen variants of every module (label prefix -> tq_triton module; the first is the
+    mod's own) for every dtype at every shape of one head size, after the benchmark's bf16 and
+    fp8 yardsticks at the same shapes (bench_turboquant.Bench does the workload, caches, inputs,
+    reference and yardsticks)."""
     import torch
 
     ns = bench.parse_args(["--out", str(args.out), "--head-size", str(head), "--contexts", args.contexts, "--batches", args.batches])
     names = [n.strip() for n in args.dtypes.split(",")]
-    runner = bench.Bench(ns, fmt, tq, None, bench.make_workload(ns, torch.device("cuda")), names)
+    runner = bench.Bench(ns, fmt, modules[""], None, bench.make_workload(ns, torch.device("cuda")), names)
     rows: List[Dict[str, Any]] = []
     runner.yardsticks(rows)
     for row in rows:
@@ -121,18 +134,21 @@ def run_head(head: int, args: argparse.Namespace, fmt: ModuleType, tq: ModuleTyp
             for context in ns.contexts:
                 q, bt, lens = runner.inputs(batch, context)
                 ref = runner.reference(q, cache, bt, lens, spec)
-                for variant, make in VARIANTS.items():
-                    saved = {attr: getattr(tq, attr) for attr in make(tq)}
-                    for attr, value in make(tq).items():
-                        setattr(tq, attr, value)
-                    try:
-                        err = bench.rel_err(tq.tq_decode(q, cache, bt, lens, runner.work.scale, spec), ref)
-                        us, _ = bench.median_us(lambda: tq.tq_decode(q, cache, bt, lens, runner.work.scale, spec), False)  # noqa: F821 - timed before the del below
-                    finally:
-                        for attr, value in saved.items():
+                for prefix, tq in modules.items():
+                    for variant in args.variants.split(","):
+                        replaced = VARIANTS[variant](tq)
+                        saved = {attr: getattr(tq, attr) for attr in replaced}
+                        for attr, value in replaced.items():
                             setattr(tq, attr, value)
-                    rows.append({"head": head, "kind": f"{name} {variant}", "batch": batch, "context": context, "us": us, "vs_reference": err})
-                    print(f"head {head} {name} {variant} b{batch} {context}: {us:.1f} us, err {err:.2e}", flush=True)
+                        try:
+                            err = bench.rel_err(tq.tq_decode(q, cache, bt, lens, runner.work.scale, spec), ref)
+                            us, _ = bench.median_us(lambda: tq.tq_decode(q, cache, bt, lens, runner.work.scale, spec), False)  # noqa: F821 - timed before the del below
+                        finally:
+                            for attr, value in saved.items():
+                                setattr(tq, attr, value)
+                        kind = f"{name} {prefix}{variant}"
+                        rows.append({"head": head, "kind": kind, "batch": batch, "context": context, "us": us, "vs_reference": err})
+                        print(f"head {head} {kind} b{batch} {context}: {us:.1f} us, err {err:.2e}", flush=True)
         del cache
     return rows
 
@@ -144,9 +160,17 @@ def main() -> int:
     p.add_argument("--dtypes", default="turboquant_k3v4_nc,turboquant_3bit_nc")
     p.add_argument("--contexts", default="32768,131072")
     p.add_argument("--batches", default="1,8")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="which of VARIANTS to time, comma-separated")
+    p.add_argument("--against", type=Path, help="another tq_triton.py to time the variants on too")
     p.add_argument("--ir", action="store_true", help="write the compiled decode kernels' TTGIR to --out")
     args = p.parse_args()
+    unknown = sorted(set(args.variants.split(",")) - set(VARIANTS))
+    if unknown:
+        p.error(f"no variant {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
     fmt, tq = bench.load_modules(interpret=False)
+    modules = {"": tq}
+    if args.against:
+        modules["against "] = _import_copy("against", args.against.read_text())
     import torch
     import triton
 
@@ -154,7 +178,7 @@ def main() -> int:
     started = time.time()
     rows: List[Dict[str, Any]] = []
     for head in (int(h) for h in args.heads.split(",")):
-        rows += run_head(head, args, fmt, tq)
+        rows += run_head(head, args, fmt, modules)
     if args.ir:  # every compiled decode kernel's Triton GPU IR, one file
         texts = []
         for cache in tq._decode_split_kernel.device_caches.values():
@@ -164,7 +188,8 @@ def main() -> int:
                              f"inline_asm: {ir.count('inline_asm')}\n{ir}")
         (args.out / "decode_ttgir.txt").write_text("\n".join(texts))
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "seconds": round(time.time() - started, 1), "variants": list(VARIANTS)}
+            "seconds": round(time.time() - started, 1), "variants": args.variants.split(","),
+            "against": str(args.against) if args.against else None}
     (args.out / "tq_variants.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     print(f"wrote {args.out / 'tq_variants.json'}: {len(rows)} timings")
     return 0

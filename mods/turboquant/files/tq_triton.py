@@ -97,8 +97,8 @@ class DecodeConfig:
 DEFAULT_DECODE: Dict[Tuple[int, str, str, str], DecodeConfig] = {
     (256, "1", "long", "*"): DecodeConfig(128, 4, 2, 128, 2, 0, 8),
     (256, "1", "short", "*"): DecodeConfig(128, 4, 2, 128, 2, 0, 8),
-    (256, "many", "long", "*"): DecodeConfig(64, 4, 2, 128, 4, 0, 8),
-    (256, "many", "long", "turboquant_4bit_nc"): DecodeConfig(64, 2, 3, 128, 4, 0, 8),  # the shared one spills on sm_90a
+    (256, "many", "long", "*"): DecodeConfig(64, 2, 3, 128, 4, 0, 8),
+    (256, "many", "long", "turboquant_3bit_nc"): DecodeConfig(64, 4, 2, 128, 4, 0, 8),  # the shared one spills for it
     (256, "many", "short", "*"): DecodeConfig(64, 8, 2, 256, 4, 0, 4),
     (256, "*", "*", "*"): DecodeConfig(64, 4, 2, 128, 4, 0, 8),
     (128, "1", "long", "*"): DecodeConfig(128, 4, 2, 128, 2, 0, 4),
@@ -813,6 +813,24 @@ def _value_weight(F: tl.constexpr, BITS: tl.constexpr):
     return tl.full([], 2.0 ** E, tl.float32)
 
 
+@triton.jit
+def _query_fields(q_rows, row_ok, D: tl.constexpr, GP: tl.constexpr, KW: tl.constexpr):
+    """The 8 query fields _codebook_scores meets the key words with (field f: elements 8w + f,
+    [GP, KW] fp16; columns past D, padding up to tl.dot's 16-wide minimum, are 0): the rows are
+    read whole and cut apart in registers, a coalesced read where a field at a time would be
+    strided by 8 elements."""
+    cols = tl.arange(0, KW * 8)
+    q = tl.load(q_rows + cols[None, :], mask=row_ok[:, None] & (cols < D)[None, :], other=0.0).to(tl.float16)
+    even, odd = tl.split(tl.reshape(q, [GP, KW, 4, 2]))  # elements 8w + 2i and 8w + 2i + 1
+    e0, e2 = tl.split(tl.reshape(even, [GP, KW, 2, 2]))  # 8w + {0, 4}, 8w + {2, 6}
+    o1, o3 = tl.split(tl.reshape(odd, [GP, KW, 2, 2]))  # 8w + {1, 5}, 8w + {3, 7}
+    f0, f4 = tl.split(e0)
+    f2, f6 = tl.split(e2)
+    f1, f5 = tl.split(o1)
+    f3, f7 = tl.split(o3)
+    return f0, f1, f2, f3, f4, f5, f6, f7
+
+
 @triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_o_ptr, part_lse_ptr,
                          stride_qb, stride_qh, stride_bt, page_stride, num_splits, sm_scale, lut0, lut1, lut2, lut3,
@@ -828,7 +846,9 @@ def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_
     values in D/8-wide words). Every field is decoded by one mask in the layout tl.dot reads it
     in (the words reach that layout through shared memory, 2-4 bits per element instead of 16;
     3-bit codes are first made whole by _nibble_codes) and accumulates into its own [GP, D / F]
-    sum; output column d = F w + f is written at the end.
+    sum, written at the end as it is, field by field: partial-output column f * D / F + w holds
+    element F w + f (field-major, so each row's store is contiguous; the merge puts the elements
+    back in order).
     The value sums are a small difference of two large ones (probability x scale x code, and
     probability x zero point), so their rounding matters: a long split's output is further from
     the reference than a short one's (ci/bench/README.md). The tile's product is written as added
@@ -855,10 +875,7 @@ def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_
         if KEY_FP8:
             q = tl.load(q_rows + tl.arange(0, D)[None, :], mask=row_ok[:, None], other=0.0).to(tl.float16)
         else:
-            qs = ()
-            w = tl.arange(0, KW)
-            for f in tl.static_range(8):
-                qs = qs + (tl.load(q_rows + (w * 8 + f)[None, :], mask=row_ok[:, None] & (w < D // 8)[None, :], other=0.0).to(tl.float16),)
+            qs = _query_fields(q_rows, row_ok, D, GP, KW)
         accs = ()
         for f in tl.static_range(VF):
             accs = accs + (tl.zeros([GP, VW], tl.float32),)
@@ -883,7 +900,8 @@ def _decode_split_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, centroid_ptr, part_
         w = tl.arange(0, VW)
         for f in tl.static_range(VF):
             o = accs[f] * _value_weight(f, VALUE_BITS)
-            tl.store(part_rows + (w * VF + f)[None, :], (o + acc_zero[:, None]) * inv_l[:, None], mask=row_ok[:, None] & (w < D // VF)[None, :])
+            tl.store(part_rows + (f * (D // VF) + w)[None, :], (o + acc_zero[:, None]) * inv_l[:, None],
+                     mask=row_ok[:, None] & (w < D // VF)[None, :])
         _store_lse(part_lse_ptr, part, row_ok, m_i, l_i)
 
 
@@ -893,9 +911,11 @@ MERGE_COLS = 64  # output columns per merge program
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_merge_kernel(part_o_ptr, part_lse_ptr, lens_ptr, out_ptr, stride_ob, stride_oh, num_splits,
                          HQ: tl.constexpr, D: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_COLS: tl.constexpr,
-                         BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
-    """Merge the splits of one (request, query head) by their log-sum-exp weights into MERGE_COLS
-    output columns, MERGE_ROWS splits per step with a running maximum. A single request at a long
+                         BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr, FIELDS: tl.constexpr):
+    """Merge the splits of one (request, query head) by their log-sum-exp weights, MERGE_COLS
+    partial-output columns a program, MERGE_ROWS splits per step with a running maximum. FIELDS:
+    the columns are field-major as the split kernel writes them (column f * D / FIELDS + w is
+    element FIELDS w + f); 1: in order. A single request at a long
     context has over a hundred splits: the columns spread its merge over several programs, and
     each step's partial outputs are loaded without waiting for its weights (every split below the
     used count wrote finite values; one that saw no token has weight 0). The split count itself is
@@ -907,6 +927,7 @@ def _decode_merge_kernel(part_o_ptr, part_lse_ptr, lens_ptr, out_ptr, stride_ob,
     used, _, _ = _split_range(seq_len, 0, num_splits, BLOCK_N, MIN_CHUNK)
     first = (req * HQ + head) * num_splits
     d = tl.program_id(2) * MERGE_COLS + tl.arange(0, MERGE_COLS)
+    element = (d % (D // FIELDS)) * FIELDS + d // (D // FIELDS)
     r = tl.arange(0, MERGE_ROWS)
     acc = tl.zeros([MERGE_COLS], tl.float32)
     total = tl.sum(tl.zeros([MERGE_ROWS], tl.float32), axis=0)
@@ -924,7 +945,7 @@ def _decode_merge_kernel(part_o_ptr, part_lse_ptr, lens_ptr, out_ptr, stride_ob,
         total = total * scale + tl.sum(weight, axis=0)
         top = new_top
     out = acc / tl.where(total > 0.0, total, 1.0)
-    tl.store(out_ptr + req * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + req * stride_ob + head * stride_oh + element, out.to(out_ptr.dtype.element_ty))
 
 
 def merge_rows(splits: int) -> int:
@@ -934,14 +955,16 @@ def merge_rows(splits: int) -> int:
 
 
 def merge_splits(part_o: torch.Tensor, part_lse: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor, splits: int,
-                 config: DecodeConfig) -> None:
+                 config: DecodeConfig, fields: int = 1) -> None:
     """out [B, Hq, D] from the splits' partial outputs [B * Hq * splits, D] and log2-sum-exps, the
-    splits cut by config's rule (block_n, min_chunk) as the split kernel cut them."""
+    splits cut by config's rule (block_n, min_chunk) as the split kernel cut them; fields: the
+    partial outputs' columns are field-major in that many fields (the split kernel's), 1 = in order."""
     batch, num_q_heads, head_size = out.shape
     cols = min(MERGE_COLS, head_size)
     _decode_merge_kernel[(batch, num_q_heads, head_size // cols)](
         part_o, part_lse, seq_lens, out, out.stride(0), out.stride(1), splits, HQ=num_q_heads, D=head_size,
-        MERGE_ROWS=merge_rows(splits), MERGE_COLS=cols, BLOCK_N=config.block_n, MIN_CHUNK=config.min_chunk, num_warps=4)
+        MERGE_ROWS=merge_rows(splits), MERGE_COLS=cols, BLOCK_N=config.block_n, MIN_CHUNK=config.min_chunk, FIELDS=fields,
+        num_warps=4)
 
 
 def inline_ptx(device: torch.device) -> bool:
@@ -994,15 +1017,15 @@ def tq_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Te
     splits = num_splits or num_splits_for(batch, num_kv_heads, block_table.shape[1] * block_size, query.device, cfg)
     part_o = torch.empty(batch * num_q_heads * splits, head_size, dtype=torch.float32, device=query.device)
     part_lse = torch.empty(batch * num_q_heads * splits, dtype=torch.float32, device=query.device)
+    fields = cfg.value_fields if spec.value_bits == 3 else 4  # one compiled kernel for 4-bit values
     _decode_split_kernel[(splits, num_kv_heads, batch)](
         q, kv_cache, block_table, seq_lens, tab.centroids_half, part_o, part_lse,
         q.stride(0), q.stride(1), block_table.stride(0), kv_cache.stride(0), splits, float(scale), *tab.byte_tables,
         G=group, GP=max(16, triton.next_power_of_2(group)), D=head_size, BLOCK_SIZE=block_size,
         BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, **_layout_constants(spec, layout, block_size),
-        VALUE_FIELDS=cfg.value_fields if spec.value_bits == 3 else 4,  # one compiled kernel for 4-bit values
-        PTX=int(inline_ptx(query.device)),
+        VALUE_FIELDS=fields, PTX=int(inline_ptx(query.device)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.max_regs} if cfg.max_regs else {}))
-    merge_splits(part_o, part_lse, seq_lens, out, splits, cfg)
+    merge_splits(part_o, part_lse, seq_lens, out, splits, cfg, fields)
     return out
 
 
