@@ -34,7 +34,8 @@ HYBRID_PATCH = REPO / "mods" / "hybrid-int4-fp8" / "patches" / "common" / "spark
 def _rows() -> list[dict]:
     """Synthetic rows as bench_served writes them: every config, 2 contexts x 3 batches, a skip."""
     rows = []
-    speed = {"stock": 100.0, "hybrid-int4-fp8": 104.0, "int8-lm-head": 103.0, "turboquant": 92.0, "full-stack": 99.0}
+    speed = {"stock": 100.0, "stock-again": 101.0, "hybrid-int4-fp8": 104.0, "int8-lm-head": 103.0, "turboquant": 92.0,
+             "full-stack": 99.0}
     for config in CONFIG_NAMES:
         kv = 5_370_000 if "turbo" in config or config == "full-stack" else 1_960_000
         for phase, grid in (("first", [(b, 1024) for b in (1, 8, 32)]),
@@ -54,7 +55,7 @@ def test_table_shows_ratios_to_stock_skips_kv_and_first_requests(tmp_path):
     written = sr.write_report(tmp_path)
     md = (tmp_path / "served.md").read_text()
     assert [p.name for p in written] == ["served.md", "served.svg"]
-    assert "| 1k | 1 | 100.0 | 104.0 (1.04x) | 103.0 (1.03x) | 92.0 (0.92x) | 99.0 (0.99x) |" in md
+    assert "| 1k | 1 | 100.0 | 101.0 (1.01x) | 104.0 (1.04x) | 103.0 (1.03x) | 92.0 (0.92x) | 99.0 (0.99x) |" in md
     assert "| 128k | 32 | - (skipped) |" in md
     assert "\n- skipped: does not fit\n" in md  # each distinct reason once, under the table
     assert "| turboquant | 5370000 |" in md and "| stock | 1960000 |" in md
@@ -99,7 +100,7 @@ def test_plot_has_a_line_per_config_per_context_and_a_legend(tmp_path):
     by_config = [line.get("data-config") for line in lines]
     assert sorted(set(by_config)) == sorted(CONFIG_NAMES)
     # the skipped 128k x 32 cell leaves two points in that panel's lines, three in the 1k panel's
-    assert sorted(len(line.get("points").split()) for line in lines) == [2] * 5 + [3] * 5
+    assert sorted(len(line.get("points").split()) for line in lines) == [2] * len(CONFIG_NAMES) + [3] * len(CONFIG_NAMES)
     texts = [t.text for t in doc.iter(f"{ns}text")]
     assert "context 1k" in texts and "context 128k" in texts and all(c in texts for c in CONFIG_NAMES)
     ys = [float(p.split(",")[1]) for line in lines for p in line.get("points").split()]
@@ -243,7 +244,7 @@ def test_a_steady_cell_is_the_median_of_its_windows_and_keeps_each(monkeypatch):
     monkeypatch.setattr(cells, "run_cell", run_cell)
     ticks = iter([(10, 100), (40, 200), (40, 200), (45, 300), (45, 300), (145, 400)])
     monkeypatch.setattr(cells, "cpu_ticks", lambda: next(ticks))
-    got = cells.repeated_cell(8000, cells.Cell("steady", 1, 1024, 200), 128, index=4, repeats=3)
+    [got] = cells.interleaved_cell([8000], cells.Cell("steady", 1, 1024, 200), 128, index=4, repeats=3)
     assert (got.rate, got.ttft, got.note, got.rates) == (98.0, 0.2, None, [60.0, 100.0, 98.0])
     assert got.host_busy == [0.3, 0.05, 1.0]  # each window's own share of busy CPU time
     assert calls == [4000, 4001, 4002]  # fresh prompts each window, none shared with another cell's
@@ -252,8 +253,26 @@ def test_a_steady_cell_is_the_median_of_its_windows_and_keeps_each(monkeypatch):
 def test_a_failed_window_ends_the_cell_with_its_note(monkeypatch):
     answers = iter([(90.0, 0.1, None), (None, None, "HTTP 400: too long")])
     monkeypatch.setattr(cells, "run_cell", lambda *a, **k: next(answers))
-    got = cells.repeated_cell(8000, cells.Cell("steady", 1, 1024, 200), 128, index=0, repeats=3)
+    [got] = cells.interleaved_cell([8000], cells.Cell("steady", 1, 1024, 200), 128, index=0, repeats=3)
     assert got.rate is None and got.note == "HTTP 400: too long" and got.rates == [90.0]
+
+
+def test_servers_sharing_a_gpu_take_each_round_in_turn_with_the_same_prompts(monkeypatch):
+    """Windows alternate between the servers (round k: every server with seed index*1000 + k); a
+    server whose window fails ends its own series there, the others keep theirs."""
+    calls = []
+    answers = {(1, 0): (50.0, 0.1, None), (2, 0): (55.0, 0.2, None), (1, 1): (52.0, 0.1, None),
+               (2, 1): (None, None, "HTTP 500"), (1, 2): (51.0, 0.3, None)}
+
+    def run_cell(port, cell, gen, seed):
+        calls.append((port, seed))
+        return answers[(port, seed - 7000)]
+
+    monkeypatch.setattr(cells, "run_cell", run_cell)
+    one, two = cells.interleaved_cell([1, 2], cells.Cell("steady", 1, 1024, 200), 128, index=7, repeats=3)
+    assert calls == [(1, 7000), (2, 7000), (1, 7001), (2, 7001), (1, 7002)]
+    assert (one.rate, one.ttft, one.note, one.rates) == (51.0, 0.1, None, [50.0, 52.0, 51.0])
+    assert (two.rate, two.note, two.rates) == (None, "HTTP 500", [55.0])
 
 
 def test_repeated_windows_against_a_streaming_server_with_one_stall():
@@ -270,7 +289,7 @@ def test_repeated_windows_against_a_streaming_server_with_one_stall():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Stall)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        got = cells.repeated_cell(server.server_address[1], cells.Cell("steady", 1, 100, 200), 30, 0, 3)
+        [got] = cells.interleaved_cell([server.server_address[1]], cells.Cell("steady", 1, 100, 200), 30, 0, 3)
     finally:
         server.shutdown()
     runs = got.rates
@@ -363,6 +382,12 @@ def test_server_flags_use_cuda_graphs_dummy_weights_and_the_cache_dtype():
     assert "--kv-cache-dtype" not in bs.serve_flags(bs.CONFIGS["int8-lm-head"], 135168, 32, 0.9)
     assert bs.CONFIGS["full-stack"].mods == ("hybrid-int4-fp8", "int8-lm-head", "turboquant")
     assert all((REPO / "mods" / m / "run.sh").is_file() for c in bs.CONFIGS.values() for m in c.mods)
+    # stock-again is stock by another server (the run's own spread), only when asked for
+    again = bs.CONFIGS["stock-again"]
+    assert (again.mods, again.checkpoint, again.kv_dtype) == ((), "int4", None)
+    assert bs.serve_flags(again, 135168, 32, 0.9) == bs.serve_flags(bs.CONFIGS["stock"], 135168, 32, 0.9)
+    assert [c.name for c in bs.DEFAULT_CONFIGS] == ["stock", "hybrid-int4-fp8", "int8-lm-head", "turboquant", "full-stack"]
+    assert [c.name for c in bs._configs("stock,hybrid-int4-fp8,stock-again")] == ["stock", "hybrid-int4-fp8", "stock-again"]
 
 
 def test_names_and_bad_input(tmp_path, capsys):
@@ -444,9 +469,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 parser = argparse.ArgumentParser()
 parser.add_argument("--port", type=int)
 parser.add_argument("--profiler-config")
+parser.add_argument("--gpu-memory-utilization", type=float)
 args, _ = parser.parse_known_args()
 profiled = {}
-print("INFO [kv_cache_utils.py] GPU KV cache size: 2,000,000 tokens", flush=True)
+print("memory", args.gpu_memory_utilization, flush=True)
+print("INFO [kv_cache_utils.py] GPU KV cache size: {:,} tokens".format(round(2_000_000 * args.gpu_memory_utilization / 0.9)), flush=True)
 import os
 print("env", {k: os.environ.get(k) for k in ("TRITON_CACHE_DIR", "VLLM_DISABLE_COMPILE_CACHE")}, flush=True)
 
@@ -516,8 +543,8 @@ def test_a_whole_run_against_a_stand_in_server(tmp_path, monkeypatch):
     results = tmp_path / "results"
     results.mkdir()
     bench = bs.Bench(MODELS["35b-a3b"], site, tmp_path / "work", results, args, "Stand-in GPU", "0.26.0")
-    bench.config(bs.CONFIGS["stock"])
-    bench.config(bs.CONFIGS["int8-lm-head"])
+    bench.serve([bs.CONFIGS["stock"]])
+    bench.serve([bs.CONFIGS["int8-lm-head"]])
     assert "int8-lm-head" in (results / "served.md").read_text()  # failed rows are in the table too
     rows = json.loads((results / "served.json").read_text())
     stock = [r for r in rows if r["config"] == "stock"]
@@ -543,6 +570,32 @@ def test_a_whole_run_against_a_stand_in_server(tmp_path, monkeypatch):
     assert f"env {{'TRITON_CACHE_DIR': '{tmp_path / 'work' / 'triton-cache'}', 'VLLM_DISABLE_COMPILE_CACHE': '1'}}" in log
 
 
+def test_configurations_served_together_share_the_gpu_and_every_cell(tmp_path, monkeypatch):
+    """--together: both servers up at once, each with half of --gpu-memory-utilization (so half the
+    KV cache), the same cells measured on each, the rows and the report saying so."""
+    import argparse
+
+    site = make_site(tmp_path / "site", "0.26.0", {"vllm/entrypoints/__init__.py": "", "vllm/entrypoints/openai/__init__.py": "",
+                                                   "vllm/entrypoints/openai/api_server.py": _FAKE_API_SERVER})
+    monkeypatch.setattr(bs, "build_model", lambda model, root, checkpoint: tmp_path)
+    args = argparse.Namespace(contexts=[64], batches=[1, 2], gen=5, max_cell_tokens=200,
+                              gpu_memory_utilization=0.9, repeats=2, profile=None)
+    results = tmp_path / "results"
+    results.mkdir()
+    bench = bs.Bench(MODELS["35b-a3b"], site, tmp_path / "work", results, args, "Stand-in GPU", "0.26.0")
+    bench.serve([bs.CONFIGS["stock"], bs.CONFIGS["stock-again"]])
+    rows = json.loads((results / "served.json").read_text())
+    assert [(r["config"], r["phase"], r["batch"]) for r in rows] == [
+        (c, phase, b) for phase in ("first", "steady") for b in (1, 2) for c in ("stock", "stock-again")]
+    assert all(r["servers_on_gpu"] == 2 and r["kv_tokens"] == 1_000_000 and r["tok_s"] > 0 for r in rows)
+    assert all(len(r["tok_s_runs"]) == 2 for r in rows if r["phase"] == "steady")
+    for name in ("stock", "stock-again"):
+        assert "memory 0.45" in (results / "servers" / name / "server.log").read_text()
+    md = (results / "served.md").read_text()
+    assert "(2 servers on the GPU, each with its share of `--gpu-memory-utilization`" in md
+    assert "| 64 | 1 |" in md and "x)" in md  # stock-again's ratio to stock
+
+
 def test_a_profiled_run_keeps_each_servers_decode_step_and_reports_it(tmp_path, monkeypatch, capsys):
     """--profile: the server gets vLLM's profiler flags, the cell runs again after the grid with its
     decode profiled, the step lands in servers/<config>/profile.json (the trace removed) and in
@@ -563,7 +616,7 @@ def test_a_profiled_run_keeps_each_servers_decode_step_and_reports_it(tmp_path, 
     results = tmp_path / "results"
     results.mkdir()
     bench = bs.Bench(MODELS["35b-a3b"], site, tmp_path / "work", results, args, "Stand-in GPU", "0.26.0")
-    bench.config(bs.CONFIGS["stock"])
+    bench.serve([bs.CONFIGS["stock"]])
     profile = json.loads((results / "servers" / "stock" / "profile.json").read_text())
     assert profile["batch"] == 2 and profile["context"] == 64 and profile["steps"] >= 50
     assert profile["kernels"] == [{"kernel": "stand_in_kernel", "calls": 1.0, "us": 1000.0}]
@@ -576,7 +629,7 @@ def test_a_profiled_run_keeps_each_servers_decode_step_and_reports_it(tmp_path, 
 
     monkeypatch.setattr(bs, "profiler_flags", lambda trace_dir: [])  # a server started without them
     (results / "servers" / "stock" / "profile.json").unlink()
-    bench.config(bs.CONFIGS["stock"])
+    bench.serve([bs.CONFIGS["stock"]])
     assert not (results / "servers" / "stock" / "profile.json").exists()
     assert "stock profile batch 2 context 64: profiler: HTTPError: HTTP Error 404" in capsys.readouterr().out
 
@@ -688,8 +741,9 @@ def test_merge_joins_rows_server_logs_and_run_logs_and_writes_the_report_again(t
     assert capsys.readouterr().out == (f"bench_served.py: merged 18 rows (turboquant, full-stack) from {second} "
                                        f"into {into}\n")
     rows = json.loads((into / "served.json").read_text())
-    assert rows == _rows()  # INTO's rows, then FROM's, in their order (_rows() lists the configs so)
-    assert sorted(p.name for p in (into / "servers").iterdir()) == sorted(CONFIG_NAMES)
+    merged = ["stock", "hybrid-int4-fp8", "int8-lm-head", "turboquant", "full-stack"]
+    assert rows == [r for r in _rows() if r["config"] in merged]  # INTO's rows, then FROM's, in their order
+    assert sorted(p.name for p in (into / "servers").iterdir()) == sorted(merged)
     assert (into / "servers" / "full-stack" / "server.log").read_text() == "sparkmods full-stack: warm-up ran in 10 s\n"
     assert (into / "bench.log").read_text() == f"first lease\nlast line\n# merged from {RUN} (turboquant, full-stack)\nsecond lease\n"
     md = (into / "served.md").read_text()

@@ -11,8 +11,9 @@
 Why: the mods exist for speed and capacity, and a tiny model served eagerly says nothing about
 either. This serves the real shape (benchlib/qwen35_shapes.py) with CUDA graphs through vLLM's OpenAI server,
 weights by `--load-format dummy` (decode speed does not depend on their values), once per
-configuration (stock, hybrid-int4-fp8, int8-lm-head, turboquant, the full stack), each mod applied
-by its own run.sh in a hardlink overlay of SITE (ci/gpu/e2e_serve.py). The model folders hold the
+configuration (stock, hybrid-int4-fp8, int8-lm-head, turboquant, the full stack; and on request
+stock-again, stock by a second server after the mods, whose ratio to stock is what the run itself
+resolves at each cell), each mod applied by its own run.sh in a hardlink overlay of SITE (ci/gpu/e2e_serve.py). The model folders hold the
 config, a tokenizer of the full vocabulary, and the safetensors files of the real checkpoint
 (Intel's INT4, or the hybrid `sparkmods checkpoint build-hybrid` writes) with real headers and
 sparse, zero data: hybrid-int4-fp8 finds its FP8 layers in those headers, and nothing reads the
@@ -26,6 +27,10 @@ after the last prefill: benchlib/served_cells.py), so prefill never dilutes the 
 is their mean time to first token. A cell whose prompts exceed --max-cell-tokens (prefill time) or whose tokens would not
 fit the KV cache is a row that says so. Rows go to OUT/served-<model>-<vllm>-<gpu>/served.json as
 they are measured, with served.md and served.svg (benchlib/served_report.py) and every server's log.
+
+With --together the configurations are served at once, each with its share of
+--gpu-memory-utilization, and each steady cell's windows go to them in turn with the same prompts
+(benchlib/served_cells.interleaved_cell), so drift of the machine falls on all of them alike.
 
 With --profile BATCHxCONTEXT each server also takes vLLM's torch-profiler flags, and after its grid
 that cell runs once more with PROFILE_S of its decode profiled: servers/<config>/profile.json holds
@@ -62,7 +67,7 @@ sys.path.insert(0, str(REPO / "tools"))  # sparkmods.checkpoint.header: the safe
 
 from benchlib.qwen35_shapes import FIRST_SPECIAL_ID, MODELS, Model, config_json  # noqa: E402
 from benchlib.served_archive import ArchiveError, pack, unpack  # noqa: E402
-from benchlib.served_cells import CELL_TIMEOUT_S, SERVED_NAME, Cell, close_streams, open_streams, repeated_cell  # noqa: E402
+from benchlib.served_cells import CELL_TIMEOUT_S, SERVED_NAME, Cell, close_streams, interleaved_cell, open_streams  # noqa: E402
 from benchlib.served_merge import MergeError, merge  # noqa: E402
 from benchlib.served_profile import PROFILE_S, ProfileError, clear_traces, profiler_flags, write_profile  # noqa: E402
 from benchlib.served_report import write_report  # noqa: E402
@@ -97,11 +102,15 @@ class Config:
 
 CONFIGS = {c.name: c for c in (
     Config("stock"),
+    # stock again, by a server of its own (named after the mods, it brackets them): its ratio to
+    # stock is the spread of the run itself, the yardstick for the mods' ratios at each cell
+    Config("stock-again"),
     Config("hybrid-int4-fp8", ("hybrid-int4-fp8",), "hybrid"),
     Config("int8-lm-head", ("int8-lm-head",)),
     Config("turboquant", ("turboquant",), kv_dtype=TQ_DTYPE),
     Config("full-stack", ("hybrid-int4-fp8", "int8-lm-head", "turboquant"), "hybrid", TQ_DTYPE),
 )}
+DEFAULT_CONFIGS = [c for name, c in CONFIGS.items() if name != "stock-again"]
 
 
 class BenchError(RuntimeError):
@@ -318,22 +327,24 @@ class Bench:
     rows: list[dict] = field(default_factory=list)
 
     def row(self, cfg: str, cell: Cell, tok_s: float | None, kv: int | None, ttft: float | None, note: str | None,
-            runs: Sequence[float] = (), host_busy: Sequence[float | None] = ()) -> None:
+            runs: Sequence[float] = (), host_busy: Sequence[float | None] = (), sharing: int = 1) -> None:
         self.rows.append({"model": self.model.key, "gpu": self.gpu, "vllm": self.vllm, "config": cfg,
                           "batch": cell.batch, "context": cell.context,
                           "tok_s": None if tok_s is None else round(tok_s, 1), "kv_tokens": kv,
                           "first_tok_s": None if ttft is None else round(ttft, 3), "phase": cell.phase, "note": note,
                           "gen": self.args.gen, **({"tok_s_runs": [round(r, 1) for r in runs]} if len(runs) > 1 else {}),
                           **({"host_busy_runs": [None if b is None else round(b, 3) for b in host_busy]}
-                             if len(runs) > 1 and any(b is not None for b in host_busy) else {})})
+                             if len(runs) > 1 and any(b is not None for b in host_busy) else {}),
+                          **({"servers_on_gpu": sharing} if sharing > 1 else {})})
         tmp = self.results / "served.json.tmp"
         tmp.write_text(json.dumps(self.rows, indent=1) + "\n")
         os.replace(tmp, self.results / "served.json")
         print(f"{cfg} {cell.phase} batch {cell.batch} context {cell.context}: "
               f"{'-' if tok_s is None else f'{tok_s:.1f} tok/s'}{f' ({note})' if note else ''}", flush=True)
 
-    def server(self, cfg: Config) -> tuple[Server | None, str | None]:
-        """Server of `cfg` started and healthy, or None and why not (its mods applied first)."""
+    def server(self, cfg: Config, memory: float) -> tuple[Server | None, str | None]:
+        """Server of `cfg` started and healthy with `memory` as its --gpu-memory-utilization, or None
+        and why not (its mods applied first)."""
         folder = self.results / "servers" / cfg.name
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
@@ -354,7 +365,7 @@ class Bench:
         port = free_port()
         command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                    "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
-                   *serve_flags(cfg, max(a.contexts) + HEADROOM, max(a.batches), a.gpu_memory_utilization)]
+                   *serve_flags(cfg, max(a.contexts) + HEADROOM, max(a.batches), memory)]
         if a.profile:
             command += profiler_flags(self.trace_dir(cfg))
         server = Server(cfg.name, command, {**server_env(paths, os.environ), **compile_env(self.out)}, log, port)
@@ -380,33 +391,45 @@ class Bench:
         print(f"{cfg.name} profile batch {batch} context {context}: {why or 'servers/' + cfg.name + '/profile.json'}",
               flush=True)
 
-    def config(self, cfg: Config) -> None:
+    def serve(self, cfgs: Sequence[Config]) -> None:
+        """Serve these configurations at once, each with its share of --gpu-memory-utilization (one:
+        all of it), and measure every cell on each: a steady cell's windows in turn across the servers
+        (interleaved_cell), so servers sharing the GPU meet the same stretches of the machine. The
+        cells are planned for the smallest KV cache among them."""
         a = self.args
-        server, why = self.server(cfg)
-        if server is None:
-            for cell in plan(a.contexts, a.batches, a.gen, None, a.max_cell_tokens):
-                self.row(cfg.name, cell, None, None, None, why)
-            write_report(self.results)
-            return
+        up: list[tuple[Config, Server, int | None]] = []
         try:
-            found = KV_LINE.search(server.log_text())
-            kv = int(found.group(1).replace(",", "")) if found else None
-            for n, cell in enumerate(plan(a.contexts, a.batches, a.gen, kv, a.max_cell_tokens)):
-                if cell.skip:
-                    self.row(cfg.name, cell, None, kv, None, cell.skip)
+            for cfg in cfgs:
+                server, why = self.server(cfg, a.gpu_memory_utilization / len(cfgs))
+                if server is None:
+                    for cell in plan(a.contexts, a.batches, a.gen, None, a.max_cell_tokens):
+                        self.row(cfg.name, cell, None, None, None, why, sharing=len(cfgs))
                     continue
-                before = _preemptions(server)
-                got = repeated_cell(server.port, cell, a.gen, n, a.repeats if cell.phase == "steady" else 1)
-                note = got.note
-                preempted = _preemptions(server) - before
-                if preempted and note is None:
-                    note = f"{preempted:.0f} preemptions: the cell did not fit"
-                self.row(cfg.name, cell, got.rate, kv, got.ttft, note, got.rates, got.host_busy)
+                found = KV_LINE.search(server.log_text())
+                up.append((cfg, server, int(found.group(1).replace(",", "")) if found else None))
+            known = [kv for _, _, kv in up if kv is not None]
+            for n, cell in enumerate(plan(a.contexts, a.batches, a.gen, min(known, default=None), a.max_cell_tokens)
+                                     if up else []):
+                if cell.skip:
+                    for cfg, _, kv in up:
+                        self.row(cfg.name, cell, None, kv, None, cell.skip, sharing=len(cfgs))
+                    continue
+                before = [_preemptions(server) for _, server, _ in up]
+                got = interleaved_cell([server.port for _, server, _ in up], cell, a.gen, n,
+                                       a.repeats if cell.phase == "steady" else 1)
+                for (cfg, server, kv), windows, was in zip(up, got, before):
+                    note = windows.note
+                    preempted = _preemptions(server) - was
+                    if preempted and note is None:
+                        note = f"{preempted:.0f} preemptions: the cell did not fit"
+                    self.row(cfg.name, cell, windows.rate, kv, windows.ttft, note, windows.rates, windows.host_busy, len(cfgs))
             if a.profile:
-                self.profile(cfg, server)
+                for cfg, server, _ in up:
+                    self.profile(cfg, server)
         finally:
-            server.stop()
-            shutil.rmtree(self.out / "overlays" / cfg.name, ignore_errors=True)
+            for cfg, server, _ in up:
+                server.stop()
+                shutil.rmtree(self.out / "overlays" / cfg.name, ignore_errors=True)
             _wait_gpu_free()
             write_report(self.results)
 
@@ -519,7 +542,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--model", required=True, choices=sorted(MODELS))
     r.add_argument("--vllm-site", type=Path, required=True, help="site-packages holding vLLM and its requirements")
     r.add_argument("--out", type=Path, required=True, help="work folder: models, overlays, results")
-    r.add_argument("--configs", type=_configs, default=list(CONFIGS.values()), help=f"comma-separated, of {', '.join(CONFIGS)}")
+    r.add_argument("--configs", type=_configs, default=DEFAULT_CONFIGS,
+                   help=f"comma-separated, of {', '.join(CONFIGS)} (default: all but stock-again)")
     r.add_argument("--contexts", type=_ints, default=[1024, 32768, 131072], help="prompt tokens (default 1024,32768,131072)")
     r.add_argument("--batches", type=_ints, default=[1, 8, 32], help="concurrent requests (default 1,8,32)")
     r.add_argument("--gen", type=int, default=128, help="tokens every request decodes inside the window (default 128)")
@@ -529,6 +553,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--gpu-memory-utilization", type=float, default=0.90)
     r.add_argument("--profile", type=_cell_arg, metavar="BATCHxCONTEXT",
                    help="after each configuration's grid, profile this cell's decode steps (servers/<config>/profile.json)")
+    r.add_argument("--together", action="store_true",
+                   help="serve the configurations at once on the GPU, each with its share of --gpu-memory-utilization, "
+                        "and take each cell's windows in turn (the same prompts for each); where two fit (35B-A3B)")
     r.add_argument("--detach", action="store_true", help="run in the background; poll with `wait`")
     w = sub.add_parser("wait", help="wait for a detached run")
     w.add_argument("--out", type=Path, required=True)
@@ -572,8 +599,8 @@ def main(argv: list[str] | None = None) -> int:
         results.mkdir(parents=True, exist_ok=True)
         sys.path.append(str(site))  # tokenizers for the model folder, after the machine's own packages
         bench = Bench(model, site, args.out.resolve(), results, args, name, version)
-        for cfg in args.configs:
-            bench.config(cfg)
+        for group in ([args.configs] if args.together else [[cfg] for cfg in args.configs]):
+            bench.serve(group)
     except BenchError as exc:
         print(f"bench_served.py: {exc}", file=sys.stderr)
         return 2

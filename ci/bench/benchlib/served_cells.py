@@ -5,7 +5,8 @@ A cell streams `batch` requests of `context` random prompt tokens through vLLM's
 endpoint (usage in every chunk) and counts the tokens all of them decode while every one is
 decoding (the window after the last prefill), so prefill never dilutes the rate. A cell's windows
 are repeated with fresh prompts and the median kept, each beside how busy the host's CPUs were
-while it ran. ci/bench/bench_served.py plans the cells and starts the servers.
+while it ran; servers sharing a GPU take a cell's windows in turn. ci/bench/bench_served.py plans
+the cells and starts the servers.
 """
 
 from __future__ import annotations
@@ -157,19 +158,28 @@ class Windows:
     host_busy: list[float | None]
 
 
-def repeated_cell(port: int, cell: Cell, gen: int, index: int, repeats: int) -> Windows:
-    """run_cell `repeats` times (fresh prompts each time). One window is short (128 tokens at batch
-    1 is under a second), so a single stall in the server can move a cell; the median is what
-    steady means. A run that fails ends the cell with its note and no rate."""
-    rates: list[float] = []
-    ttfts: list[float] = []
-    busy: list[float | None] = []
+def interleaved_cell(ports: Sequence[int], cell: Cell, gen: int, index: int, repeats: int) -> list[Windows]:
+    """A cell's windows on each server: `repeats` rounds of one window per server in turn (fresh
+    prompts each round, the same for every server in it). One window is short (128 tokens at batch
+    1 is under a second), so a single stall can move a cell: the median is what steady means. Servers
+    sharing a GPU meet the same stretches of the machine, so a slow one falls on all of them rather
+    than on whichever ran then. A window that fails ends its server's cell with the note and no
+    rate; the other servers go on."""
+    rates: list[list[float]] = [[] for _ in ports]
+    ttfts: list[list[float]] = [[] for _ in ports]
+    busy: list[list[float | None]] = [[] for _ in ports]
+    failed: list[Windows | None] = [None for _ in ports]
     for k in range(repeats):
-        before = cpu_ticks()
-        rate, ttft, note = run_cell(port, cell, gen, seed=index * 1000 + k)
-        if note is not None or rate is None or ttft is None:
-            return Windows(None, ttft, note, rates, busy)
-        busy.append(busy_share(before, cpu_ticks()))
-        rates.append(rate)
-        ttfts.append(ttft)
-    return Windows(statistics.median(rates), statistics.median(ttfts), None, rates, busy)
+        for i, port in enumerate(ports):
+            if failed[i] is not None:
+                continue
+            before = cpu_ticks()
+            rate, ttft, note = run_cell(port, cell, gen, seed=index * 1000 + k)
+            if note is not None or rate is None or ttft is None:
+                failed[i] = Windows(None, ttft, note, rates[i], busy[i])
+                continue
+            busy[i].append(busy_share(before, cpu_ticks()))
+            rates[i].append(rate)
+            ttfts[i].append(ttft)
+    return [done or Windows(statistics.median(r), statistics.median(t), None, r, b)
+            for done, r, t, b in zip(failed, rates, ttfts, busy)]

@@ -106,9 +106,13 @@ def markdown(rows: Sequence[dict], warmups: "dict[str, list[str]] | None" = None
     batches = sorted({b for _, _, b in steady})
     gens = sorted({r["gen"] for r in rows if r.get("gen")})  # rows from before it was recorded have none
     window = f" {' or '.join(map(str, gens))} tokens (`--gen`)" if gens else ""
+    sharing = max((r.get("servers_on_gpu", 1) for r in rows), default=1)
+    together = (f" The configurations were served at once ({sharing} servers on the GPU, each with its share of "
+                "`--gpu-memory-utilization`: KV capacities are each server's) and each cell's windows taken in turn, "
+                "the same prompts for each (`--together`).") if sharing > 1 else ""
     out = [f"# Served decode speed: {first['model']}, vLLM {first['vllm']}, {first['gpu']}", "",
            f"Aggregate decode tok/s while every request of the batch decodes{window} (ratio to stock); "
-           "`--load-format dummy` weights, CUDA graphs, made by `ci/bench/bench_served.py`.", "",
+           f"`--load-format dummy` weights, CUDA graphs, made by `ci/bench/bench_served.py`.{together}", "",
            "| context | batch | " + " | ".join(configs) + " |", "|---:|---:|" + "---:|" * len(configs)]
     for context in contexts:
         for batch in batches:

@@ -97,6 +97,8 @@ class DecodeConfig:
 DEFAULT_DECODE: Dict[Tuple[int, str, str, str], DecodeConfig] = {
     (256, "1", "long", "*"): DecodeConfig(128, 4, 2, 128, 2, 0, 8),
     (256, "1", "short", "*"): DecodeConfig(128, 4, 2, 128, 2, 0, 8),
+    (256, "1", "long", "turboquant_3bit_nc"): DecodeConfig(64, 4, 2, 128, 2, 0, 8),  # the shared one spills for it
+    (256, "1", "short", "turboquant_3bit_nc"): DecodeConfig(64, 4, 2, 128, 2, 0, 8),  # the shared one spills for it
     (256, "many", "long", "*"): DecodeConfig(64, 2, 3, 128, 4, 0, 8),
     (256, "many", "long", "turboquant_3bit_nc"): DecodeConfig(64, 4, 2, 128, 4, 0, 8),  # the shared one spills for it
     (256, "many", "short", "*"): DecodeConfig(64, 8, 2, 256, 4, 0, 4),
@@ -1034,7 +1036,8 @@ def tq_store_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     spec: fmt.TQSpec, out: torch.Tensor) -> None:
     """A layer's step: store this step's key/value [T, Hkv, D] (tq_store), then decode attention of
     the decode rows' query [B, Hq, D] into out (tq_decode), which sees what was stored. A codebook
-    key's queries and keys are rotated together, so a decode step launches one rotation, not two.
+    key's queries and keys are rotated together: one rotation launch while their rows together are
+    at most ROTATE_FEW_ROWS (rotate_pair), two past that.
     """
     n = slot_mapping.shape[0]
     query_rows, keys = query, key[:n]
