@@ -11,7 +11,7 @@ Configs: every DISPATCH entry of the INT8 head after the mod's shared-memory fit
 target, in bf16 and fp16 and with and without a K tail, its row coding and rotation kernels;
 for every TurboQuant dtype and head size (powers of two 16-512): the store kernel, the decode
 with every DEFAULT_DECODE entry a (batch, context) band picks, after fitting (3-bit keys: the
-PRMT lookup, KEY3_PAIR_ASM; 4-bit values: VALUE4_ASM), the split merge at every split count,
+PRMT lookup, KEY3_PAIR_ASM; 4-bit values: VALUE4_ASM), the split merge at every split count and column order,
 the query/key rotation and the prefill dequantisation. Scalar arguments that only address memory (G = 16 query heads per
 KV head, 32 query heads, page size 16) take Qwen3.5's values; pointers and strides are
 specialised as 16-aligned, as the real tensors are.
@@ -140,11 +140,12 @@ def tq_jobs(fmt: ModuleType, tq: ModuleType, target: str) -> List[Job]:
                          ("page_stride",), {"num_warps": 4}, None))
         cfg = tq.default_decode_config(head)
         for rows in sorted({tq.merge_rows(splits) for splits in range(1, tq.MAX_SPLITS + 1)}):  # every split count
-            jobs.append(("tq", "_decode_merge_kernel", f"merge head {head} rows {rows}",
-                         {"HQ": Q_HEADS, "D": head, "MERGE_ROWS": rows, "MERGE_COLS": min(tq.MERGE_COLS, head),
-                          "BLOCK_N": cfg.block_n, "MIN_CHUNK": cfg.min_chunk},
-                         {"part_o_ptr": "fp32", "part_lse_ptr": "fp32", "lens_ptr": "i32", "out_ptr": "bf16"},
-                         ("stride_ob", "stride_oh"), {"num_warps": 4}, None))
+            for fields in (4, 8):  # the split kernel's field-major columns: 4-bit values, 3-bit values' two layouts
+                jobs.append(("tq", "_decode_merge_kernel", f"merge head {head} rows {rows} fields {fields}",
+                             {"HQ": Q_HEADS, "D": head, "MERGE_ROWS": rows, "MERGE_COLS": min(tq.MERGE_COLS, head),
+                              "BLOCK_N": cfg.block_n, "MIN_CHUNK": cfg.min_chunk, "FIELDS": fields},
+                             {"part_o_ptr": "fp32", "part_lse_ptr": "fp32", "lens_ptr": "i32", "out_ptr": "bf16"},
+                             ("stride_ob", "stride_oh"), {"num_warps": 4}, None))
         jobs.append(("tq", "_rotate_kernel", f"rotate head {head} rows 64",
                      {"D": head, "BLOCK_R": 64, "BLOCK_C": min(64, head), "BLOCK_K": min(32, head)},
                      {"x_ptr": "bf16", "r_ptr": "fp32", "out_ptr": "fp32"}, ("stride_x",), {"num_warps": 4}, None))
@@ -172,6 +173,9 @@ def compile_job(target: str, job: Job) -> Dict[str, Any]:
 
     module, kernel, label, consts, ptrs, divisible, options, model = job
     fn = getattr(_WORKER[module], kernel)
+    unset = [p.name for p in fn.params if p.is_constexpr and p.name not in consts]
+    if unset:  # it would compile as a runtime argument: another kernel than the one served
+        raise ValueError(f"{kernel} {label}: no value for its constexpr {', '.join(unset)}")
     signature = {a: "constexpr" if a in consts else (f"*{ptrs[a]}" if a in ptrs else ("fp32" if a == "sm_scale" else "i32"))
                  for a in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a in ptrs or a in divisible}
