@@ -151,16 +151,24 @@ def test_loop_mix_counts_the_longest_backward_branch_and_its_commonest_opcodes()
 
 def test_a_job_without_a_constexpr_of_its_kernel_is_refused(tmp_path: Path) -> None:
     """A constexpr the job leaves out would compile as a runtime argument, another kernel than the
-    one served (the merge's FIELDS did, once): the job is refused, naming it."""
+    one served (the merge's FIELDS did, once): the job is refused, naming it. In a fresh process
+    without TRITON_INTERPRET, as the readiness run itself."""
     need("triton")
-    sys.path.insert(0, str(REPO / "ci"))
-    try:
-        import gb10_readiness as readiness
-    finally:
-        sys.path.remove(str(REPO / "ci"))
-    readiness._worker_init(str(tmp_path))
-    tq_merge = next(j for j in readiness.tq_jobs(*readiness.load_modules(tmp_path)[1:], "sm_90a")
-                    if j[1] == "_decode_merge_kernel")
-    consts = {k: v for k, v in tq_merge[3].items() if k != "FIELDS"}
-    with pytest.raises(ValueError, match=r"_decode_merge_kernel merge head 16 rows 16 fields 4: no value for its constexpr FIELDS"):
-        readiness.compile_job("sm_90a", (*tq_merge[:3], consts, *tq_merge[4:]))
+    script = f"""
+import sys
+sys.path.insert(0, {str(REPO / "ci")!r})
+import gb10_readiness as readiness
+from pathlib import Path
+readiness._worker_init({str(tmp_path)!r})
+job = next(j for j in readiness.tq_jobs(*readiness.load_modules(Path({str(tmp_path)!r}))[1:], "sm_90a")
+           if j[1] == "_decode_merge_kernel")
+try:
+    readiness.compile_job("sm_90a", (*job[:3], {{k: v for k, v in job[3].items() if k != "FIELDS"}}, *job[4:]))
+except ValueError as exc:
+    print(exc)
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_CACHE_DIR")}
+    proc = subprocess.run([sys.executable, "-c", script], env={**env, "TRITON_CACHE_DIR": str(tmp_path / "cache")},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.stdout.strip() == "_decode_merge_kernel merge head 16 rows 16 fields 4: no value for its constexpr FIELDS", \
+        proc.stderr[-2000:]
