@@ -849,6 +849,16 @@ def test_a_source_variant_decodes_as_the_shipped_kernel_and_refuses_a_stale_edit
                                          config=against.DecodeConfig(32, 4, 1, 8)), shipped)
 
 
+def test_tq_variants_refuses_an_unknown_variant_and_a_missing_against_file_in_one_line(tmp_path: Path) -> None:
+    script = str(REPO / "ci" / "bench" / "tq_variants.py")
+    for extra, says in ((["--variants", "shipped,warp"], "no variant warp; known: shipped"),
+                        (["--against", str(tmp_path / "absent.py")], f"--against {tmp_path / 'absent.py'}: no such file")):
+        proc = subprocess.run([sys.executable, script, "--out", str(tmp_path / "out"), *extra],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and says in proc.stderr.strip().splitlines()[-1], proc.stderr[-500:]
+        assert not (tmp_path / "out").exists()
+
+
 def test_bench_smoke_run_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     proc = subprocess.run([sys.executable, str(BENCH_PATH), "--smoke", "--out", str(out), "--contexts", "1,37", "--batches", "2",

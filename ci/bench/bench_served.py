@@ -422,7 +422,8 @@ class Bench:
                     preempted = _preemptions(server) - was
                     if preempted and note is None:
                         note = f"{preempted:.0f} preemptions: the cell did not fit"
-                    self.row(cfg.name, cell, windows.rate, kv, windows.ttft, note, windows.rates, windows.host_busy, len(cfgs))
+                    self.row(cfg.name, cell, windows.rate, kv, windows.ttft, note, windows.rates, windows.host_busy,
+                             sharing=len(cfgs))
             if a.profile:
                 for cfg, server, _ in up:
                     self.profile(cfg, server)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.util
+import itertools
 import json
 import sys
 import tempfile
@@ -60,17 +61,16 @@ def edited_module(name: str, original: str, edits: Tuple[Tuple[str, str], ...]) 
             raise EditError(f"variant {name}: an edit matches {original} {source.count(old)} times, not once; "
                             f"update tq_variants.VARIANTS to the kernel as it is now: {old[:60]!r}")
         source = source.replace(old, new)
-    return _import_copy(f"{name}_{len(_COPIES)}", source)
+    return _import_copy(name, source)
 
 
-_COPIES: List[str] = []  # names of the copies imported so far (each file gets its own)
+_COPY_IDS = itertools.count()  # each imported copy gets a file (and module) of its own
 
 
 def _import_copy(name: str, source: str) -> ModuleType:
     """source (a tq_triton.py) imported as its own module from a file (Triton reads a kernel's
     source from its file), for the CPU interpreter when the benchmark's kernels run there."""
-    _COPIES.append(name)
-    path = Path(_folder().name) / f"tq_triton_{name.replace('-', '_').replace('/', '_')}.py"
+    path = Path(_folder().name) / f"tq_triton_{name.replace('-', '_')}_{next(_COPY_IDS)}.py"
     path.write_text(source)
     import triton
 
@@ -167,6 +167,8 @@ def main() -> int:
     unknown = sorted(set(args.variants.split(",")) - set(VARIANTS))
     if unknown:
         p.error(f"no variant {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+    if args.against and not args.against.is_file():
+        p.error(f"--against {args.against}: no such file; give a copy of tq_triton.py, e.g. from `git show REV:PATH`")
     fmt, tq = bench.load_modules(interpret=False)
     modules = {"": tq}
     if args.against:
