@@ -349,3 +349,24 @@ def test_the_standing_table_is_what_the_linked_rows_say() -> None:
             assert bool(cell.group(1)) == (round(ratio, 3) < bar), (row, context, batch)  # bold: below the bar
             windows.add(len(steady[(config, context, batch)].get("tok_s_runs") or [0]))
         assert fields[8] == " / ".join(str(n) for n in sorted(windows)), row
+
+
+def test_the_first_request_range_is_what_the_linked_runs_say() -> None:
+    """The README's range of first request over steady rate, the mods' and stock's, is recomputed
+    from every run the standing table links (stock-again is stock)."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("| model | config | 1k x 1 |")
+    table = text[start:text.index("\n\n", start)]
+    ratios: Dict[bool, List[float]] = {True: [], False: []}
+    for link in sorted(set(re.findall(r"\((ci/bench/results/[^)]+/served\.md)\)", table))):
+        steady = _steady(link)
+        for row in json.loads((REPO / link).with_name("served.json").read_text()):
+            if row.get("phase") == "first" and row["tok_s"]:
+                steady_rate = steady[(row["config"], row["context"], row["batch"])]["tok_s"]
+                ratios[row["config"] in ("stock", "stock-again")].append(row["tok_s"] / steady_rate)
+    said = re.search(r"ran at\s+([0-9.]+)-([0-9.]+) of the same cell's steady rate.*?as stock's did\s+\(([0-9.]+)-([0-9.]+)\)",
+                     text, re.S)
+    assert said, "the README's first-request sentence is gone"
+    shown = [said.group(n) for n in range(1, 5)]
+    assert shown == [f"{min(ratios[False]):.3f}", f"{max(ratios[False]):.3f}",
+                     f"{min(ratios[True]):.3f}", f"{max(ratios[True]):.3f}"]
