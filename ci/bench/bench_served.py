@@ -12,7 +12,7 @@ Why: the mods exist for speed and capacity, and a tiny model served eagerly says
 either. This serves the real shape (benchlib/qwen35_shapes.py) with CUDA graphs through vLLM's OpenAI server,
 weights by `--load-format dummy` (decode speed does not depend on their values), once per
 configuration (stock, hybrid-int4-fp8, int8-lm-head, turboquant, the full stack; and on request
-stock-again, stock by a second server after the mods, whose ratio to stock is what the run itself
+stock-again, stock by a second server of its own, whose ratio to stock is what the run itself
 resolves at each cell), each mod applied by its own run.sh in a hardlink overlay of SITE (ci/gpu/e2e_serve.py). The model folders hold the
 config, a tokenizer of the full vocabulary, and the safetensors files of the real checkpoint
 (Intel's INT4, or the hybrid `sparkmods checkpoint build-hybrid` writes) with real headers and
@@ -556,7 +556,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="after each configuration's grid, profile this cell's decode steps (servers/<config>/profile.json)")
     r.add_argument("--together", action="store_true",
                    help="serve the configurations at once on the GPU, each with its share of --gpu-memory-utilization, "
-                        "and take each cell's windows in turn (the same prompts for each); where two fit (35B-A3B)")
+                        "and take each cell's windows in turn (the same prompts for each); where they fit (three 35B-A3B "
+                        "servers fit an H200 at 0.9)")
     r.add_argument("--detach", action="store_true", help="run in the background; poll with `wait`")
     w = sub.add_parser("wait", help="wait for a detached run")
     w.add_argument("--out", type=Path, required=True)
